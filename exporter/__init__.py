@@ -1,0 +1,1 @@
+"""How spans leave the agent process: rollout identity stamping, safe defaults, OTLP export."""

@@ -1,0 +1,74 @@
+"""The spanrl wire contract: every span attribute, event and span name spanrl reads or writes.
+
+Agent-side instrumentation writes these keys; the OTLP receiver reads them. Any OTel source
+(another language, a Collector) that writes the same keys is understood by the receiver. No
+key is spelled anywhere else in spanrl: import it from here.
+"""
+
+from __future__ import annotations
+
+# --- Rollout identity: on every span of a rollout -------------------------------------------
+ROLLOUT_ID = "spanrl.rollout.id"  # string
+TASK_ID = "spanrl.task.id"  # string
+ATTEMPT = "spanrl.attempt"  # int
+ROLLOUT_IDENTITY_KEYS = (ROLLOUT_ID, TASK_ID, ATTEMPT)
+
+# --- Multi-agent systems --------------------------------------------------------------------
+AGENT_NAME = "spanrl.agent.name"  # string
+
+# --- LLM spans: what the serving engine saw and produced ------------------------------------
+LLM_PROMPT_TOKEN_IDS = "spanrl.llm.prompt_token_ids"  # int[]
+LLM_POLICY_VERSION = "spanrl.llm.policy_version"  # int
+LLM_RETOKENIZED = "spanrl.llm.retokenized"  # bool
+LLM_RESPONSE_PREFIX = "spanrl.llm.response."
+LLM_RESPONSE_TOKEN_IDS_SUFFIX = ".token_ids"  # int[]
+LLM_RESPONSE_LOGPROBS_SUFFIX = ".logprobs"  # double[]
+
+
+def llm_response_token_ids(choice_index: int) -> str:
+    """Key of the response token ids of choice ``choice_index`` (0 for the usual n=1)."""
+    return f"{LLM_RESPONSE_PREFIX}{int(choice_index)}{LLM_RESPONSE_TOKEN_IDS_SUFFIX}"
+
+
+def llm_response_logprobs(choice_index: int) -> str:
+    """Key of the per-token logprobs of choice ``choice_index``."""
+    return f"{LLM_RESPONSE_PREFIX}{int(choice_index)}{LLM_RESPONSE_LOGPROBS_SUFFIX}"
+
+
+# --- Semantic variables ---------------------------------------------------------------------
+VARIABLE_PREFIX = "spanrl.variable."  # + name -> string / number / bool
+
+
+def variable(name: str) -> str:
+    """Key of the semantic variable ``name`` (the paper's named values of agent state)."""
+    return f"{VARIABLE_PREFIX}{name}"
+
+
+# --- Rewards --------------------------------------------------------------------------------
+REWARD_EVENT = "spanrl.reward"  # span event on the span it judges
+REWARD_VALUE = "spanrl.reward.value"  # double
+REWARD_NAME = "spanrl.reward.name"  # string, default DEFAULT_REWARD_NAME
+# Optional: the response id (OpenAI ``id`` of the completion) the reward judges, when the
+# reward is emitted on a span that is not the LLM call's own span or ancestor.
+REWARD_RESPONSE_ID = "spanrl.reward.response_id"  # string
+DEFAULT_REWARD_NAME = "reward"
+# The OTel GenAI evaluation event, accepted as a reward as well.
+GENAI_EVALUATION_EVENT = "gen_ai.evaluation.result"
+GENAI_EVALUATION_SCORE = "gen_ai.evaluation.score.value"  # double
+GENAI_EVALUATION_NAME = "gen_ai.evaluation.name"  # string
+GENAI_RESPONSE_ID = "gen_ai.response.id"  # string, on LLM spans
+
+# --- Rollout root ---------------------------------------------------------------------------
+ROLLOUT_SPAN_NAME = "spanrl.rollout"
+# A rollout whose ``spanrl.rollout`` span ends with status ERROR failed (the runner sets it
+# when the agent crashed or timed out); the status description says why.
+
+# --- HTTP fields exchanged with OpenAI-compatible endpoints (vLLM's names) ------------------
+REQUEST_RETURN_TOKEN_IDS = "return_token_ids"  # request body flag
+RESPONSE_PROMPT_TOKEN_IDS = "prompt_token_ids"  # top level (chat) or per choice (completions)
+RESPONSE_CHOICE_TOKEN_IDS = "token_ids"  # per choice, per stream chunk when streaming
+RESPONSE_POLICY_VERSION = "policy_version"  # top-level body field of spanrl's server
+POLICY_VERSION_HEADER = "x-spanrl-policy-version"  # response header of spanrl's server
+
+# --- Environment variables ------------------------------------------------------------------
+ENV_PREFIX = "OTEL_SPANRL_"

@@ -1,0 +1,1 @@
+"""The OTLP receiver: durable span store, rollout assembly, span trees -> MDP transitions."""

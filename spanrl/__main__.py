@@ -1,0 +1,7 @@
+"""``python -m spanrl`` runs the ``spanrl`` console script."""
+
+import sys
+
+from spanrl.cli import main
+
+sys.exit(main())

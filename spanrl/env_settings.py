@@ -1,0 +1,49 @@
+"""Reading ``OTEL_SPANRL_*`` environment variables with types and clear errors.
+
+Every component's settings object is filled from CLI flags, then these variables, then
+defaults. Stdlib only: agent-side code uses it too.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Callable, TypeVar
+
+T = TypeVar("T")
+
+TRUE_WORDS = {"1", "true", "yes", "on"}
+FALSE_WORDS = {"0", "false", "no", "off"}
+
+
+class SettingError(ValueError):
+    """An environment variable or flag has a value that cannot be used."""
+
+
+def parse_bool(text: str) -> bool:
+    word = text.strip().lower()
+    if word in TRUE_WORDS:
+        return True
+    if word in FALSE_WORDS:
+        return False
+    raise SettingError(f"expected one of {sorted(TRUE_WORDS | FALSE_WORDS)}, got {text!r}")
+
+
+def env_value(name: str, default: T, parse: Callable[[str], T] | None = None) -> T:
+    """The value of environment variable ``name`` parsed like ``default``, or ``default``.
+
+    ``parse`` defaults to the type of ``default`` (``bool`` understands true/false/1/0/yes/no).
+    """
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    if parse is None:
+        if isinstance(default, bool):
+            parse = parse_bool  # type: ignore[assignment]
+        elif default is None:
+            parse = str  # type: ignore[assignment]
+        else:
+            parse = type(default)
+    try:
+        return parse(raw)  # type: ignore[misc]
+    except (ValueError, SettingError) as exc:
+        raise SettingError(f"environment variable {name}={raw!r} is invalid: {exc}") from exc
