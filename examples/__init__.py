@@ -1,0 +1,1 @@
+"""Example agents shipped with spanrl (ordinary agents: none of them imports spanrl)."""
