@@ -1,0 +1,588 @@
+"""The embedded policy's generation engine: batched sampling with a KV cache, weight swaps.
+
+Called by ``policy_server.py`` (the OpenAI-compatible HTTP front end), by the training loop
+(``swap_weights`` after each update) and by benches. One scheduler thread owns the model:
+it takes every waiting sequence (up to ``max_batch_size``), left-pads them into one batch
+and decodes them together, one forward pass per token for the whole batch, each row with
+its own sampling parameters, seed and stop conditions. Tokens are handed to each request's
+callback as they are sampled, so streaming works inside a batch. New weights are applied
+only between batches, so every sequence is produced by exactly one policy version.
+
+Logprobs are ``log_softmax`` of the model's raw logits (temperature 1, no top-k/top-p) at the
+sampled token: they equal a forward pass of the same model over prompt + response, which is
+what the trainer's importance ratio needs, whatever temperature the request sampled with.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+
+class EngineError(Exception):
+    """Base of the errors a request can cause; ``status`` is the HTTP status it maps to."""
+
+    status = 400
+    error_type = "invalid_request_error"
+
+    def __init__(self, message: str, param: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.param = param
+
+
+class PromptTooLongError(EngineError):
+    """The prompt (plus max_tokens) does not fit the model's context."""
+
+
+class EngineStoppedError(EngineError):
+    status = 503
+    error_type = "server_error"
+
+
+@dataclass
+class SamplingParams:
+    """How to sample one request. ``top_k`` 0 or -1 and ``top_p`` 1.0 mean off."""
+
+    max_tokens: int | None = None
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    n: int = 1
+    stop: tuple[str, ...] = ()
+    seed: int | None = None
+    logprobs: bool = False
+    top_logprobs: int = 0
+
+    def validate(self, max_n: int) -> None:
+        if self.temperature < 0:
+            raise EngineError("temperature must be >= 0", "temperature")
+        if not 0 < self.top_p <= 1:
+            raise EngineError("top_p must be in (0, 1]", "top_p")
+        if self.top_k < -1:
+            raise EngineError("top_k must be -1, 0 (off) or a positive integer", "top_k")
+        if not 1 <= self.n <= max_n:  # max_n is the engine's batch size: choices share a batch
+            raise EngineError(f"n must be between 1 and {max_n}", "n")
+        if self.max_tokens is not None and self.max_tokens < 1:
+            raise EngineError("max_tokens must be at least 1", "max_tokens")
+        if not 0 <= self.top_logprobs <= 20:
+            raise EngineError("top_logprobs must be between 0 and 20", "top_logprobs")
+        if any(not s for s in self.stop):
+            raise EngineError("stop strings must not be empty", "stop")
+
+
+@dataclass
+class TokenEvent:
+    """One sampled token of one choice (``text`` is the newly printable text, maybe empty)."""
+
+    choice: int
+    token_id: int
+    text: str
+    logprob: float | None = None
+    top_logprobs: list[tuple[int, float]] | None = None
+    finish_reason: str | None = None  # set on the choice's last token
+
+
+@dataclass
+class ChoiceResult:
+    """A finished choice: every sampled id (eos included), its text and why it stopped."""
+
+    index: int
+    token_ids: list[int]
+    text: str
+    finish_reason: str  # "stop" | "length"
+    logprobs: list[float] | None = None
+    top_logprobs: list[list[tuple[int, float]]] | None = None
+
+
+@dataclass
+class GenerationResult:
+    prompt_token_ids: list[int]
+    choices: list[ChoiceResult]
+    policy_version: int
+
+
+@dataclass
+class _Row:
+    """One sequence being decoded (one choice of one request)."""
+
+    request: "GenerationRequest"
+    choice: int
+    generator: torch.Generator | None
+    ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
+    emitted_chars: int = 0
+    text: str = ""
+    finished: bool = False
+    finish_reason: str = "length"
+
+
+class GenerationRequest:
+    """A request in flight: prompt, params, callbacks. Created by ``PolicyEngine.submit``."""
+
+    def __init__(self, prompt_ids: list[int], params: SamplingParams, max_new_tokens: int,
+                 on_token: Callable[[TokenEvent], None] | None,
+                 on_start: Callable[[int], None] | None,
+                 on_done: Callable[[], None] | None = None):
+        self.prompt_ids = prompt_ids
+        self.params = params
+        self.max_new_tokens = max_new_tokens
+        self.on_token = on_token
+        self.on_start = on_start
+        self.on_done = on_done
+        self.done = threading.Event()
+        self.result: GenerationResult | None = None
+        self.error: BaseException | None = None
+        self.cancelled = False
+        self.policy_version: int | None = None
+        self._rows_left = params.n
+        self._rows: list[_Row] = []
+
+    def cancel(self) -> None:
+        """Stop decoding this request's rows at the next step (a client went away)."""
+        self.cancelled = True
+
+    def _complete(self, error: BaseException | None = None) -> None:
+        if self.done.is_set():
+            return
+        self.error = error
+        self.done.set()
+        if self.on_done is not None:
+            _safe_call(self.on_done)
+
+    def wait(self, timeout: float | None = None) -> GenerationResult:
+        if not self.done.wait(timeout):
+            raise TimeoutError("generation did not finish in time")
+        if self.error is not None:
+            raise self.error
+        assert self.result is not None
+        return self.result
+
+
+@dataclass
+class EngineStats:
+    batches: int = 0
+    forward_passes: int = 0
+    tokens_generated: int = 0
+    max_rows_in_batch: int = 0
+
+
+def resolve_device(device: str | None) -> torch.device:
+    if device in (None, "", "auto"):
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def resolve_dtype(dtype: str | None, device: torch.device) -> torch.dtype:
+    if dtype in (None, "", "auto"):
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    names = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
+             "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
+    if dtype not in names:
+        raise ValueError(f"unknown dtype {dtype!r}; choose one of {sorted(names)}")
+    return names[dtype]
+
+
+class PolicyEngine:
+    """Owns a causal LM and its tokenizer; generates for many requests in shared batches.
+
+    Build with ``PolicyEngine.from_pretrained(model_dir)`` or ``PolicyEngine(model, tokenizer)``.
+    Call ``start()`` (the server does) before ``submit``/``generate``; ``stop()`` at the end.
+    """
+
+    def __init__(self, model, tokenizer, model_name: str = "policy", version: int = 0,
+                 max_batch_size: int = 64, max_n: int = 64):
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.model_name = model_name
+        self.version = version
+        self.max_batch_size = max_batch_size
+        self.max_n = max_n
+        self.device = next(model.parameters()).device
+        config = model.config
+        self.context_length = int(getattr(config, "max_position_embeddings", 2048) or 2048)
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+        self.eos_ids = self._eos_ids(model, tokenizer)
+        self.stats = EngineStats()
+        self._queue: "queue.Queue[GenerationRequest | None]" = queue.Queue()
+        self._waiting: list[_Row] = []
+        self._pending_swap: tuple[dict, int, threading.Event, list] | None = None
+        self._swap_lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._stopping = False
+        self._default_generator = torch.Generator(device=self.device)
+        self._default_generator.manual_seed(int(time.time_ns()) & 0xFFFFFFFF)
+
+    # ------------------------------------------------------------------ construction
+
+    @classmethod
+    def from_pretrained(cls, model_dir: str | Path, device: str | None = None,
+                        dtype: str | None = None, model_name: str | None = None,
+                        version: int = 0, max_batch_size: int = 64) -> "PolicyEngine":
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        dev = resolve_device(device)
+        model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=resolve_dtype(dtype, dev))
+        model.to(dev)
+        tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+        name = model_name or Path(str(model_dir)).resolve().name
+        return cls(model, tokenizer, model_name=name, version=version, max_batch_size=max_batch_size)
+
+    @staticmethod
+    def _eos_ids(model, tokenizer) -> set[int]:
+        ids: set[int] = set()
+        for source in (getattr(model, "generation_config", None), model.config):
+            value = getattr(source, "eos_token_id", None) if source is not None else None
+            if isinstance(value, int):
+                ids.add(value)
+            elif isinstance(value, (list, tuple)):
+                ids.update(int(v) for v in value)
+        if tokenizer.eos_token_id is not None:
+            ids.add(int(tokenizer.eos_token_id))
+        return ids
+
+    # ------------------------------------------------------------------ public API
+
+    def start(self) -> "PolicyEngine":
+        if self._thread is None:
+            self._stopping = False
+            self._thread = threading.Thread(target=self._run, name="spanrl-policy-engine", daemon=True)
+            self._thread.start()
+        return self
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self._stopping = True
+        self._queue.put(None)
+        if self._thread is not None:
+            self._thread.join(timeout)
+            self._thread = None
+
+    def encode_chat(self, messages: list[dict]) -> list[int]:
+        """Prompt ids of a chat, with the generation prompt (``<|im_start|>assistant\\n``)."""
+        text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def encode_text(self, text: str) -> list[int]:
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def submit(self, prompt_ids: list[int], params: SamplingParams,
+               on_token: Callable[[TokenEvent], None] | None = None,
+               on_start: Callable[[int], None] | None = None,
+               on_done: Callable[[], None] | None = None) -> GenerationRequest:
+        """Queue a request; raises ``EngineError`` for bad params or a prompt that does not fit.
+
+        ``on_start(policy_version)`` is called when its batch starts; ``on_token`` for each
+        sampled token, ``on_done()`` once it finished or failed, all from the engine thread.
+        """
+        params.validate(min(self.max_n, self.max_batch_size))
+        if not prompt_ids:
+            raise EngineError("the prompt is empty", "prompt")
+        vocab = int(self.model.config.vocab_size)
+        if any((not isinstance(t, int)) or t < 0 or t >= vocab for t in prompt_ids):
+            raise EngineError(f"prompt token ids must be integers in [0, {vocab})", "prompt")
+        room = self.context_length - len(prompt_ids)
+        if room < 1:
+            raise PromptTooLongError(
+                f"the prompt has {len(prompt_ids)} tokens; this model's context is "
+                f"{self.context_length} tokens", "messages")
+        if params.max_tokens is not None and params.max_tokens > room:
+            raise PromptTooLongError(
+                f"prompt ({len(prompt_ids)} tokens) + max_tokens ({params.max_tokens}) exceeds "
+                f"this model's context of {self.context_length} tokens", "max_tokens")
+        if self._thread is None or self._stopping:
+            raise EngineStoppedError("the policy engine is not running")
+        request = GenerationRequest(list(prompt_ids), params, params.max_tokens or room, on_token,
+                                    on_start, on_done)
+        self._queue.put(request)
+        return request
+
+    def generate(self, prompt_ids: list[int], params: SamplingParams | None = None,
+                 timeout: float | None = None) -> GenerationResult:
+        """Blocking ``submit`` + wait."""
+        return self.submit(prompt_ids, params or SamplingParams()).wait(timeout)
+
+    def swap_weights(self, state_dict: dict, version: int, timeout: float | None = 600.0) -> None:
+        """Load ``state_dict`` into the serving model and set the policy version, atomically.
+
+        Applied by the engine thread between batches (immediately when idle): no sequence ever
+        sees two weight sets. Blocks until applied, so the caller may change its tensors after.
+        A PEFT state dict must be merged first (``TorchTrainer.policy_state_dict()``).
+        """
+        done = threading.Event()
+        outcome: list = []
+        with self._swap_lock:
+            self._pending_swap = (state_dict, int(version), done, outcome)
+        if self._thread is None:
+            self._apply_pending_swap()
+        else:
+            self._queue.put_nowait(_WAKE)  # wake an idle engine thread
+        if not done.wait(timeout):
+            raise TimeoutError("the weight swap was not applied in time")
+        if outcome and isinstance(outcome[0], BaseException):
+            raise outcome[0]
+
+    def load_weights_from_dir(self, model_dir: str | Path, version: int) -> None:
+        """Read an HF model directory's weights and swap them in (``POST /spanrl/v1/weights``)."""
+        from transformers import AutoModelForCausalLM
+
+        path = Path(model_dir)
+        if not (path / "config.json").is_file():
+            raise EngineError(f"{str(path)!r} is not a Hugging Face model directory (no config.json)", "path")
+        loaded = AutoModelForCausalLM.from_pretrained(str(path), dtype=next(self.model.parameters()).dtype)
+        self.swap_weights(loaded.state_dict(), version)
+
+    # ------------------------------------------------------------------ engine thread
+
+    def _apply_pending_swap(self) -> None:
+        with self._swap_lock:
+            pending, self._pending_swap = self._pending_swap, None
+        if pending is None:
+            return
+        state_dict, version, done, outcome = pending
+        try:
+            with torch.no_grad():
+                missing, unexpected = self.model.load_state_dict(state_dict, strict=False)
+            missing = [k for k in missing if not k.endswith("lm_head.weight")]
+            if missing or unexpected:
+                raise EngineError(f"the new weights do not match the model: missing {missing[:3]}, "
+                                  f"unexpected {list(unexpected)[:3]}")
+            self.version = version
+            logger.info("policy weights swapped in: version %d", version)
+        except BaseException as exc:  # reported to the caller of swap_weights
+            outcome.append(exc)
+        finally:
+            done.set()
+
+    def _run(self) -> None:
+        torch.set_grad_enabled(False)
+        while not self._stopping:
+            self._apply_pending_swap()
+            if not self._waiting:
+                item = self._queue.get()
+                self._admit(item)
+            while True:  # drain everything queued meanwhile
+                try:
+                    self._admit(self._queue.get_nowait())
+                except queue.Empty:
+                    break
+            if self._stopping:
+                break
+            self._apply_pending_swap()
+            if not self._waiting:
+                continue
+            batch = self._take_batch()
+            try:
+                self._decode_batch(batch)
+            except Exception as exc:  # never let one bad batch kill the server
+                logger.exception("generation failed")
+                for row in batch:
+                    row.request._complete(exc)
+        while True:
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if isinstance(item, GenerationRequest):
+                item._complete(EngineStoppedError("the policy engine stopped"))
+        for row in self._waiting:
+            row.request._complete(EngineStoppedError("the policy engine stopped"))
+        self._waiting = []
+
+    def _take_batch(self) -> list[_Row]:
+        """The oldest waiting rows, up to ``max_batch_size``, never splitting a request's choices."""
+        taken = 0
+        while taken < len(self._waiting):
+            request = self._waiting[taken].request
+            size = request.params.n
+            if taken and taken + size > self.max_batch_size:
+                break
+            taken += size
+        batch, self._waiting = self._waiting[:taken], self._waiting[taken:]
+        return batch
+
+    def _admit(self, item) -> None:
+        if item is None:
+            self._stopping = True
+            return
+        if item is _WAKE:
+            return
+        request: GenerationRequest = item
+        for choice in range(request.params.n):
+            generator = None
+            if request.params.seed is not None:
+                generator = torch.Generator(device=self.device)
+                generator.manual_seed(int(request.params.seed) + choice)
+            row = _Row(request=request, choice=choice, generator=generator)
+            request._rows.append(row)
+            self._waiting.append(row)
+
+    def _decode_batch(self, rows: list[_Row]) -> None:
+        version = self.version
+        self.stats.batches += 1
+        self.stats.max_rows_in_batch = max(self.stats.max_rows_in_batch, len(rows))
+        for request in {id(r.request): r.request for r in rows}.values():
+            if request.policy_version is None:
+                request.policy_version = version
+                if request.on_start is not None:
+                    _safe_call(request.on_start, version)
+
+        batch = len(rows)
+        prompt_lengths = [len(r.request.prompt_ids) for r in rows]
+        width = max(prompt_lengths)
+        input_ids = torch.full((batch, width), self.pad_id, dtype=torch.long)
+        attention = torch.zeros((batch, width), dtype=torch.long)
+        for i, row in enumerate(rows):
+            ids = row.request.prompt_ids
+            input_ids[i, width - len(ids):] = torch.tensor(ids, dtype=torch.long)
+            attention[i, width - len(ids):] = 1
+        input_ids = input_ids.to(self.device)
+        attention = attention.to(self.device)
+        positions = (attention.cumsum(-1) - 1).clamp(min=0)
+
+        temperature = torch.tensor([r.request.params.temperature for r in rows],
+                                   dtype=torch.float32, device=self.device)
+        top_p = torch.tensor([r.request.params.top_p for r in rows], dtype=torch.float32, device=self.device)
+        top_k = torch.tensor([r.request.params.top_k if r.request.params.top_k > 0 else 0 for r in rows],
+                             dtype=torch.long, device=self.device)
+        max_new = max(r.request.max_new_tokens for r in rows)
+
+        past = None
+        step_ids = input_ids
+        step_positions = positions
+        for step in range(max_new):
+            output = self.model(input_ids=step_ids, attention_mask=attention, position_ids=step_positions,
+                                past_key_values=past, use_cache=True)
+            past = output.past_key_values
+            logits = output.logits[:, -1, :].float()
+            self.stats.forward_passes += 1
+            next_ids = self._sample(logits, rows, temperature, top_p, top_k)
+            logprobs = torch.log_softmax(logits, dim=-1)
+            chosen_logprobs = logprobs.gather(1, next_ids.unsqueeze(1)).squeeze(1).tolist()
+            want_top = max(r.request.params.top_logprobs for r in rows)
+            top = None
+            if want_top:
+                top_values, top_indices = logprobs.topk(want_top, dim=-1)
+                top = (top_values.tolist(), top_indices.tolist())
+            next_list = next_ids.tolist()
+            active = 0
+            for i, row in enumerate(rows):
+                if row.finished:
+                    continue
+                if row.request.cancelled:
+                    self._finish(row, "stop")
+                    continue
+                self._append_token(row, next_list[i], chosen_logprobs[i],
+                                   None if top is None else (top[0][i], top[1][i]))
+                if not row.finished:
+                    active += 1
+            if active == 0:
+                break
+            step_ids = next_ids.unsqueeze(1)
+            attention = torch.cat([attention, attention.new_ones((batch, 1))], dim=1)
+            step_positions = step_positions[:, -1:] + 1
+
+    def _sample(self, logits: torch.Tensor, rows: list[_Row], temperature: torch.Tensor,
+                top_p: torch.Tensor, top_k: torch.Tensor) -> torch.Tensor:
+        greedy = temperature == 0
+        scaled = logits / temperature.clamp(min=1e-5).unsqueeze(1)
+        sorted_logits, sorted_index = scaled.sort(dim=-1, descending=True)
+        rank = torch.arange(scaled.shape[-1], device=scaled.device).unsqueeze(0)
+        remove = (top_k.unsqueeze(1) > 0) & (rank >= top_k.unsqueeze(1))
+        sorted_probs = torch.softmax(sorted_logits.masked_fill(remove, float("-inf")), dim=-1)
+        before = sorted_probs.cumsum(-1) - sorted_probs  # probability mass ranked above each token
+        remove |= (before >= top_p.unsqueeze(1)) & (rank > 0)
+        sorted_probs = torch.softmax(sorted_logits.masked_fill(remove, float("-inf")), dim=-1)
+        picks = torch.empty(len(rows), dtype=torch.long, device=scaled.device)
+        shared = [i for i, r in enumerate(rows) if r.generator is None]
+        if shared:
+            index = torch.tensor(shared, device=scaled.device)
+            picks[index] = torch.multinomial(sorted_probs[index], 1, generator=self._default_generator).squeeze(1)
+        for i, row in enumerate(rows):
+            if row.generator is not None:
+                picks[i] = torch.multinomial(sorted_probs[i], 1, generator=row.generator)[0]
+        sampled = sorted_index.gather(1, picks.unsqueeze(1)).squeeze(1)
+        return torch.where(greedy, logits.argmax(dim=-1), sampled)
+
+    def _append_token(self, row: _Row, token_id: int, logprob: float, top) -> None:
+        params = row.request.params
+        row.ids.append(token_id)
+        self.stats.tokens_generated += 1
+        top_list = None
+        if params.logprobs:
+            row.logprobs.append(logprob)
+            if params.top_logprobs and top is not None:
+                top_list = [(int(t), float(v)) for v, t in zip(top[0][: params.top_logprobs],
+                                                             top[1][: params.top_logprobs])]
+                row.top_logprobs.append(top_list)
+        reason = None
+        if token_id in self.eos_ids:
+            reason = "stop"
+        text = self.tokenizer.decode(row.ids, skip_special_tokens=True)
+        if params.stop:
+            hits = [text.find(s, max(0, row.emitted_chars - len(s))) for s in params.stop]
+            hits = [h for h in hits if h >= 0]
+            if hits:
+                text = text[: min(hits)]
+                reason = "stop"
+        if reason is None and len(row.ids) >= row.request.max_new_tokens:
+            reason = "length"
+        row.text = text
+        if reason is None:
+            holdback = max((len(s) - 1 for s in params.stop), default=0)
+            printable = len(text) - holdback
+            while printable > row.emitted_chars and text[printable - 1] == "\ufffd":
+                printable -= 1  # an unfinished UTF-8 sequence: wait for its next byte
+        else:
+            printable = len(text)
+        delta = text[row.emitted_chars:printable] if printable > row.emitted_chars else ""
+        row.emitted_chars = max(row.emitted_chars, printable)
+        if row.request.on_token is not None:
+            _safe_call(row.request.on_token,
+                       TokenEvent(row.choice, token_id, delta, logprob if params.logprobs else None, top_list,
+                                  reason))
+        if reason is not None:
+            self._finish(row, reason)
+
+    def _finish(self, row: _Row, reason: str) -> None:
+        row.finished = True
+        row.finish_reason = reason
+        request = row.request
+        request._rows_left -= 1
+        if request._rows_left == 0:
+            choices = []
+            for r in sorted(request._rows, key=lambda r: r.choice):
+                choices.append(ChoiceResult(
+                    index=r.choice, token_ids=list(r.ids), text=r.text, finish_reason=r.finish_reason,
+                    logprobs=list(r.logprobs) if request.params.logprobs else None,
+                    top_logprobs=list(r.top_logprobs) if request.params.top_logprobs else None))
+            request.result = GenerationResult(request.prompt_ids, choices, int(request.policy_version or 0))
+            request._complete()
+
+
+_WAKE = object()
+
+
+def _safe_call(callback, *args) -> None:
+    try:
+        callback(*args)
+    except Exception:  # a broken client callback must not stop the batch
+        logger.exception("a generation callback failed")
+
+
+def log_softmax_of_sampled(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """``log_softmax(logits)[ids]`` over the last axis; shared with tests and the trainer."""
+    return torch.log_softmax(logits.float(), dim=-1).gather(-1, ids.unsqueeze(-1)).squeeze(-1)
+
+
+__all__ = ["PolicyEngine", "SamplingParams", "GenerationResult", "ChoiceResult", "TokenEvent",
+           "EngineError", "PromptTooLongError", "EngineStoppedError"]

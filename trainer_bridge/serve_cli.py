@@ -1,0 +1,91 @@
+"""``spanrl serve MODEL_DIR``: the embedded OpenAI-compatible policy server, standalone.
+
+Registered by ``spanrl/cli.py``. Settings come from flags, then ``OTEL_SPANRL_SERVE_*``
+environment variables, then defaults (``ServeSettings``); they are printed at start-up.
+The engine is ``policy_engine.PolicyEngine``, the HTTP app ``policy_server.create_app``.
+Imports nothing heavy at module level.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import asdict, dataclass
+
+from spanrl.env_settings import env_value
+
+ENV_PREFIX = "OTEL_SPANRL_SERVE_"
+
+
+@dataclass(frozen=True)
+class ServeSettings:
+    model_dir: str
+    host: str = "127.0.0.1"
+    port: int = 8000
+    token: str | None = None
+    device: str = "auto"
+    dtype: str = "auto"
+    max_batch_size: int = 64
+    served_model_name: str | None = None
+    policy_version: int = 0
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> "ServeSettings":
+        def pick(flag, name, default):
+            return flag if flag is not None else env_value(ENV_PREFIX + name, default)
+
+        return cls(
+            model_dir=args.model_dir,
+            host=pick(args.host, "HOST", cls.host),
+            port=pick(args.port, "PORT", cls.port),
+            token=pick(args.token, "TOKEN", None),
+            device=pick(args.device, "DEVICE", cls.device),
+            dtype=pick(args.dtype, "DTYPE", cls.dtype),
+            max_batch_size=pick(args.max_batch_size, "MAX_BATCH_SIZE", cls.max_batch_size),
+            served_model_name=pick(args.served_model_name, "MODEL_NAME", None),
+            policy_version=pick(args.policy_version, "POLICY_VERSION", cls.policy_version),
+        )
+
+    def printable(self) -> dict:
+        shown = asdict(self)
+        if shown["token"]:
+            shown["token"] = "***"
+        return shown
+
+
+def add_parser(subparsers) -> None:
+    parser = subparsers.add_parser("serve", help="serve a model directory as an OpenAI-compatible endpoint")
+    parser.add_argument("model_dir", help="Hugging Face model directory (e.g. from `spanrl model init`)")
+    parser.add_argument("--host", default=None, help="bind address (default 127.0.0.1; env OTEL_SPANRL_SERVE_HOST)")
+    parser.add_argument("--port", type=int, default=None, help="port (default 8000; env OTEL_SPANRL_SERVE_PORT)")
+    parser.add_argument("--token", default=None,
+                        help="require 'Authorization: Bearer TOKEN' (env OTEL_SPANRL_SERVE_TOKEN)")
+    parser.add_argument("--device", default=None, help="auto | cpu | cuda | cuda:N (default auto)")
+    parser.add_argument("--dtype", default=None, help="auto | float32 | bfloat16 | float16 (auto: fp32 on CPU)")
+    parser.add_argument("--max-batch-size", type=int, default=None,
+                        help="most sequences decoded together in one batch (default 64)")
+    parser.add_argument("--served-model-name", default=None,
+                        help="the model name clients send (default: the directory's name)")
+    parser.add_argument("--policy-version", type=int, default=None, help="initial policy version (default 0)")
+    parser.set_defaults(func=_serve)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    settings = ServeSettings.from_args(args)
+    print(f"spanrl serve: {settings.printable()}")
+    import uvicorn
+
+    from spanrl.trainer_bridge.policy_engine import PolicyEngine
+    from spanrl.trainer_bridge.policy_server import create_app
+
+    engine = PolicyEngine.from_pretrained(
+        settings.model_dir, device=settings.device, dtype=settings.dtype,
+        model_name=settings.served_model_name, version=settings.policy_version,
+        max_batch_size=settings.max_batch_size,
+    ).start()
+    print(f"serving model {engine.model_name!r} on http://{settings.host}:{settings.port}/v1")
+    try:
+        uvicorn.run(create_app(engine, settings.token), host=settings.host, port=settings.port,
+                    log_level="info", access_log=False)
+    finally:
+        engine.stop()
+    return 0
