@@ -1,0 +1,324 @@
+"""Rollout assembly: one rollout's span tree -> ordered MDP transitions with rewards.
+
+Called by the receiver's assembler thread (``server.py``) when a rollout ends, and by tests
+and benchmarks directly::
+
+    rollout = assemble_rollout("r1", records, end_reason="rollout_span", options=AssemblyOptions())
+
+Steps: build the tree (``span_tree``); find the LLM calls (OpenInference kind ``LLM`` or
+spanrl token-id attributes); drop duplicates (one call seen by two instrumentors, e.g. a
+LangChain LLM span with the OpenAI span under it: an LLM span with LLM spans below it is a
+wrapper and is dropped, unless it alone carries token ids, then the spans below it are the
+duplicates); attach rewards and AIR rewards to calls by structure, never by timing; one
+transition per call and choice, in call start order; credit assignment; variables.
+
+Which call a span's reward (or AIR signal) judges, ``call_for_span``:
+1. the span is a call -> that call;
+2. calls below the span (an ancestor, the rollout root) -> the last of them in tree order;
+3. otherwise (a tool span, a sibling after the call) -> the last call before the span in
+   depth-first order: the call that led to it;
+4. otherwise (nothing before it) -> the first call after it; none when the rollout has no call.
+A reward naming ``spanrl.reward.response_id`` goes to the call whose ``gen_ai.response.id``
+matches, whatever span carries it.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from spanrl.instrumentation import semconv
+from spanrl.otlp_receiver.air import AirRule
+from spanrl.otlp_receiver.credit import credit_function
+from spanrl.otlp_receiver.retokenize import RetokenizeError, Retokenizer
+from spanrl.otlp_receiver.span_tree import SpanRecord, SpanTree
+from spanrl.otlp_receiver.transitions import Reward, Rollout, Transition
+
+logger = logging.getLogger(__name__)
+
+VARIABLE_TYPES = (str, int, float, bool)
+
+
+@dataclass(frozen=True)
+class AssemblyOptions:
+    credit: str = "identical"
+    gamma: float = 1.0
+    air_rules: tuple[AirRule, ...] = ()
+    retokenizer: Retokenizer | None = field(default=None, compare=False)
+
+
+def is_llm_span(record: SpanRecord) -> bool:
+    if record.span_kind == "LLM":
+        return True
+    return has_token_ids(record)
+
+
+def has_token_ids(record: SpanRecord) -> bool:
+    if semconv.LLM_PROMPT_TOKEN_IDS in record.attributes:
+        return True
+    return semconv.llm_response_token_ids(0) in record.attributes
+
+
+class _Calls:
+    """The kept LLM calls of a tree, and which call a span's signals belong to."""
+
+    def __init__(self, tree: SpanTree) -> None:
+        order = tree.order
+        n = len(order)
+        llm = [is_llm_span(r) for r in order]
+        ids = [llm[i] and has_token_ids(order[i]) for i in range(n)]
+        llm_below = [False] * n
+        ids_below = [False] * n
+        for i in range(n - 1, 0, -1):  # children come after parents in pre-order
+            parent = order[i].parent
+            if parent is not None:
+                p = parent.pre
+                llm_below[p] = llm_below[p] or llm[i] or llm_below[i]
+                ids_below[p] = ids_below[p] or ids[i] or ids_below[i]
+        kept: list[SpanRecord] = []
+        suppressed_until = -1
+        self.duplicates = 0
+        for i, record in enumerate(order):
+            if not llm[i]:
+                continue
+            if i < suppressed_until:
+                self.duplicates += 1
+                continue
+            if not llm_below[i]:
+                kept.append(record)
+            elif ids[i] and not ids_below[i]:
+                kept.append(record)
+                suppressed_until = record.post
+            else:
+                self.duplicates += 1  # a wrapper of the calls below it
+        self.kept = kept
+        self._pre = [r.pre for r in kept]
+        self.by_response_id: dict[str, SpanRecord] = {}
+        for i, record in enumerate(order):
+            response_id = record.attributes.get(semconv.GENAI_RESPONSE_ID)
+            if llm[i] and isinstance(response_id, str):
+                call = self.call_for_span(record)
+                if call is not None:
+                    self.by_response_id.setdefault(response_id, call)
+
+    def call_for_span(self, record: SpanRecord) -> SpanRecord | None:
+        pre = self._pre
+        if not pre:
+            return None
+        last_inside = bisect.bisect_left(pre, record.post) - 1
+        if last_inside >= 0 and pre[last_inside] >= record.pre:
+            return self.kept[last_inside]  # rules 1 and 2
+        before = bisect.bisect_left(pre, record.pre) - 1
+        if before >= 0:
+            return self.kept[before]  # rule 3
+        after = bisect.bisect_left(pre, record.pre)
+        return self.kept[after] if after < len(pre) else None  # rule 4
+
+
+def assemble_rollout(
+    rollout_id: str,
+    records: list[SpanRecord],
+    end_reason: str,
+    options: AssemblyOptions = AssemblyOptions(),
+) -> Rollout:
+    """Assemble one rollout from its spans (any order). ``sequence`` is 0 until stored."""
+    tree = SpanTree(records)
+    problems = list(tree.problems)
+    calls = _Calls(tree)
+    if calls.duplicates:
+        problems.append(
+            f"{calls.duplicates} LLM span(s) recorded the same call as another span and were merged"
+        )
+
+    rewards = _event_rewards(tree, calls, problems)
+    rewards += _air_rewards(tree, calls, options.air_rules)
+    reward_per_call: dict[str, float] = {}
+    for reward in rewards:
+        if reward.call_span_id is not None:
+            reward_per_call[reward.call_span_id] = reward_per_call.get(reward.call_span_id, 0.0) + reward.value
+    total_reward = sum(r.value for r in rewards) if rewards else None
+
+    steps = _transition_steps(rollout_id, tree, calls, options.retokenizer, reward_per_call, problems)
+    returns = credit_function(options.credit)([s["reward"] for s in steps], total_reward, options.gamma)
+    transitions = tuple(
+        Transition(index=i, return_=returns[i], **step) for i, step in enumerate(steps)
+    )
+    with_transition = {t.span_id for t in transitions}
+    for call_id in reward_per_call:
+        if call_id not in with_transition:
+            problems.append(f"rewards attached to call {call_id}, which has no transition")
+
+    root = tree.root
+    identity = _identity(tree)
+    failed = root.status_error
+    return Rollout(
+        rollout_id=rollout_id,
+        task_id=identity.get(semconv.TASK_ID),
+        attempt=identity.get(semconv.ATTEMPT),
+        status="failed" if failed else "ok",
+        error=(root.status_message or "the rollout span ended with status ERROR") if failed else None,
+        end_reason=end_reason,
+        total_reward=total_reward,
+        rewards=tuple(rewards),
+        variables=_variables(tree, problems),
+        transitions=transitions,
+        problems=tuple(problems),
+        sequence=0,
+    )
+
+
+def _identity(tree: SpanTree) -> dict[str, Any]:
+    identity: dict[str, Any] = {}
+    for record in tree.order:  # the root first
+        for key in (semconv.TASK_ID, semconv.ATTEMPT):
+            if key not in identity and key in record.attributes:
+                identity[key] = record.attributes[key]
+        if len(identity) == 2:
+            break
+    return identity
+
+
+def _event_rewards(tree: SpanTree, calls: _Calls, problems: list[str]) -> list[Reward]:
+    rewards: list[Reward] = []
+    for record in tree.order:
+        for event in record.events:
+            if event.name == semconv.REWARD_EVENT:
+                value = event.attributes.get(semconv.REWARD_VALUE)
+                name = event.attributes.get(semconv.REWARD_NAME) or semconv.DEFAULT_REWARD_NAME
+            elif event.name == semconv.GENAI_EVALUATION_EVENT:
+                value = event.attributes.get(semconv.GENAI_EVALUATION_SCORE)
+                name = event.attributes.get(semconv.GENAI_EVALUATION_NAME) or "evaluation"
+            else:
+                continue
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                problems.append(
+                    f"{event.name} event on span {record.key} has no numeric value ({value!r}); ignored"
+                )
+                continue
+            call = None
+            response_id = event.attributes.get(semconv.REWARD_RESPONSE_ID) or event.attributes.get(
+                semconv.GENAI_RESPONSE_ID
+            )
+            if isinstance(response_id, str):
+                call = calls.by_response_id.get(response_id)
+                if call is None:
+                    problems.append(
+                        f"reward {name!r} names response id {response_id!r}, which no call has;"
+                        " attached by parentage instead"
+                    )
+            if call is None:
+                call = calls.call_for_span(record)
+            rewards.append(
+                Reward(
+                    name=str(name), value=float(value), source=event.name, span_id=record.key,
+                    call_span_id=None if call is None else call.key,
+                )
+            )
+    return rewards
+
+
+def _air_rewards(tree: SpanTree, calls: _Calls, rules: tuple[AirRule, ...]) -> list[Reward]:
+    if not rules:
+        return []
+    rewards: list[Reward] = []
+    for record in tree.order:
+        if record is tree.root:
+            continue
+        for rule in rules:
+            if rule.matches(record):
+                call = calls.call_for_span(record)
+                rewards.append(
+                    Reward(
+                        name=rule.name, value=rule.reward, source=f"air:{rule.name}",
+                        span_id=record.key, call_span_id=None if call is None else call.key,
+                    )
+                )
+    return rewards
+
+
+def _response_choices(attributes: dict[str, Any]) -> list[int]:
+    choices = []
+    i = 0
+    while semconv.llm_response_token_ids(i) in attributes:
+        choices.append(i)
+        i += 1
+    return choices
+
+
+def _agent_name(record: SpanRecord) -> str | None:
+    node: SpanRecord | None = record
+    while node is not None:
+        name = node.attributes.get(semconv.AGENT_NAME)
+        if isinstance(name, str):
+            return name
+        node = node.parent
+    return None
+
+
+def _transition_steps(
+    rollout_id: str,
+    tree: SpanTree,
+    calls: _Calls,
+    retokenizer: Retokenizer | None,
+    reward_per_call: dict[str, float],
+    problems: list[str],
+) -> list[dict[str, Any]]:
+    steps: list[dict[str, Any]] = []
+    for call in sorted(calls.kept, key=lambda r: (r.start_ns, r.pre)):
+        attributes = call.attributes
+        prompt = attributes.get(semconv.LLM_PROMPT_TOKEN_IDS)
+        choices = _response_choices(attributes)
+        retokenized = attributes.get(semconv.LLM_RETOKENIZED) is True
+        responses = {i: attributes[semconv.llm_response_token_ids(i)] for i in choices}
+        if prompt is None or not responses:
+            if retokenizer is None:
+                problems.append(
+                    f"LLM call {call.key} ({call.name!r}) has no engine token ids; skipped"
+                    " (allow re-tokenization with --retokenize-with TOKENIZER_DIR)"
+                )
+                continue
+            try:
+                prompt, response = retokenizer.retokenize(attributes)
+            except RetokenizeError as exc:
+                problems.append(f"LLM call {call.key} ({call.name!r}) could not be re-tokenized: {exc}")
+                continue
+            responses = {0: response}
+            retokenized = True
+        version = attributes.get(semconv.LLM_POLICY_VERSION)
+        for choice, response_ids in responses.items():
+            logprobs = attributes.get(semconv.llm_response_logprobs(choice))
+            steps.append(
+                dict(
+                    rollout_id=rollout_id,
+                    span_id=call.key,
+                    agent_name=_agent_name(call),
+                    prompt_token_ids=tuple(prompt),
+                    response_token_ids=tuple(response_ids),
+                    response_logprobs=None if logprobs is None else tuple(float(x) for x in logprobs),
+                    choice_index=choice,
+                    policy_version=version if isinstance(version, int) else None,
+                    reward=reward_per_call.get(call.key, 0.0),
+                    retokenized=retokenized,
+                )
+            )
+    return steps
+
+
+def _variables(tree: SpanTree, problems: list[str]) -> dict[str, Any]:
+    """``spanrl.variable.*`` of every span; when two spans set one, the later-ending wins."""
+    found: dict[str, tuple[int, Any]] = {}
+    prefix = semconv.VARIABLE_PREFIX
+    for record in tree.order:
+        for key, value in record.attributes.items():
+            if not key.startswith(prefix):
+                continue
+            name = key[len(prefix):]
+            if not isinstance(value, VARIABLE_TYPES):
+                problems.append(f"variable {name!r} on span {record.key} is not a scalar; ignored")
+                continue
+            previous = found.get(name)
+            if previous is None or record.end_ns >= previous[0]:
+                found[name] = (record.end_ns, value)
+    return {name: value for name, (_, value) in found.items()}

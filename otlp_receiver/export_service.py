@@ -1,0 +1,106 @@
+"""What an OTLP Export request does, independent of the transport; errors -> protocol codes.
+
+Used by ``grpc_service.py`` and ``http_service.py``. Traces are decoded, validated and
+committed (through ``IngestWriter``) before the response is built. Metrics and logs are
+accepted and dropped (the OTel distro exports metrics to the same endpoint by default; that
+must not fail), after checking that they parse. ``PROTOCOL_ERRORS`` is the one table that
+maps our exceptions to gRPC status codes and HTTP statuses.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+
+import grpc
+from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import (
+    ExportLogsServiceRequest,
+    ExportLogsServiceResponse,
+)
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
+    ExportMetricsServiceRequest,
+    ExportMetricsServiceResponse,
+)
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
+from google.protobuf.message import DecodeError
+
+from spanrl.otlp_receiver.ingest import IngestWriter, Overloaded
+from spanrl.otlp_receiver.otlp_decode import (
+    PayloadError,
+    decode_request,
+    parse_json_request,
+    parse_protobuf_request,
+)
+from spanrl.otlp_receiver.store import StoreError
+
+logger = logging.getLogger(__name__)
+
+SIGNALS = {
+    "metrics": (ExportMetricsServiceRequest, ExportMetricsServiceResponse),
+    "logs": (ExportLogsServiceRequest, ExportLogsServiceResponse),
+}
+
+
+class Unauthenticated(PermissionError):
+    """The request lacks the bearer token the receiver was started with."""
+
+
+class TooLarge(ValueError):
+    """The request is larger than the configured message limit."""
+
+
+# exception -> (gRPC status code, HTTP status); the first matching class wins.
+PROTOCOL_ERRORS: tuple[tuple[type[BaseException], grpc.StatusCode, int], ...] = (
+    (Unauthenticated, grpc.StatusCode.UNAUTHENTICATED, 401),
+    (TooLarge, grpc.StatusCode.RESOURCE_EXHAUSTED, 413),
+    (PayloadError, grpc.StatusCode.INVALID_ARGUMENT, 400),
+    (Overloaded, grpc.StatusCode.UNAVAILABLE, 503),
+    (StoreError, grpc.StatusCode.UNAVAILABLE, 503),
+)
+
+
+def protocol_error(exc: BaseException) -> tuple[grpc.StatusCode, int] | None:
+    for cls, code, http_status in PROTOCOL_ERRORS:
+        if isinstance(exc, cls):
+            return code, http_status
+    return None
+
+
+class ExportService:
+    def __init__(self, writer: IngestWriter, token: str | None) -> None:
+        self.writer = writer
+        self.token = token
+        self.accepted_spans = 0
+        self.rejected_spans = 0
+
+    def check_authorization(self, header: str | None) -> None:
+        if not self.token:
+            return
+        expected = f"Bearer {self.token}"
+        if header is None or not hmac.compare_digest(header.strip().encode(), expected.encode()):
+            raise Unauthenticated(
+                "missing or wrong bearer token: send 'Authorization: Bearer <token>'"
+                " (OTEL_EXPORTER_OTLP_HEADERS=Authorization=Bearer%20<token>)"
+            )
+
+    def export_traces(self, body: bytes, json_encoding: bool = False) -> ExportTraceServiceResponse:
+        request = parse_json_request(body) if json_encoding else parse_protobuf_request(body)
+        decoded = decode_request(request)
+        self.writer.submit(decoded.rows)  # returns once committed
+        self.accepted_spans += len(decoded.rows)
+        if decoded.rejected:
+            self.rejected_spans += decoded.rejected
+            logger.warning("%s", decoded.error_message())
+        return decoded.response()
+
+    def export_other(self, signal: str, body: bytes, json_encoding: bool = False):
+        """Metrics and logs: checked and dropped; the response is a full success."""
+        request_type, response_type = SIGNALS[signal]
+        if json_encoding:
+            parse_json_request(body, request_type)
+        else:
+            try:
+                request_type.FromString(body)
+            except DecodeError as exc:
+                raise PayloadError(f"body is not a valid {request_type.__name__} protobuf: {exc}") from exc
+        return response_type()

@@ -1,0 +1,199 @@
+"""OTLP/HTTP: ``POST /v1/traces`` (protobuf or JSON), ``/v1/metrics`` and ``/v1/logs``
+(accepted and dropped), and spanrl's ``POST /spanrl/v1/rollouts/<id>/complete``.
+
+Started by ``server.py`` on a stdlib ``ThreadingHTTPServer`` (no extra dependency; one thread
+per connection, keep-alive). Follows the OTLP/HTTP spec: the response has the request's
+content type; errors carry a google.rpc.Status body; overload answers 503 with Retry-After;
+gzip request bodies are accepted (and bounded by the message limit after decompression).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import threading
+import zlib
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import unquote
+
+from google.protobuf import json_format
+from google.rpc import status_pb2
+
+from spanrl.otlp_receiver.export_service import ExportService, TooLarge, protocol_error
+from spanrl.otlp_receiver.ingest import Overloaded
+from spanrl.otlp_receiver.otlp_decode import PayloadError
+from spanrl.otlp_receiver.store import SpanStore
+
+logger = logging.getLogger(__name__)
+
+PROTOBUF = "application/x-protobuf"
+JSON = "application/json"
+COMPLETE_PREFIX = "/spanrl/v1/rollouts/"
+COMPLETE_SUFFIX = "/complete"
+SIGNAL_PATHS = {"/v1/traces": "traces", "/v1/metrics": "metrics", "/v1/logs": "logs"}
+
+
+class UnsupportedMediaType(ValueError):
+    pass
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server_version = "spanrl-receiver"
+    server: "_Server"
+
+    def log_message(self, format: str, *args) -> None:  # route the access log to logging
+        logger.debug("%s " + format, self.address_string(), *args)
+
+    def do_GET(self) -> None:
+        if self.path == "/spanrl/v1/health":
+            self._send(200, JSON, b'{"status": "ok"}')
+        else:
+            self._send(404, JSON, b'{"message": "not found"}')
+
+    def do_POST(self) -> None:
+        path = self.path.split("?", 1)[0]
+        json_encoding = False
+        try:
+            content_type = (self.headers.get("Content-Type") or "").split(";")[0].strip().lower()
+            json_encoding = content_type == JSON
+            self.server.export.check_authorization(self.headers.get("Authorization"))
+            if path in SIGNAL_PATHS:
+                if content_type not in (PROTOBUF, JSON):
+                    raise UnsupportedMediaType(
+                        f"Content-Type must be {PROTOBUF} or {JSON}, got {content_type or 'none'!r}"
+                    )
+                body = self._read_body()
+                signal = SIGNAL_PATHS[path]
+                if signal == "traces":
+                    response = self.server.export.export_traces(body, json_encoding)
+                else:
+                    response = self.server.export.export_other(signal, body, json_encoding)
+                self._send_message(200, response, json_encoding)
+            elif path.startswith(COMPLETE_PREFIX) and path.endswith(COMPLETE_SUFFIX):
+                self._read_body()
+                rollout_id = unquote(path[len(COMPLETE_PREFIX) : -len(COMPLETE_SUFFIX)])
+                if not rollout_id:
+                    raise PayloadError("the URL names no rollout id")
+                self.server.store.complete_rollout(rollout_id)
+                body = json.dumps({"rollout_id": rollout_id, "completion": "requested"}).encode()
+                self._send(202, JSON, body)
+            else:
+                self._read_body()
+                self._send(404, JSON, json.dumps({"message": f"no such endpoint: POST {path}"}).encode())
+        except UnsupportedMediaType as exc:
+            self.close_connection = True  # the body was not read
+            self._send_error(415, str(exc), json_encoding)
+        except Exception as exc:
+            mapped = protocol_error(exc)
+            if mapped is None:
+                logger.exception("unexpected error in %s", path)
+                self._send_error(500, f"internal error: {exc}", json_encoding)
+                return
+            _, status = mapped
+            headers = {}
+            if status == 503:
+                retry_after = exc.retry_after_s if isinstance(exc, Overloaded) else 1.0
+                headers["Retry-After"] = str(max(1, math.ceil(retry_after)))
+            if status in (413, 401):
+                self.close_connection = True  # the unread body must not be parsed as a request
+            self._send_error(status, str(exc), json_encoding, headers)
+
+    def _read_body(self) -> bytes:
+        limit = self.server.max_message_bytes
+        if (self.headers.get("Transfer-Encoding") or "").lower() == "chunked":
+            raw = self._read_chunked(limit)
+        else:
+            try:
+                length = int(self.headers.get("Content-Length") or 0)
+            except ValueError:
+                raise PayloadError("Content-Length is not a number") from None
+            if length > limit:
+                raise TooLarge(f"request body of {length} bytes exceeds the limit of {limit} bytes")
+            raw = self.rfile.read(length)
+        encoding = (self.headers.get("Content-Encoding") or "identity").lower()
+        if encoding == "gzip":
+            decompressor = zlib.decompressobj(16 + zlib.MAX_WBITS)
+            try:
+                body = decompressor.decompress(raw, limit + 1)
+            except zlib.error as exc:
+                raise PayloadError(f"Content-Encoding gzip but the body is not gzip: {exc}") from exc
+            if len(body) > limit:
+                raise TooLarge(f"decompressed request exceeds the limit of {limit} bytes")
+            return body
+        if encoding != "identity":
+            raise PayloadError(f"unsupported Content-Encoding {encoding!r} (use gzip or none)")
+        return raw
+
+    def _read_chunked(self, limit: int) -> bytes:
+        parts = []
+        total = 0
+        while True:
+            line = self.rfile.readline(1024)
+            try:
+                size = int(line.split(b";")[0].strip(), 16)
+            except ValueError:
+                raise PayloadError("malformed chunked transfer encoding") from None
+            if size == 0:
+                while self.rfile.readline(1024) not in (b"\r\n", b"\n", b""):
+                    pass
+                return b"".join(parts)
+            total += size
+            if total > limit:
+                raise TooLarge(f"request body exceeds the limit of {limit} bytes")
+            parts.append(self.rfile.read(size))
+            self.rfile.readline(16)
+
+    def _send_message(self, status: int, message, json_encoding: bool, headers=None) -> None:
+        if json_encoding:
+            body = json.dumps(json_format.MessageToDict(message)).encode()
+            self._send(status, JSON, body, headers)
+        else:
+            self._send(status, PROTOBUF, message.SerializeToString(), headers)
+
+    def _send_error(self, status: int, message: str, json_encoding: bool, headers=None) -> None:
+        self._send_message(status, status_pb2.Status(code=_rpc_code(status), message=message), json_encoding, headers)
+
+    def _send(self, status: int, content_type: str, body: bytes, headers=None) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        for key, value in (headers or {}).items():
+            self.send_header(key, value)
+        if self.close_connection:
+            self.send_header("Connection", "close")
+        self.end_headers()
+        self.wfile.write(body)
+
+
+def _rpc_code(http_status: int) -> int:
+    return {400: 3, 401: 16, 404: 5, 413: 8, 415: 3, 503: 14}.get(http_status, 13)
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def __init__(self, address, export: ExportService, store: SpanStore, max_message_bytes: int) -> None:
+        self.export = export
+        self.store = store
+        self.max_message_bytes = max_message_bytes
+        super().__init__(address, _Handler)
+
+
+class HttpExportServer:
+    def __init__(self, export: ExportService, store: SpanStore, host: str, port: int, max_message_bytes: int) -> None:
+        self.server = _Server((host, port), export, store, max_message_bytes)
+        self.port = self.server.server_address[1]
+        self._thread = threading.Thread(
+            target=self.server.serve_forever, kwargs={"poll_interval": 0.2}, name="spanrl-http", daemon=True
+        )
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        self._thread.join(timeout=5)

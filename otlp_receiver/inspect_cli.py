@@ -1,0 +1,171 @@
+"""``spanrl inspect``: read the span store (``rollouts``, ``rollout ID``, ``transitions``).
+
+Registered by ``spanrl/cli.py``. Human tables by default, ``--json`` for machines. Safe while a
+receiver writes the same store (SQLite WAL).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--db",
+        default=None,
+        help="span store path (env OTEL_SPANRL_RECEIVER_DB; default spanrl.db)",
+    )
+    common.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    parser = subparsers.add_parser("inspect", help="read the span store: rollouts, span trees, transitions")
+    what = parser.add_subparsers(dest="what", metavar="WHAT", required=True)
+    what.add_parser("rollouts", parents=[common], help="every rollout, open or assembled").set_defaults(
+        func=show_rollouts
+    )
+    one = what.add_parser("rollout", parents=[common], help="one rollout: span tree, rewards, transitions")
+    one.add_argument("rollout_id", metavar="ID")
+    one.set_defaults(func=show_rollout)
+    transitions = what.add_parser("transitions", parents=[common], help="transitions of assembled rollouts")
+    transitions.add_argument("--since", type=int, default=0, help="only rollouts after this cursor")
+    transitions.add_argument("--rollout", default=None, help="only this rollout")
+    transitions.set_defaults(func=show_transitions)
+    return parser
+
+
+def _open(args):
+    from spanrl.otlp_receiver.store import SpanStore
+
+    path = args.db or os.environ.get("OTEL_SPANRL_RECEIVER_DB") or "spanrl.db"
+    if not os.path.exists(path):
+        raise SystemExit(f"spanrl inspect: no span store at {path} (use --db PATH)")
+    return SpanStore(path)
+
+
+def _table(headers: list[str], rows: list[list]) -> str:
+    cells = [[("" if c is None else str(c)) for c in row] for row in rows]
+    widths = [max([len(h)] + [len(r[i]) for r in cells]) for i, h in enumerate(headers)]
+    line = lambda values: "  ".join(v.ljust(w) for v, w in zip(values, widths)).rstrip()  # noqa: E731
+    return "\n".join([line(headers), line(["-" * w for w in widths])] + [line(r) for r in cells])
+
+
+def _ids(ids, limit: int = 12) -> str:
+    ids = list(ids)
+    text = " ".join(str(i) for i in ids[:limit])
+    return f"[{text}{' …' if len(ids) > limit else ''}] ({len(ids)})"
+
+
+def show_rollouts(args) -> int:
+    from spanrl.otlp_receiver.transitions import rollout_to_dict
+
+    with _open(args) as store:
+        summaries = store.rollout_summaries()
+    if args.json:
+        print(json.dumps([
+            {
+                "rollout_id": s.rollout_id, "task_id": s.task_id, "attempt": s.attempt,
+                "state": s.state, "span_count": s.span_count, "late_spans": s.late_spans,
+                "assembled": None if s.assembled is None else rollout_to_dict(s.assembled),
+            }
+            for s in summaries
+        ], indent=2))
+        return 0
+    rows = []
+    for s in summaries:
+        a = s.assembled
+        rows.append([
+            s.rollout_id, s.task_id, s.attempt, s.state, s.span_count,
+            a and a.status, a and a.end_reason, a and len(a.transitions),
+            a and a.total_reward, a and len(a.problems), a and a.sequence,
+        ])
+    print(_table(
+        ["rollout", "task", "attempt", "state", "spans", "status", "end", "transitions", "reward",
+         "problems", "seq"], rows,
+    ))
+    return 0
+
+
+def show_rollout(args) -> int:
+    from spanrl.otlp_receiver.span_tree import SpanTree, records_from_bodies
+    from spanrl.otlp_receiver.transitions import rollout_to_dict
+
+    with _open(args) as store:
+        spans = store.rollout_spans(args.rollout_id)
+        rollout = store.assembled_rollout(args.rollout_id)
+    if not spans and rollout is None:
+        print(f"spanrl inspect: no rollout {args.rollout_id!r} in the store")
+        return 1
+    tree = SpanTree(records_from_bodies(s.body for s in spans))
+    if args.json:
+        print(json.dumps({
+            "rollout_id": args.rollout_id,
+            "spans": [
+                {
+                    "span_id": r.key, "parent_span_id": None if r.parent is None else r.parent.key,
+                    "name": r.name, "kind": r.span_kind, "start_ns": r.start_ns, "end_ns": r.end_ns,
+                    "error": r.status_error,
+                }
+                for r in tree.order
+            ],
+            "assembled": None if rollout is None else rollout_to_dict(rollout),
+        }, indent=2))
+        return 0
+    calls = {} if rollout is None else {t.span_id: t.index for t in rollout.transitions}
+    rewards: dict[str, list[str]] = {}
+    for reward in () if rollout is None else rollout.rewards:
+        rewards.setdefault(reward.span_id, []).append(f"{reward.name}={reward.value:g}")
+    print(f"rollout {args.rollout_id}: {len(spans)} spans")
+    for record in tree.order:
+        marks = []
+        if record.key in calls:
+            marks.append(f"transition #{calls[record.key]}")
+        if record.key in rewards:
+            marks.append("reward " + ", ".join(rewards[record.key]))
+        if record.status_error:
+            marks.append("ERROR")
+        duration_ms = (record.end_ns - record.start_ns) / 1e6
+        kind = f" [{record.span_kind}]" if record.span_kind else ""
+        extra = f"  <- {'; '.join(marks)}" if marks else ""
+        print(f"{'  ' * tree.depth(record)}{record.name}{kind} {duration_ms:.1f} ms{extra}")
+    if rollout is None:
+        print("\nnot assembled yet")
+        return 0
+    print(
+        f"\nstatus {rollout.status}{' (' + rollout.error + ')' if rollout.error else ''},"
+        f" ended by {rollout.end_reason}, total reward {rollout.total_reward}, sequence {rollout.sequence}"
+    )
+    if rollout.variables:
+        print("variables: " + ", ".join(f"{k}={v!r}" for k, v in rollout.variables.items()))
+    print()
+    _print_transitions(rollout.transitions)
+    for problem in rollout.problems:
+        print(f"problem: {problem}")
+    return 0
+
+
+def _print_transitions(transitions) -> None:
+    print(_table(
+        ["rollout", "#", "span", "agent", "prompt ids", "response ids", "version", "reward", "return", "retok"],
+        [
+            [t.rollout_id, t.index, t.span_id, t.agent_name, _ids(t.prompt_token_ids),
+             _ids(t.response_token_ids), t.policy_version, f"{t.reward:g}", f"{t.return_:g}",
+             "yes" if t.retokenized else ""]
+            for t in transitions
+        ],
+    ))
+
+
+def show_transitions(args) -> int:
+    from spanrl.otlp_receiver.transitions import transition_to_dict
+
+    with _open(args) as store:
+        rollouts, _ = store.completed_rollouts(since=args.since)
+    transitions = [
+        t for r in rollouts if args.rollout is None or r.rollout_id == args.rollout for t in r.transitions
+    ]
+    if args.json:
+        print(json.dumps([transition_to_dict(t) for t in transitions], indent=2))
+    else:
+        _print_transitions(transitions)
+    return 0

@@ -1,0 +1,88 @@
+"""Opt-in re-tokenization of LLM calls that arrived without engine token ids.
+
+Called by ``assembly.py`` only when the user names a tokenizer (``--retokenize-with DIR``).
+Ids rebuilt from text may differ from what the engine sampled, so every such transition is
+flagged ``retokenized``. Uses the ``tokenizers`` library and the tokenizer's own chat template
+(rendered with jinja2), both imported lazily, so the receiver never imports torch.
+
+The text comes from OpenInference attributes: ``llm.input_messages.<i>.message.role/content``
+and ``llm.output_messages.0.message.content``, else ``input.value`` / ``output.value``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+_MESSAGE_KEY = re.compile(r"^llm\.(input|output)_messages\.(\d+)\.message\.(role|content)$")
+
+
+class RetokenizeError(ValueError):
+    """The tokenizer cannot be loaded, or a call has no text to re-tokenize."""
+
+
+class Retokenizer:
+    """A Hugging Face tokenizer directory (``tokenizer.json`` + ``tokenizer_config.json``)."""
+
+    def __init__(self, name_or_path: str) -> None:
+        self.name = name_or_path
+        directory = Path(name_or_path)
+        tokenizer_file = directory / "tokenizer.json" if directory.is_dir() else directory
+        if not tokenizer_file.is_file():
+            raise RetokenizeError(
+                f"--retokenize-with {name_or_path!r}: expected a local tokenizer directory with"
+                " tokenizer.json (the receiver never downloads models)"
+            )
+        from tokenizers import Tokenizer
+
+        self._tokenizer = Tokenizer.from_file(str(tokenizer_file))
+        config_file = tokenizer_file.parent / "tokenizer_config.json"
+        config: dict[str, Any] = json.loads(config_file.read_text()) if config_file.is_file() else {}
+        self._chat_template = config.get("chat_template")
+        self._special = {k: config.get(k) for k in ("bos_token", "eos_token")}
+
+    def encode(self, text: str) -> list[int]:
+        return list(self._tokenizer.encode(text, add_special_tokens=False).ids)
+
+    def render_prompt(self, messages: list[dict[str, str]]) -> str:
+        if not self._chat_template:
+            return "".join(m["content"] for m in messages)
+        import jinja2
+
+        def raise_exception(message: str):
+            raise RetokenizeError(f"chat template error: {message}")
+
+        env = jinja2.Environment(trim_blocks=True, lstrip_blocks=True)
+        env.globals["raise_exception"] = raise_exception
+        env.filters["tojson"] = lambda value, **kw: json.dumps(value)
+        template = env.from_string(self._chat_template)
+        return template.render(messages=messages, add_generation_prompt=True, **self._special)
+
+    def retokenize(self, attributes: dict[str, Any]) -> tuple[list[int], list[int]]:
+        """(prompt ids, response ids) of one LLM span from its text attributes."""
+        inputs: dict[int, dict[str, str]] = {}
+        outputs: dict[int, dict[str, str]] = {}
+        for key, value in attributes.items():
+            match = _MESSAGE_KEY.match(key)
+            if match and isinstance(value, str):
+                side = inputs if match.group(1) == "input" else outputs
+                side.setdefault(int(match.group(2)), {})[match.group(3)] = value
+        if inputs:
+            messages = [
+                {"role": m.get("role", "user"), "content": m.get("content", "")}
+                for _, m in sorted(inputs.items())
+            ]
+            prompt_text = self.render_prompt(messages)
+        elif isinstance(attributes.get("input.value"), str):
+            prompt_text = attributes["input.value"]
+        else:
+            raise RetokenizeError("the span has no prompt text (llm.input_messages or input.value)")
+        if outputs:
+            response_text = outputs[min(outputs)].get("content", "")
+        elif isinstance(attributes.get("output.value"), str):
+            response_text = attributes["output.value"]
+        else:
+            raise RetokenizeError("the span has no response text (llm.output_messages or output.value)")
+        return self.encode(prompt_text), self.encode(response_text)

@@ -1,0 +1,156 @@
+"""The running receiver: gRPC and HTTP servers, the ingest writer and the assembler thread.
+
+Used by ``spanrl receive`` and by tests (in-process, on free ports)::
+
+    with ReceiverServer(ReceiverSettings(grpc_port=0, http_port=0, db="x.db")) as server:
+        ...  # export to 127.0.0.1:server.grpc_port / server.http_port
+
+The assembler wakes every ``poll_s``, asks the store which open rollouts have ended
+(their ``spanrl.rollout`` span or an explicit completion plus ``grace_s`` of quiet, or
+``idle_timeout_s`` without spans), assembles each and saves the result. Because rollout state
+lives in the store, a rollout open when the process died completes after a restart.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+from spanrl.otlp_receiver.air import load_rules
+from spanrl.otlp_receiver.assembly import AssemblyOptions, assemble_rollout
+from spanrl.otlp_receiver.export_service import ExportService
+from spanrl.otlp_receiver.grpc_service import GrpcExportServer
+from spanrl.otlp_receiver.http_service import HttpExportServer
+from spanrl.otlp_receiver.ingest import IngestWriter
+from spanrl.otlp_receiver.settings import ReceiverSettings
+from spanrl.otlp_receiver.span_tree import records_from_bodies
+from spanrl.otlp_receiver.store import SpanStore
+from spanrl.otlp_receiver.transitions import Rollout
+
+logger = logging.getLogger(__name__)
+
+
+def assembly_options(settings: ReceiverSettings) -> AssemblyOptions:
+    retokenizer = None
+    if settings.retokenize_with:
+        from spanrl.otlp_receiver.retokenize import Retokenizer
+
+        retokenizer = Retokenizer(settings.retokenize_with)
+    return AssemblyOptions(
+        credit=settings.credit,
+        gamma=settings.gamma,
+        air_rules=load_rules(settings.air_rules),
+        retokenizer=retokenizer,
+    )
+
+
+class Assembler:
+    """Assembles ended rollouts from the store, in a thread or on demand (``run_once``)."""
+
+    def __init__(self, store: SpanStore, settings: ReceiverSettings, options: AssemblyOptions) -> None:
+        self.store = store
+        self.settings = settings
+        self.options = options
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="spanrl-assembler", daemon=True)
+
+    def run_once(self, now: float | None = None) -> list[Rollout]:
+        now = time.time() if now is None else now
+        done = []
+        for ready in self.store.rollouts_ready(
+            now,
+            grace_s=self.settings.grace_s,
+            idle_timeout_s=self.settings.idle_timeout_s,
+            on_rollout_span=self.settings.complete_on_rollout_span,
+        ):
+            spans = self.store.rollout_spans(ready.rollout_id)
+            rollout = assemble_rollout(
+                ready.rollout_id, records_from_bodies(s.body for s in spans), ready.end_reason, self.options
+            )
+            saved = self.store.save_assembled(rollout)
+            done.append(saved)
+            logger.info(
+                "rollout %s assembled (%s): %d spans, %d transitions, total reward %s%s",
+                saved.rollout_id, saved.end_reason, len(spans), len(saved.transitions),
+                saved.total_reward, f", {len(saved.problems)} problem(s)" if saved.problems else "",
+            )
+            for problem in saved.problems:
+                logger.info("rollout %s: %s", saved.rollout_id, problem)
+        return done
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.settings.poll_s):
+            try:
+                self.run_once()
+            except Exception:  # keep assembling the other rollouts
+                logger.exception("assembly failed")
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+
+
+class ReceiverServer:
+    def __init__(self, settings: ReceiverSettings) -> None:
+        self.settings = settings.validate()
+        options = assembly_options(settings)
+        self.write_store = SpanStore(settings.db, sync=settings.sync)
+        self.read_store = SpanStore(settings.db, sync=settings.sync)
+        self.writer = IngestWriter(self.write_store, settings.max_pending_bytes, settings.retry_after_s)
+        self.export = ExportService(self.writer, settings.token)
+        self.assembler = Assembler(self.read_store, settings, options)
+        self.grpc: GrpcExportServer | None = None
+        self.http: HttpExportServer | None = None
+        self._started = False
+
+    @property
+    def grpc_port(self) -> int:
+        assert self.grpc is not None, "start() first"
+        return self.grpc.port
+
+    @property
+    def http_port(self) -> int:
+        assert self.http is not None, "start() first"
+        return self.http.port
+
+    def start(self) -> "ReceiverServer":
+        s = self.settings
+        self.writer.start()
+        try:
+            self.grpc = GrpcExportServer(self.export, s.host, s.grpc_port, s.workers, s.max_message_bytes)
+            self.http = HttpExportServer(self.export, self.read_store, s.host, s.http_port, s.max_message_bytes)
+        except Exception:
+            self.writer.stop()
+            raise
+        self.grpc.start()
+        self.http.start()
+        self.assembler.start()
+        self._started = True
+        logger.info(
+            "spanrl receiver: OTLP/gRPC on %s:%d, OTLP/HTTP on http://%s:%d, store %s",
+            s.host, self.grpc.port, s.host, self.http.port, s.db,
+        )
+        return self
+
+    def stop(self) -> None:
+        """Stop taking requests, finish those in flight, then stop writing."""
+        if self.http is not None:
+            self.http.stop()
+        if self.grpc is not None:
+            self.grpc.stop()
+        self.writer.stop()
+        self.assembler.stop()
+        self.write_store.close()
+        self.read_store.close()
+        self._started = False
+
+    def __enter__(self) -> "ReceiverServer":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

@@ -1,0 +1,180 @@
+"""A rollout's spans as one tree: decode, repair missing parents, break parent cycles.
+
+Called by ``assembly.py`` (and ``spanrl inspect rollout`` to print the tree). Spans arrive in
+any order, across requests and traces; the tree is rebuilt from parent ids alone. The root is
+the rollout's ``spanrl.rollout`` span (or a virtual root when that span never arrived); a span
+whose parent is unknown, and a span on a parent cycle, hangs from the root instead, with a
+problem noted. Children are ordered by start time; everything runs in linear time (plus the
+sort of each child list).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
+
+from spanrl.instrumentation import semconv
+from spanrl.otlp_receiver.otlp_decode import any_value_to_python
+
+OPENINFERENCE_SPAN_KIND = "openinference.span.kind"
+VIRTUAL_ROOT_ID = "virtual-root"
+
+
+@dataclass
+class SpanEvent:
+    name: str
+    time_ns: int
+    attributes: dict[str, Any]
+
+
+@dataclass
+class SpanRecord:
+    """One span, decoded for assembly. ``key`` is the span id in hex (unique in a rollout)."""
+
+    key: str
+    trace_id: str
+    parent_key: str | None
+    name: str
+    start_ns: int
+    end_ns: int
+    status_error: bool
+    status_message: str
+    attributes: dict[str, Any]
+    events: list[SpanEvent]
+    children: list["SpanRecord"] = field(default_factory=list)
+    parent: "SpanRecord | None" = None
+    # Filled by SpanTree: position in the depth-first order and end of the subtree there.
+    pre: int = 0
+    post: int = 0
+
+    @property
+    def span_kind(self) -> str | None:
+        kind = self.attributes.get(OPENINFERENCE_SPAN_KIND)
+        return kind.upper() if isinstance(kind, str) else None
+
+
+def record_from_span(span: Span) -> SpanRecord:
+    """Decode one OTLP span (already validated by ``otlp_decode``)."""
+    return SpanRecord(
+        key=span.span_id.hex(),
+        trace_id=span.trace_id.hex(),
+        parent_key=span.parent_span_id.hex() or None,
+        name=span.name,
+        start_ns=span.start_time_unix_nano,
+        end_ns=span.end_time_unix_nano,
+        status_error=span.status.code == Status.STATUS_CODE_ERROR,
+        status_message=span.status.message,
+        attributes={kv.key: any_value_to_python(kv.value) for kv in span.attributes},
+        events=[
+            SpanEvent(
+                name=event.name,
+                time_ns=event.time_unix_nano,
+                attributes={kv.key: any_value_to_python(kv.value) for kv in event.attributes},
+            )
+            for event in span.events
+        ],
+    )
+
+
+def records_from_bodies(bodies: Iterable[bytes]) -> list[SpanRecord]:
+    return [record_from_span(Span.FromString(body)) for body in bodies]
+
+
+class SpanTree:
+    """The tree of one rollout's spans, with ``order`` = depth-first (pre-order) list."""
+
+    def __init__(self, records: list[SpanRecord]) -> None:
+        self.problems: list[str] = []
+        by_key: dict[str, SpanRecord] = {}
+        for record in records:
+            if record.key in by_key:  # the same span id twice (only across traces): keep first
+                self.problems.append(f"span id {record.key} appears in two traces; kept one")
+                continue
+            by_key[record.key] = record
+        self.by_key = by_key
+        self.root = self._choose_root(by_key)
+        self._link(by_key)
+        self.order: list[SpanRecord] = []
+        self._number()
+
+    def _choose_root(self, by_key: dict[str, SpanRecord]) -> SpanRecord:
+        roots = [r for r in by_key.values() if r.name == semconv.ROLLOUT_SPAN_NAME]
+        if roots:
+            roots.sort(key=lambda r: (r.start_ns, r.key))
+            if len(roots) > 1:
+                self.problems.append(
+                    f"{len(roots)} {semconv.ROLLOUT_SPAN_NAME} spans; the earliest is the root"
+                )
+            return roots[0]
+        starts = [r.start_ns for r in by_key.values()] or [0]
+        ends = [r.end_ns for r in by_key.values()] or [0]
+        self.problems.append(
+            f"no {semconv.ROLLOUT_SPAN_NAME} span arrived; the tree hangs from a virtual root"
+        )
+        return SpanRecord(
+            key=VIRTUAL_ROOT_ID, trace_id="", parent_key=None, name="(rollout)",
+            start_ns=min(starts), end_ns=max(ends), status_error=False, status_message="",
+            attributes={}, events=[],
+        )
+
+    def _link(self, by_key: dict[str, SpanRecord]) -> None:
+        root = self.root
+        orphans = 0
+        for record in by_key.values():
+            if record is root:
+                continue
+            parent = by_key.get(record.parent_key) if record.parent_key else None
+            if parent is None or parent is record:
+                if record.parent_key is not None:
+                    orphans += 1
+                parent = root
+            record.parent = parent
+        if orphans:
+            self.problems.append(f"{orphans} span(s) whose parent never arrived hang from the root")
+        self._break_cycles(by_key)
+        for record in by_key.values():
+            if record is not root:
+                record.parent.children.append(record)  # type: ignore[union-attr]
+        for record in (root, *by_key.values()):
+            if len(record.children) > 1:
+                record.children.sort(key=lambda r: (r.start_ns, r.key))
+
+    def _break_cycles(self, by_key: dict[str, SpanRecord]) -> None:
+        """Walk up from every span once; a walk that meets itself found a cycle."""
+        state: dict[int, int] = {id(self.root): 2}  # 1 = on the current walk, 2 = reaches root
+        for start in by_key.values():
+            path = []
+            node = start
+            while state.get(id(node)) is None:
+                state[id(node)] = 1
+                path.append(node)
+                node = node.parent  # type: ignore[assignment]
+            if state[id(node)] == 1:  # ``node`` is on this walk: a cycle through it
+                self.problems.append(
+                    f"parent cycle through span {node.key} ({node.name!r}); it now hangs from the root"
+                )
+                node.parent = self.root
+            for visited in path:
+                state[id(visited)] = 2
+
+    def _number(self) -> None:
+        stack: list[tuple[SpanRecord, bool]] = [(self.root, False)]
+        while stack:
+            record, done = stack.pop()
+            if done:
+                record.post = len(self.order)
+                continue
+            record.pre = len(self.order)
+            self.order.append(record)
+            stack.append((record, True))
+            for child in reversed(record.children):
+                stack.append((child, False))
+
+    def depth(self, record: SpanRecord) -> int:
+        depth = 0
+        while record.parent is not None:
+            record = record.parent
+            depth += 1
+        return depth

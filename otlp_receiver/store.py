@@ -1,0 +1,348 @@
+"""The durable span store: SQLite (stdlib ``sqlite3``) in WAL mode.
+
+Written by the receiver (``ingest.py`` commits each batch of Export requests in one
+transaction before they are acknowledged; the assembler saves assembled rollouts) and read by
+the trainer bridge and ``spanrl inspect``, possibly from other processes at the same time::
+
+    store = SpanStore("spanrl.db")
+    rollouts, cursor = store.completed_rollouts(since=0)   # oldest first
+
+Durability: ``synchronous=FULL`` (the default) fsyncs the write-ahead log on every commit, so an
+acknowledged span survives kill -9 *and* power loss. ``NORMAL`` survives kill -9 (the commit is
+in the OS page cache before the call returns) but a power cut may lose the last commits; it
+is available as ``sync="normal"`` for throughput when that risk is acceptable.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sqlite3
+import threading
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Iterable, Sequence
+
+from spanrl.otlp_receiver.otlp_decode import SpanRow
+from spanrl.otlp_receiver.transitions import Rollout, rollout_from_dict, rollout_to_dict
+
+logger = logging.getLogger(__name__)
+
+SYNC_MODES = ("full", "normal", "extra")
+BUSY_TIMEOUT_MS = 60_000
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS spans (
+    trace_id    BLOB NOT NULL,
+    span_id     BLOB NOT NULL,
+    rollout_id  TEXT,
+    name        TEXT NOT NULL,
+    start_ns    INTEGER NOT NULL,
+    received_at REAL NOT NULL,
+    body        BLOB NOT NULL,              -- serialized opentelemetry.proto.trace.v1.Span
+    PRIMARY KEY (trace_id, span_id)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS spans_by_rollout ON spans (rollout_id);
+CREATE INDEX IF NOT EXISTS spans_by_trace ON spans (trace_id);
+CREATE TABLE IF NOT EXISTS rollouts (
+    rollout_id              TEXT PRIMARY KEY,
+    task_id                 TEXT,
+    attempt                 INTEGER,
+    first_seen              REAL NOT NULL,
+    last_seen               REAL NOT NULL,
+    span_count              INTEGER NOT NULL DEFAULT 0,
+    root_seen_at            REAL,           -- the spanrl.rollout span arrived (it has ended)
+    completion_requested_at REAL,           -- explicit completion
+    state                   TEXT NOT NULL DEFAULT 'open',   -- open | assembled
+    late_spans              INTEGER NOT NULL DEFAULT 0      -- spans that came after assembly
+);
+CREATE INDEX IF NOT EXISTS rollouts_by_state ON rollouts (state);
+CREATE TABLE IF NOT EXISTS assembled (
+    sequence     INTEGER PRIMARY KEY AUTOINCREMENT,
+    rollout_id   TEXT NOT NULL UNIQUE,
+    assembled_at REAL NOT NULL,
+    body         TEXT NOT NULL              -- JSON of transitions.Rollout
+);
+"""
+
+
+class StoreError(RuntimeError):
+    """The store could not be opened or written."""
+
+
+@dataclass(frozen=True)
+class RolloutSummary:
+    """One row of ``spanrl inspect rollouts``: a rollout, open or assembled."""
+
+    rollout_id: str
+    task_id: str | None
+    attempt: int | None
+    state: str
+    span_count: int
+    first_seen: float
+    last_seen: float
+    late_spans: int
+    assembled: Rollout | None
+
+
+@dataclass(frozen=True)
+class ReadyRollout:
+    rollout_id: str
+    end_reason: str
+
+
+@dataclass(frozen=True)
+class StoredSpan:
+    trace_id: bytes
+    span_id: bytes
+    body: bytes
+
+
+class SpanStore:
+    """Spans, rollouts and assembled transitions in one SQLite file. Thread-safe."""
+
+    def __init__(self, path: str | Path = "spanrl.db", sync: str = "full") -> None:
+        if sync not in SYNC_MODES:
+            raise StoreError(f"sync must be one of {SYNC_MODES}, got {sync!r}")
+        self.path = Path(path)
+        self._lock = threading.RLock()
+        try:
+            self._db = sqlite3.connect(
+                str(self.path), timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None,
+                check_same_thread=False,
+            )
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute(f"PRAGMA synchronous={sync.upper()}")
+            self._db.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot open span store {self.path}: {exc}") from exc
+        self._create_schema()
+
+    def _create_schema(self) -> None:
+        with self._lock:
+            try:
+                self._db.executescript(SCHEMA)
+            except sqlite3.Error as exc:
+                raise StoreError(f"cannot create the schema of {self.path}: {exc}") from exc
+
+    class _Tx:
+        def __init__(self, store: "SpanStore") -> None:
+            self.store = store
+
+        def __enter__(self):
+            self.store._lock.acquire()
+            try:
+                self.store._db.execute("BEGIN IMMEDIATE")
+            except BaseException:
+                self.store._lock.release()
+                raise
+            return self.store._db
+
+        def __exit__(self, exc_type, exc, tb):
+            try:
+                if exc_type is None:
+                    self.store._db.execute("COMMIT")
+                else:
+                    self.store._db.execute("ROLLBACK")
+            finally:
+                self.store._lock.release()
+            return False
+
+    def _transaction(self) -> "SpanStore._Tx":
+        return SpanStore._Tx(self)
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    def __enter__(self) -> "SpanStore":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # --- writing (the receiver) -------------------------------------------------------------
+
+    def write_spans(self, rows: Sequence[SpanRow], now: float | None = None) -> None:
+        """Store ``rows`` in one transaction; spans already stored are left as they are.
+
+        When this returns, the spans are committed (durable as ``sync`` says).
+        """
+        if not rows:
+            return
+        now = time.time() if now is None else now
+        per_rollout: dict[str, list] = {}
+        for row in rows:
+            if row.rollout_id is not None:
+                entry = per_rollout.get(row.rollout_id)
+                if entry is None:
+                    entry = per_rollout[row.rollout_id] = [row.task_id, row.attempt, 0, False]
+                entry[2] += 1
+                entry[3] = entry[3] or row.is_rollout_root
+                if entry[0] is None:
+                    entry[0] = row.task_id
+                if entry[1] is None:
+                    entry[1] = row.attempt
+        try:
+            with self._transaction() as db:
+                db.executemany(
+                    "INSERT OR IGNORE INTO spans"
+                    " (trace_id, span_id, rollout_id, name, start_ns, received_at, body)"
+                    " VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    [
+                        (r.trace_id, r.span_id, r.rollout_id, r.name, r.start_ns, now, r.body)
+                        for r in rows
+                    ],
+                )
+                db.executemany(
+                    "INSERT INTO rollouts (rollout_id, task_id, attempt, first_seen, last_seen,"
+                    " span_count, root_seen_at) VALUES (?, ?, ?, ?, ?, ?, ?)"
+                    " ON CONFLICT (rollout_id) DO UPDATE SET"
+                    " task_id = coalesce(rollouts.task_id, excluded.task_id),"
+                    " attempt = coalesce(rollouts.attempt, excluded.attempt),"
+                    " last_seen = excluded.last_seen,"
+                    " span_count = rollouts.span_count + excluded.span_count,"
+                    " root_seen_at = coalesce(rollouts.root_seen_at, excluded.root_seen_at),"
+                    " late_spans = rollouts.late_spans"
+                    "   + (CASE WHEN rollouts.state = 'assembled' THEN excluded.span_count ELSE 0 END)",
+                    [
+                        (rid, task, attempt, now, now, count, now if root else None)
+                        for rid, (task, attempt, count, root) in per_rollout.items()
+                    ],
+                )
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot write {len(rows)} spans to {self.path}: {exc}") from exc
+
+    def complete_rollout(self, rollout_id: str, now: float | None = None) -> None:
+        """Ask for ``rollout_id`` to be assembled (after the grace delay) by the receiver."""
+        now = time.time() if now is None else now
+        with self._transaction() as db:
+            db.execute(
+                "INSERT INTO rollouts (rollout_id, first_seen, last_seen, completion_requested_at)"
+                " VALUES (?, ?, ?, ?) ON CONFLICT (rollout_id) DO UPDATE SET"
+                " completion_requested_at = coalesce(rollouts.completion_requested_at,"
+                " excluded.completion_requested_at)",
+                (rollout_id, now, now, now),
+            )
+
+    def rollouts_ready(
+        self,
+        now: float,
+        grace_s: float,
+        idle_timeout_s: float | None,
+        on_rollout_span: bool = True,
+    ) -> list[ReadyRollout]:
+        """Open rollouts whose end has been seen and that were quiet for ``grace_s``."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT rollout_id, last_seen, root_seen_at, completion_requested_at"
+                " FROM rollouts WHERE state = 'open'"
+            ).fetchall()
+        ready: list[ReadyRollout] = []
+        for rollout_id, last_seen, root_seen_at, requested_at in rows:
+            triggers = []
+            if requested_at is not None:
+                triggers.append((requested_at, "explicit"))
+            if on_rollout_span and root_seen_at is not None:
+                triggers.append((root_seen_at, "rollout_span"))
+            if triggers:
+                first_at, reason = min(triggers)
+                if now - max(first_at, last_seen) >= grace_s:
+                    ready.append(ReadyRollout(rollout_id, reason))
+                    continue
+            if idle_timeout_s is not None and idle_timeout_s > 0 and now - last_seen >= idle_timeout_s:
+                ready.append(ReadyRollout(rollout_id, "idle_timeout"))
+        return ready
+
+    def save_assembled(self, rollout: Rollout, now: float | None = None) -> Rollout:
+        """Save an assembled rollout and mark it done; returns it with its ``sequence``."""
+        now = time.time() if now is None else now
+        with self._transaction() as db:
+            cursor = db.execute(
+                "INSERT INTO assembled (rollout_id, assembled_at, body) VALUES (?, ?, '')"
+                " ON CONFLICT (rollout_id) DO NOTHING",
+                (rollout.rollout_id, now),
+            )
+            if cursor.rowcount == 0:
+                raise StoreError(f"rollout {rollout.rollout_id!r} was already assembled")
+            sequence = cursor.lastrowid
+            saved = replace(rollout, sequence=int(sequence))
+            db.execute(
+                "UPDATE assembled SET body = ? WHERE sequence = ?",
+                (json.dumps(rollout_to_dict(saved)), sequence),
+            )
+            db.execute(
+                "UPDATE rollouts SET state = 'assembled' WHERE rollout_id = ?",
+                (rollout.rollout_id,),
+            )
+        return saved
+
+    # --- reading (the trainer bridge, inspect, the assembler) -------------------------------
+
+    def completed_rollouts(self, since: int = 0, limit: int | None = None) -> tuple[list[Rollout], int]:
+        """Assembled rollouts with ``sequence > since``, oldest first, and the next cursor."""
+        query = "SELECT sequence, body FROM assembled WHERE sequence > ? ORDER BY sequence"
+        params: tuple = (int(since),)
+        if limit is not None:
+            query += " LIMIT ?"
+            params += (int(limit),)
+        with self._lock:
+            rows = self._db.execute(query, params).fetchall()
+        rollouts = [rollout_from_dict(json.loads(body)) for _, body in rows]
+        cursor = rows[-1][0] if rows else int(since)
+        return rollouts, cursor
+
+    def assembled_rollout(self, rollout_id: str) -> Rollout | None:
+        with self._lock:
+            row = self._db.execute(
+                "SELECT body FROM assembled WHERE rollout_id = ?", (rollout_id,)
+            ).fetchone()
+        return None if row is None else rollout_from_dict(json.loads(row[0]))
+
+    def rollout_summaries(self) -> list[RolloutSummary]:
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT r.rollout_id, r.task_id, r.attempt, r.state, r.span_count, r.first_seen,"
+                " r.last_seen, r.late_spans, a.body FROM rollouts r"
+                " LEFT JOIN assembled a ON a.rollout_id = r.rollout_id ORDER BY r.first_seen"
+            ).fetchall()
+        return [
+            RolloutSummary(
+                rollout_id=r[0], task_id=r[1], attempt=r[2], state=r[3], span_count=r[4],
+                first_seen=r[5], last_seen=r[6], late_spans=r[7],
+                assembled=None if r[8] is None else rollout_from_dict(json.loads(r[8])),
+            )
+            for r in rows
+        ]
+
+    def rollout_spans(self, rollout_id: str) -> list[StoredSpan]:
+        """Every span of a rollout: those carrying its id, plus spans without any rollout id
+        that share a trace with it (e.g. from a service that did not stamp the identity)."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT trace_id, span_id, body FROM spans WHERE rollout_id = ?"
+                " UNION ALL SELECT s.trace_id, s.span_id, s.body FROM spans s"
+                " WHERE s.rollout_id IS NULL AND s.trace_id IN"
+                " (SELECT DISTINCT trace_id FROM spans WHERE rollout_id = ?)",
+                (rollout_id, rollout_id),
+            ).fetchall()
+        return [StoredSpan(*row) for row in rows]
+
+    def span_count(self) -> int:
+        with self._lock:
+            return int(self._db.execute("SELECT count(*) FROM spans").fetchone()[0])
+
+    def span_keys(self) -> set[tuple[bytes, bytes]]:
+        with self._lock:
+            return {(t, s) for t, s in self._db.execute("SELECT trace_id, span_id FROM spans")}
+
+    def iter_rollout_ids(self, state: str | None = None) -> Iterable[str]:
+        with self._lock:
+            if state is None:
+                rows = self._db.execute("SELECT rollout_id FROM rollouts").fetchall()
+            else:
+                rows = self._db.execute(
+                    "SELECT rollout_id FROM rollouts WHERE state = ?", (state,)
+                ).fetchall()
+        return [r[0] for r in rows]
