@@ -1,0 +1,20 @@
+"""Every ``OTEL_SPANRL_*`` environment variable of the agent side, one constant each.
+
+Registered as the ``opentelemetry_environment_variables`` entry point, so each constant also
+becomes an ``opentelemetry-instrument`` flag: ``OTEL_SPANRL_REQUEST_TOKEN_IDS`` can be given as
+``opentelemetry-instrument --spanrl_request_token_ids false python agent.py``.
+Only constants that start with ``OTEL_`` belong here (the CLI turns each into a flag).
+"""
+
+OTEL_SPANRL_REQUEST_TOKEN_IDS = "OTEL_SPANRL_REQUEST_TOKEN_IDS"
+"""``true`` (default) or ``false``: add vLLM's ``return_token_ids: true`` to chat and
+completions requests so the endpoint returns the token ids it saw and sampled."""
+
+OTEL_SPANRL_RECEIVER_TOKEN = "OTEL_SPANRL_RECEIVER_TOKEN"
+"""Bearer token sent to the spanrl receiver as ``authorization: Bearer <token>`` by
+``spanrl.exporter.in_process.start_tracing`` (under ``opentelemetry-instrument`` use
+``OTEL_EXPORTER_OTLP_HEADERS=authorization=Bearer%20<token>``)."""
+
+OTEL_SPANRL_SAFE_DEFAULTS = "OTEL_SPANRL_SAFE_DEFAULTS"
+"""``true`` (default) or ``false``: let spanrl raise the span attribute count limit, sample
+every span and turn off the metrics/logs exporters the user did not ask for."""

@@ -1,0 +1,181 @@
+"""Turn what an OpenAI-compatible endpoint returned into spanrl attributes on one LLM span.
+
+``openai_instrumentor`` creates one ``LLMSpanRecorder`` per chat-completions / completions
+call and feeds it the raw JSON the SDK parses: the whole body for a normal call, or each
+server-sent-event chunk for a streaming one. Response shapes are vLLM's (docs/interfaces.md §1):
+
+- chat: top-level ``prompt_token_ids``, ``choices[i].token_ids``, logprobs in
+  ``choices[i].logprobs.content[j].logprob``;
+- completions: ``choices[i].prompt_token_ids``, ``choices[i].token_ids``, logprobs in
+  ``choices[i].logprobs.token_logprobs``;
+- both: top-level ``policy_version`` (or the ``x-spanrl-policy-version`` header) and ``id``.
+
+Streams concatenate ``token_ids`` (and logprobs) per choice index; a choice's attributes are
+written when its ``finish_reason`` arrives (and again if more ids follow), so the cost stays
+linear in the number of tokens.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from opentelemetry.trace import Span
+
+from spanrl.instrumentation import semconv
+
+logger = logging.getLogger(__name__)
+
+
+class MalformedTokenData(ValueError):
+    """A token-id or logprob field of a response is present but not the documented shape."""
+
+
+def parse_token_ids(value: Any, where: str) -> tuple[int, ...]:
+    """``value`` as a tuple of ints, or MalformedTokenData naming ``where`` it came from."""
+    if not isinstance(value, (list, tuple)):
+        raise MalformedTokenData(f"{where} should be a list of ints, got {type(value).__name__}")
+    for item in value:
+        if not isinstance(item, int) or isinstance(item, bool):
+            raise MalformedTokenData(f"{where} should hold only ints, found {item!r}")
+    return tuple(value)
+
+
+def parse_policy_version(value: Any) -> int | None:
+    """An int policy version from a body field or header value, or None when unusable."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str):
+        try:
+            return int(value.strip())
+        except ValueError:
+            return None
+    return None
+
+
+def choice_logprobs(choice: Mapping[str, Any]) -> tuple[float, ...] | None:
+    """The sampled tokens' logprobs of one choice (chat or completions shape), or None."""
+    logprobs = choice.get("logprobs")
+    if not isinstance(logprobs, Mapping):
+        return None
+    content = logprobs.get("content")
+    if isinstance(content, list):  # chat shape
+        values = [entry.get("logprob") if isinstance(entry, Mapping) else None for entry in content]
+    elif isinstance(logprobs.get("token_logprobs"), list):  # completions shape
+        values = list(logprobs["token_logprobs"])
+    else:
+        return None
+    result = []
+    for value in values:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise MalformedTokenData(f"logprobs should be numbers, found {value!r}")
+        result.append(float(value))
+    return tuple(result)
+
+
+@dataclass
+class _ChoiceTokens:
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    has_token_ids: bool = False
+    has_logprobs: bool = False
+    finished: bool = False
+
+
+class LLMSpanRecorder:
+    """Collects one LLM call's token ids, logprobs, policy version and response id onto its span.
+
+    Never raises: a response with missing ids leaves the attributes out, a malformed one is
+    logged (once per call) and the call goes on.
+    """
+
+    def __init__(self, span: Span, streaming: bool, header_policy_version: Any = None) -> None:
+        self._span = span
+        self._streaming = streaming
+        self._choices: dict[int, _ChoiceTokens] = {}
+        self._written: set[str] = set()
+        self._warned = False
+        self._body_policy_version_seen = False
+        version = parse_policy_version(header_policy_version)
+        if version is not None:
+            self._set(semconv.LLM_POLICY_VERSION, version)
+
+    @property
+    def streaming(self) -> bool:
+        return self._streaming
+
+    def observe(self, data: Any) -> None:
+        """Read one parsed JSON object: the whole body, or one stream chunk."""
+        try:
+            if isinstance(data, Mapping):
+                self._observe(data)
+        except Exception as exc:  # noqa: BLE001 - instrumentation must never break the agent
+            if not self._warned:
+                self._warned = True
+                logger.warning("spanrl: could not record token ids of an LLM call: %s", exc)
+
+    def _observe(self, data: Mapping[str, Any]) -> None:
+        response_id = data.get("id")
+        if isinstance(response_id, str) and semconv.GENAI_RESPONSE_ID not in self._written:
+            self._set_once(semconv.GENAI_RESPONSE_ID, response_id)
+        version = parse_policy_version(data.get(semconv.RESPONSE_POLICY_VERSION))
+        if version is not None and not self._body_policy_version_seen:
+            self._body_policy_version_seen = True  # the body's value wins over the header's
+            self._set(semconv.LLM_POLICY_VERSION, version)
+        prompt_ids = data.get(semconv.RESPONSE_PROMPT_TOKEN_IDS)
+        if prompt_ids is not None:
+            self._set_prompt_ids(prompt_ids, "prompt_token_ids")
+        choices = data.get("choices")
+        if not isinstance(choices, list):
+            return
+        for position, choice in enumerate(choices):
+            if isinstance(choice, Mapping):
+                self._observe_choice(position, choice)
+
+    def _observe_choice(self, position: int, choice: Mapping[str, Any]) -> None:
+        index = choice.get("index", position)
+        if not isinstance(index, int) or isinstance(index, bool) or index < 0:
+            raise MalformedTokenData(f"choice index should be a non-negative int, got {index!r}")
+        prompt_ids = choice.get(semconv.RESPONSE_PROMPT_TOKEN_IDS)
+        if prompt_ids is not None:
+            self._set_prompt_ids(prompt_ids, f"choices[{index}].prompt_token_ids")
+        tokens = self._choices.setdefault(index, _ChoiceTokens())
+        raw_ids = choice.get(semconv.RESPONSE_CHOICE_TOKEN_IDS)
+        got_new = False
+        if raw_ids is not None:
+            tokens.token_ids.extend(parse_token_ids(raw_ids, f"choices[{index}].token_ids"))
+            tokens.has_token_ids = True
+            got_new = True
+        logprobs = choice_logprobs(choice)
+        if logprobs is not None:
+            tokens.logprobs.extend(logprobs)
+            tokens.has_logprobs = True
+            got_new = True
+        finish_reason = choice.get("finish_reason")
+        if finish_reason is not None:
+            tokens.finished = True
+        # A complete body is written at once; a stream once the choice has finished.
+        if not self._streaming or (tokens.finished and (got_new or finish_reason is not None)):
+            self._write_choice(index, tokens)
+
+    def _set_prompt_ids(self, value: Any, where: str) -> None:
+        if semconv.LLM_PROMPT_TOKEN_IDS in self._written:
+            return  # completions repeat the prompt on every choice; the first one wins
+        self._set_once(semconv.LLM_PROMPT_TOKEN_IDS, parse_token_ids(value, where))
+
+    def _write_choice(self, index: int, tokens: _ChoiceTokens) -> None:
+        if tokens.has_token_ids:
+            self._set(semconv.llm_response_token_ids(index), tuple(tokens.token_ids))
+        if tokens.has_logprobs:
+            self._set(semconv.llm_response_logprobs(index), tuple(tokens.logprobs))
+
+    def _set_once(self, key: str, value: Any) -> None:
+        self._written.add(key)
+        self._set(key, value)
+
+    def _set(self, key: str, value: Any) -> None:
+        if self._span.is_recording():
+            self._span.set_attribute(key, value)

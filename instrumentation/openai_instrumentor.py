@@ -1,0 +1,210 @@
+"""Zero-code instrumentation of the OpenAI Python SDK for RL: token ids on openinference's LLM span.
+
+Loaded by ``opentelemetry-instrument`` through the ``opentelemetry_instrumentor`` entry point
+``spanrl_openai`` (or called by ``spanrl.exporter.in_process.start_tracing``). It builds on
+openinference's ``OpenAIInstrumentor``, which makes one LLM span per call (and is turned on
+here if it is not already), and adds only what RL needs, on that same span:
+
+- the request asks the endpoint for token ids (vLLM's ``return_token_ids: true``), unless
+  ``OTEL_SPANRL_REQUEST_TOKEN_IDS=false``; an endpoint that ignores the field still works;
+- ``spanrl.llm.prompt_token_ids``, ``spanrl.llm.response.<i>.token_ids``, logprobs when
+  present, ``spanrl.llm.policy_version`` and ``gen_ai.response.id``.
+
+How: openinference wraps ``OpenAI.request`` / ``AsyncOpenAI.request`` and keeps its LLM span
+current while the SDK builds the HTTP request and processes the response. We wrap three SDK
+methods that run inside that window and that every chat/completions call goes through, sync
+or async, streaming or not, with or without ``with_raw_response``:
+
+- ``BaseClient._build_request``: add ``return_token_ids`` to the JSON body;
+- ``SyncAPIClient._process_response`` / ``AsyncAPIClient._process_response``: the current span
+  is openinference's LLM span; remember it for this HTTP response;
+- ``BaseClient._process_response_data``: every parsed JSON body or stream chunk of that
+  response passes here (even when the stream is read after ``request`` returned), so the
+  recorder sees the raw ids.
+"""
+
+from __future__ import annotations
+
+import logging
+import weakref
+from importlib import import_module
+from typing import Any, Callable, Collection
+
+from opentelemetry import trace as trace_api
+from opentelemetry.instrumentation.instrumentor import BaseInstrumentor  # type: ignore[attr-defined]
+from wrapt import wrap_function_wrapper
+
+from spanrl.instrumentation import semconv
+from spanrl.instrumentation.llm_span_recorder import LLMSpanRecorder
+from spanrl.instrumentation.package import _instruments
+from spanrl.instrumentation.settings import InstrumentationSettings
+
+logger = logging.getLogger(__name__)
+
+_BASE_CLIENT_MODULE = "openai._base_client"
+# (class name in openai._base_client, method name) -> which wrapper to install.
+_PATCHED_METHODS = (
+    ("BaseClient", "_build_request"),
+    ("SyncAPIClient", "_process_response"),
+    ("AsyncAPIClient", "_process_response"),
+    ("BaseClient", "_process_response_data"),
+)
+# The instrumentation scope of openinference's OpenAI spans (its tracer is named after it).
+_OPENINFERENCE_SCOPE = "openinference.instrumentation.openai"
+_TOKEN_ID_PATHS = ("/chat/completions", "/completions")
+# Hosts known to reject unknown request fields: never add return_token_ids there.
+_STRICT_HOSTS = ("api.openai.com",)
+
+
+class SpanrlOpenAIInstrumentor(BaseInstrumentor):  # type: ignore[misc]
+    """Adds engine token ids and the policy version to openinference's OpenAI LLM spans."""
+
+    def instrumentation_dependencies(self) -> Collection[str]:
+        return _instruments
+
+    def _instrument(self, **kwargs: Any) -> None:
+        settings = InstrumentationSettings.from_env()
+        self._instrumented_openinference = False
+        self._originals: dict[tuple[str, str], Any] = {}
+        self._ensure_openinference(kwargs)
+        base_client = import_module(_BASE_CLIENT_MODULE)
+        recorders: "weakref.WeakKeyDictionary[Any, LLMSpanRecorder]" = weakref.WeakKeyDictionary()
+        wrappers: dict[tuple[str, str], Callable[..., Any]] = {
+            ("BaseClient", "_build_request"): _build_request_wrapper(settings.request_token_ids),
+            ("SyncAPIClient", "_process_response"): _process_response_wrapper(recorders),
+            ("AsyncAPIClient", "_process_response"): _async_process_response_wrapper(recorders),
+            ("BaseClient", "_process_response_data"): _process_response_data_wrapper(recorders),
+        }
+        for class_name, method_name in _PATCHED_METHODS:
+            cls = getattr(base_client, class_name)
+            self._originals[(class_name, method_name)] = cls.__dict__[method_name]
+            wrap_function_wrapper(
+                _BASE_CLIENT_MODULE, f"{class_name}.{method_name}", wrappers[(class_name, method_name)]
+            )
+        logger.debug("spanrl OpenAI instrumentation on (%s)", settings)
+
+    def _uninstrument(self, **kwargs: Any) -> None:
+        base_client = import_module(_BASE_CLIENT_MODULE)
+        for (class_name, method_name), original in self._originals.items():
+            setattr(getattr(base_client, class_name), method_name, original)
+        self._originals = {}
+        if self._instrumented_openinference:
+            from openinference.instrumentation.openai import OpenAIInstrumentor
+
+            OpenAIInstrumentor().uninstrument()
+            self._instrumented_openinference = False
+
+    def _ensure_openinference(self, kwargs: dict[str, Any]) -> None:
+        """Turn on openinference's OpenAI instrumentor (it makes the LLM span) unless it is on."""
+        from openinference.instrumentation.openai import OpenAIInstrumentor
+
+        openinference = OpenAIInstrumentor()  # BaseInstrumentor subclasses are singletons
+        if openinference.is_instrumented_by_opentelemetry:
+            return
+        forwarded = {k: v for k, v in kwargs.items() if k in ("tracer_provider", "config")}
+        openinference.instrument(skip_dep_check=kwargs.get("skip_dep_check", False), **forwarded)
+        self._instrumented_openinference = openinference.is_instrumented_by_opentelemetry
+
+
+def _wants_token_ids(options: Any) -> bool:
+    method = getattr(options, "method", "")
+    url = getattr(options, "url", "")
+    return (
+        isinstance(method, str)
+        and method.lower() == "post"
+        and isinstance(url, str)
+        and url.rstrip("/").endswith(_TOKEN_ID_PATHS)
+    )
+
+
+def _build_request_wrapper(request_token_ids: bool) -> Callable[..., Any]:
+    def wrapper(wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
+        if request_token_ids:
+            try:
+                args, kwargs = _with_return_token_ids(instance, args, kwargs)
+            except Exception:  # noqa: BLE001 - never break the agent
+                logger.exception("spanrl: could not add return_token_ids to the request")
+        return wrapped(*args, **kwargs)
+
+    return wrapper
+
+
+def _with_return_token_ids(instance: Any, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """The ``_build_request`` arguments with ``return_token_ids: true`` in the JSON body."""
+    options = args[0] if args else kwargs.get("options")
+    if options is None or not _wants_token_ids(options):
+        return args, kwargs
+    host = getattr(getattr(instance, "base_url", None), "host", None)
+    if host in _STRICT_HOSTS:
+        return args, kwargs
+    json_data = options.json_data if isinstance(options.json_data, dict) else {}
+    extra_json = options.extra_json if isinstance(options.extra_json, dict) else {}
+    if options.json_data is not None and not isinstance(options.json_data, dict):
+        return args, kwargs  # not a JSON object body; leave it alone
+    key = semconv.REQUEST_RETURN_TOKEN_IDS
+    if key in json_data or key in extra_json:
+        return args, kwargs  # the agent decided itself
+    # A copy: the SDK reuses its options for retries and for openinference's input capture.
+    options = options.model_copy()
+    options.extra_json = {**extra_json, key: True}
+    if args:
+        return (options, *args[1:]), kwargs
+    return args, {**kwargs, "options": options}
+
+
+def _recorder_for(response: Any, options: Any, stream: bool) -> LLMSpanRecorder | None:
+    """A recorder for this HTTP response when it answers a chat/completions call inside
+    openinference's LLM span, else None."""
+    if not _wants_token_ids(options):
+        return None
+    span = trace_api.get_current_span()
+    if not span.is_recording():
+        return None
+    scope = getattr(span, "instrumentation_scope", None)
+    if getattr(scope, "name", None) != _OPENINFERENCE_SCOPE:
+        return None  # openinference made no span for this call (suppressed or not ours)
+    headers = getattr(response, "headers", None)
+    header_version = headers.get(semconv.POLICY_VERSION_HEADER) if headers is not None else None
+    return LLMSpanRecorder(span, streaming=bool(stream), header_policy_version=header_version)
+
+
+def _register(recorders: Any, kwargs: dict) -> None:
+    try:
+        response = kwargs.get("response")
+        recorder = _recorder_for(response, kwargs.get("options"), kwargs.get("stream", False))
+        if recorder is not None:
+            recorders[response] = recorder
+    except Exception:  # noqa: BLE001 - never break the agent
+        logger.exception("spanrl: could not start recording an LLM call")
+
+
+def _process_response_wrapper(recorders: Any) -> Callable[..., Any]:
+    def wrapper(wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
+        _register(recorders, kwargs)
+        return wrapped(*args, **kwargs)
+
+    return wrapper
+
+
+def _async_process_response_wrapper(recorders: Any) -> Callable[..., Any]:
+    async def wrapper(wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
+        _register(recorders, kwargs)
+        return await wrapped(*args, **kwargs)
+
+    return wrapper
+
+
+def _process_response_data_wrapper(recorders: Any) -> Callable[..., Any]:
+    def wrapper(wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
+        try:
+            response = kwargs.get("response")
+            recorder = recorders.get(response) if response is not None else None
+            if recorder is not None:
+                recorder.observe(kwargs.get("data"))
+                if not recorder.streaming:
+                    del recorders[response]  # a whole body is read once
+        except Exception:  # noqa: BLE001 - never break the agent
+            logger.exception("spanrl: could not record token ids of an LLM call")
+        return wrapped(*args, **kwargs)
+
+    return wrapper

@@ -1,0 +1,42 @@
+"""Settings of spanrl's agent-side instrumentation, read once when instrumenting.
+
+Filled from ``OTEL_SPANRL_*`` environment variables (``opentelemetry-instrument --spanrl_*``
+flags set those) and defaults. A bad value is logged and the default used: a typo in a
+tracing setting must never stop the agent.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from spanrl.env_settings import SettingError, env_value
+from spanrl.exporter import environment_variables as env
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class InstrumentationSettings:
+    """What the OpenAI instrumentor and the exporter hook do in this process."""
+
+    request_token_ids: bool = True
+    safe_defaults: bool = True
+
+    @classmethod
+    def from_env(cls) -> "InstrumentationSettings":
+        defaults = cls()
+        return cls(
+            request_token_ids=_env_or_default(
+                env.OTEL_SPANRL_REQUEST_TOKEN_IDS, defaults.request_token_ids
+            ),
+            safe_defaults=_env_or_default(env.OTEL_SPANRL_SAFE_DEFAULTS, defaults.safe_defaults),
+        )
+
+
+def _env_or_default(name: str, default: bool) -> bool:
+    try:
+        return env_value(name, default)
+    except SettingError as exc:
+        logger.error("spanrl: %s; using the default %r", exc, default)
+        return default
