@@ -89,6 +89,8 @@ class SpanTree:
         self.problems: list[str] = []
         by_key: dict[str, SpanRecord] = {}
         for record in records:
+            record.children = []  # records may be reused: the tree owns these links
+            record.parent = None
             if record.key in by_key:  # the same span id twice (only across traces): keep first
                 self.problems.append(f"span id {record.key} appears in two traces; kept one")
                 continue

@@ -1,0 +1,223 @@
+"""Assembly on span trees made by the real OTel SDK (InMemorySpanExporter -> OTLP -> records)."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+from opentelemetry import trace
+from opentelemetry.trace import Status, StatusCode
+
+from spanrl.instrumentation import semconv
+from spanrl.otlp_receiver.air import AirRuleError, load_rules
+from spanrl.otlp_receiver.assembly import AssemblyOptions, assemble_rollout
+from spanrl.otlp_receiver.span_tree import SpanTree
+
+LLM = {"openinference.span.kind": "LLM"}
+
+
+def ids(prompt, response, **extra):
+    return {semconv.LLM_PROMPT_TOKEN_IDS: prompt, semconv.llm_response_token_ids(0): response, **extra}
+
+
+def test_reward_attachment_rules(memory_tracer, to_records):
+    t = memory_tracer.tracer
+    with t.start_as_current_span(semconv.ROLLOUT_SPAN_NAME) as root:
+        with t.start_as_current_span("step-1") as step:
+            with t.start_as_current_span("llm-a", attributes={**LLM, **ids([1], [2])}) as a:
+                a.add_event(semconv.REWARD_EVENT, {semconv.REWARD_VALUE: 0.5, semconv.REWARD_NAME: "format"})
+            with t.start_as_current_span("llm-b", attributes={**LLM, **ids([3], [4])}):
+                pass
+            step.add_event(semconv.REWARD_EVENT, {semconv.REWARD_VALUE: 0.25})  # ancestor -> last call below
+        with t.start_as_current_span("tool", attributes={"openinference.span.kind": "TOOL"}) as tool:
+            tool.add_event(semconv.GENAI_EVALUATION_EVENT, {semconv.GENAI_EVALUATION_SCORE: 0.125})
+        with t.start_as_current_span(
+            "llm-c", attributes={**LLM, **ids([5], [6]), semconv.GENAI_RESPONSE_ID: "chatcmpl-c"}
+        ):
+            pass
+        with t.start_as_current_span("llm-d", attributes={**LLM, **ids([7], [8])}):
+            pass
+        with t.start_as_current_span("grader") as grader:
+            grader.add_event(
+                semconv.REWARD_EVENT, {semconv.REWARD_VALUE: 2.0, semconv.REWARD_RESPONSE_ID: "chatcmpl-c"}
+            )
+        root.add_event(semconv.REWARD_EVENT, {semconv.REWARD_VALUE: 10.0, semconv.REWARD_NAME: "final"})
+    rollout = assemble_rollout("r", to_records(memory_tracer.exporter.get_finished_spans()), "rollout_span")
+    assert [t.prompt_token_ids for t in rollout.transitions] == [(1,), (3,), (5,), (7,)]
+    # llm-a: its own 0.5; llm-b: the step's 0.25 and the tool's evaluation 0.125 (the call that
+    # led to the tool); llm-c: 2.0 by response id; llm-d: the root's 10.0 (the rollout's last call)
+    assert [t.reward for t in rollout.transitions] == [0.5, 0.375, 2.0, 10.0]
+    assert rollout.total_reward == pytest.approx(12.875)
+    assert [t.return_ for t in rollout.transitions] == [pytest.approx(12.875)] * 4
+    assert {r.name for r in rollout.rewards} == {"format", "reward", "evaluation", "final"}
+    assert rollout.problems == ()
+
+
+def test_rewards_follow_structure_not_timing(memory_tracer, to_records):
+    """A reward emitted late (by time) on the first call's span still judges the first call."""
+    t = memory_tracer.tracer
+    with t.start_as_current_span(semconv.ROLLOUT_SPAN_NAME):
+        first = t.start_span("llm-1", attributes={**LLM, **ids([1], [1])})
+        with t.start_as_current_span("llm-2", attributes={**LLM, **ids([2], [2])}):
+            pass
+        first.add_event(semconv.REWARD_EVENT, {semconv.REWARD_VALUE: 1.0})
+        first.end()
+    rollout = assemble_rollout("r", to_records(memory_tracer.exporter.get_finished_spans()), "explicit")
+    assert [t.reward for t in rollout.transitions] == [1.0, 0.0]
+
+
+def test_duplicate_call_from_two_instrumentors_kept_once(memory_tracer, to_records):
+    """A LangChain LLM span with the OpenAI LLM span (which has the token ids) under it."""
+    t = memory_tracer.tracer
+    with t.start_as_current_span(semconv.ROLLOUT_SPAN_NAME):
+        with t.start_as_current_span("ChatOpenAI", attributes=LLM) as outer:
+            with t.start_as_current_span("ChatCompletion", attributes={**LLM, **ids([1, 2], [3])}):
+                pass
+            outer.add_event(semconv.REWARD_EVENT, {semconv.REWARD_VALUE: 1.0})
+        # the other way round: ids on the outer span only -> the inner one is the duplicate
+        with t.start_as_current_span("outer-with-ids", attributes={**LLM, **ids([4], [5])}):
+            with t.start_as_current_span("inner-without", attributes=LLM):
+                pass
+    rollout = assemble_rollout("r", to_records(memory_tracer.exporter.get_finished_spans()), "explicit")
+    assert [(t.prompt_token_ids, t.response_token_ids) for t in rollout.transitions] == [((1, 2), (3,)), ((4,), (5,))]
+    assert rollout.transitions[0].reward == 1.0
+    assert any("2 LLM span(s) recorded the same call" in p for p in rollout.problems)
+    assert not any("no engine token ids" in p for p in rollout.problems)
+
+
+def test_out_of_order_orphans_and_virtual_root(memory_tracer, to_records):
+    t = memory_tracer.tracer
+    with t.start_as_current_span(semconv.ROLLOUT_SPAN_NAME):
+        with t.start_as_current_span("lost-parent"):
+            for i in range(5):
+                with t.start_as_current_span(f"llm-{i}", attributes=ids([i], [i])):
+                    pass
+    records = to_records(memory_tracer.exporter.get_finished_spans())
+    random.Random(7).shuffle(records)
+    without_parent = [r for r in records if r.name != "lost-parent"]
+    rollout = assemble_rollout("r", without_parent, "idle_timeout")
+    assert [t.prompt_token_ids for t in rollout.transitions] == [(i,) for i in range(5)]
+    assert any("parent never arrived" in p for p in rollout.problems)
+    no_root = [r for r in without_parent if r.name != semconv.ROLLOUT_SPAN_NAME]
+    rollout = assemble_rollout("r", no_root, "idle_timeout")
+    assert len(rollout.transitions) == 5 and rollout.end_reason == "idle_timeout"
+    assert any("virtual root" in p for p in rollout.problems)
+
+
+def test_parent_cycle_is_broken(memory_tracer, to_records):
+    t = memory_tracer.tracer
+    with t.start_as_current_span(semconv.ROLLOUT_SPAN_NAME):
+        with t.start_as_current_span("a"):
+            with t.start_as_current_span("b", attributes=ids([1], [2])):
+                pass
+    records = {r.name: r for r in to_records(memory_tracer.exporter.get_finished_spans())}
+    records["a"].parent_key = records["b"].key  # a <-> b
+    tree = SpanTree(list(records.values()))
+    assert len(tree.order) == 3 and tree.order[0].name == semconv.ROLLOUT_SPAN_NAME
+    assert any("parent cycle" in p for p in tree.problems)
+    rollout = assemble_rollout("r", list(records.values()), "explicit")
+    assert len(rollout.transitions) == 1
+
+
+def test_missing_token_ids_reported_not_retokenized(memory_tracer, to_records):
+    t = memory_tracer.tracer
+    with t.start_as_current_span(semconv.ROLLOUT_SPAN_NAME):
+        with t.start_as_current_span("text-only", attributes={**LLM, "input.value": "hi", "output.value": "yo"}):
+            pass
+    rollout = assemble_rollout("r", to_records(memory_tracer.exporter.get_finished_spans()), "explicit")
+    assert rollout.transitions == ()
+    assert any("has no engine token ids; skipped" in p for p in rollout.problems)
+
+
+def test_retokenize_with_a_named_tokenizer(memory_tracer, to_records, tmp_path):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    vocab = {"[UNK]": 0, "<|user|>": 1, "<|assistant|>": 2, "what": 3, "is": 4, "2": 5, "+": 6, "?": 7, "4": 8}
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer.add_special_tokens(["<|user|>", "<|assistant|>"])
+    tokenizer.save(str(tmp_path / "tokenizer.json"))
+    template = "{% for m in messages %}<|{{ m['role'] }}|> {{ m['content'] }} {% endfor %}<|assistant|>"
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"chat_template": template}))
+    from spanrl.otlp_receiver.retokenize import Retokenizer
+
+    t = memory_tracer.tracer
+    with t.start_as_current_span(semconv.ROLLOUT_SPAN_NAME):
+        with t.start_as_current_span(
+            "chat",
+            attributes={
+                **LLM, "llm.input_messages.0.message.role": "user",
+                "llm.input_messages.0.message.content": "what is 2 + 2 ?",
+                "llm.output_messages.0.message.content": "4",
+            },
+        ):
+            pass
+    options = AssemblyOptions(retokenizer=Retokenizer(str(tmp_path)))
+    rollout = assemble_rollout("r", to_records(memory_tracer.exporter.get_finished_spans()), "explicit", options)
+    (transition,) = rollout.transitions
+    assert transition.retokenized is True
+    assert transition.prompt_token_ids == (1, 3, 4, 5, 6, 5, 7, 2)
+    assert transition.response_token_ids == (8,)
+
+
+def test_air_default_rule_and_rules_file(memory_tracer, to_records, tmp_path):
+    t = memory_tracer.tracer
+    with t.start_as_current_span(semconv.ROLLOUT_SPAN_NAME):
+        with t.start_as_current_span("llm-1", attributes={**LLM, **ids([1], [1])}):
+            pass
+        with t.start_as_current_span("search", attributes={"openinference.span.kind": "TOOL"}) as tool:
+            tool.set_status(Status(StatusCode.ERROR, "timeout"))
+        with t.start_as_current_span("llm-2", attributes={**LLM, **ids([2], [2])}):
+            pass
+    records = to_records(memory_tracer.exporter.get_finished_spans())
+    plain = assemble_rollout("r", records, "explicit")
+    assert plain.total_reward is None and [t.return_ for t in plain.transitions] == [0.0, 0.0]
+    rollout = assemble_rollout("r", records, "explicit", AssemblyOptions(air_rules=load_rules("default")))
+    assert [t.reward for t in rollout.transitions] == [-0.1, 0.0]  # the call that led to the tool
+    assert rollout.rewards[0].source == "air:tool_error" and rollout.total_reward == pytest.approx(-0.1)
+
+    rules = tmp_path / "air.yaml"
+    rules.write_text("rules:\n  - name: slow_search\n    reward: -1\n    when: {span_kind: tool, name: 'sea*'}\n")
+    rollout = assemble_rollout(
+        "r", records, "explicit",
+        AssemblyOptions(air_rules=load_rules(str(rules)), credit="discounted", gamma=0.5),
+    )
+    assert [t.reward for t in rollout.transitions] == [-1.0, 0.0]
+    assert [t.return_ for t in rollout.transitions] == [-1.0, 0.0]
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"rules": [{"name": "x", "reward": "high", "when": {"status": "ERROR"}}]}))
+    with pytest.raises(AirRuleError, match="'reward' must be a number"):
+        load_rules(str(bad))
+
+
+def test_discounted_credit_and_variables_and_failure(memory_tracer, to_records):
+    t = memory_tracer.tracer
+    with t.start_as_current_span(semconv.ROLLOUT_SPAN_NAME) as root:
+        for i in range(3):
+            with t.start_as_current_span(
+                f"llm-{i}", attributes={**LLM, **ids([i], [i]), semconv.AGENT_NAME: f"agent-{i % 2}",
+                                        semconv.variable("step"): i}
+            ) as call:
+                call.add_event(semconv.REWARD_EVENT, {semconv.REWARD_VALUE: float(i + 1)})
+        root.set_attribute(semconv.variable("question"), "2+2?")
+        root.set_status(Status(StatusCode.ERROR, "agent crashed"))
+    records = to_records(memory_tracer.exporter.get_finished_spans())
+    rollout = assemble_rollout("r", records, "rollout_span", AssemblyOptions(credit="discounted", gamma=0.5))
+    # rewards 1, 2, 3: returns 3 ; 2 + 0.5*3 = 3.5 ; 1 + 0.5*3.5 = 2.75
+    assert [t.return_ for t in rollout.transitions] == [2.75, 3.5, 3.0]
+    assert [t.agent_name for t in rollout.transitions] == ["agent-0", "agent-1", "agent-0"]
+    assert rollout.variables == {"step": 2, "question": "2+2?"}
+    assert rollout.status == "failed" and rollout.error == "agent crashed"
+
+
+def test_several_choices_and_spans_from_another_service(memory_tracer, to_records):
+    t = memory_tracer.tracer
+    with t.start_as_current_span(semconv.ROLLOUT_SPAN_NAME):
+        with t.start_as_current_span(
+            "n2", attributes={**LLM, **ids([1], [2]), semconv.llm_response_token_ids(1): [3, 4]}
+        ):
+            pass
+    rollout = assemble_rollout("r", to_records(memory_tracer.exporter.get_finished_spans()), "explicit")
+    assert [(t.choice_index, t.response_token_ids) for t in rollout.transitions] == [(0, (2,)), (1, (3, 4))]
+    assert trace.get_current_span() is not None

@@ -1,0 +1,116 @@
+"""The SQLite span store: triggers, cursors, other processes, and what the receiver imports."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from dataclasses import replace
+
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span
+
+from spanrl.instrumentation import semconv
+from spanrl.otlp_receiver.assembly import AssemblyOptions
+from spanrl.otlp_receiver.otlp_decode import decode_request
+from spanrl.otlp_receiver.server import Assembler
+from spanrl.otlp_receiver.settings import ReceiverSettings
+from spanrl.otlp_receiver.store import SpanStore
+
+
+def rows(*spans):
+    request = ExportTraceServiceRequest(resource_spans=[ResourceSpans(scope_spans=[ScopeSpans(spans=list(spans))])])
+    decoded = decode_request(request)
+    assert decoded.rejected == 0, decoded.reasons
+    return decoded.rows
+
+
+def span(n, trace=1, rollout="r1", parent=None, name="s", ids=False):
+    attrs = [] if rollout is None else [KeyValue(key=semconv.ROLLOUT_ID, value=AnyValue(string_value=rollout))]
+    if ids:
+        arr = AnyValue()
+        arr.array_value.values.add(int_value=n)
+        attrs.append(KeyValue(key=semconv.LLM_PROMPT_TOKEN_IDS, value=arr))
+        attrs.append(KeyValue(key=semconv.llm_response_token_ids(0), value=arr))
+    s = Span(trace_id=trace.to_bytes(16, "big"), span_id=n.to_bytes(8, "big"), name=name,
+             start_time_unix_nano=n, end_time_unix_nano=n + 1, attributes=attrs)
+    if parent:
+        s.parent_span_id = parent.to_bytes(8, "big")
+    return s
+
+
+def assembler(store, **overrides):
+    settings = replace(ReceiverSettings(grace_s=1.0, idle_timeout_s=60.0), **overrides)
+    return Assembler(store, settings, AssemblyOptions())
+
+
+def test_triggers_grace_idle_and_explicit(tmp_path):
+    store = SpanStore(tmp_path / "s.db")
+    store.write_spans(rows(span(1, name=semconv.ROLLOUT_SPAN_NAME, rollout="ended")), now=100.0)
+    store.write_spans(rows(span(2, trace=2, rollout="idle", ids=True)), now=100.0)
+    store.write_spans(rows(span(3, trace=3, rollout="asked", ids=True)), now=100.0)
+    store.complete_rollout("asked", now=100.5)
+    a = assembler(store)
+    assert a.run_once(now=100.9) == []  # grace not over
+    # a straggler of "ended" arrives during the grace delay: it is waited for and included
+    store.write_spans(rows(span(4, rollout="ended", parent=1, ids=True)), now=100.9)
+    (asked,) = a.run_once(now=101.5)  # "ended" waits: its straggler restarted the grace delay
+    assert asked.rollout_id == "asked" and asked.end_reason == "explicit"
+    (ended,) = a.run_once(now=102.0)
+    assert ended.rollout_id == "ended" and ended.end_reason == "rollout_span"
+    assert len(ended.transitions) == 1  # the straggler's call is in
+    done = {"asked": asked, "ended": ended}
+    assert "idle" not in done
+    (idle,) = a.run_once(now=161.0)
+    assert idle.rollout_id == "idle" and idle.end_reason == "idle_timeout"
+    # a late span after assembly is stored and counted, the rollout is not assembled twice
+    store.write_spans(rows(span(5, rollout="ended", parent=1)), now=170.0)
+    assert a.run_once(now=300.0) == []
+    late = {s.rollout_id: s.late_spans for s in store.rollout_summaries()}
+    assert late["ended"] == 1
+    rollouts, cursor = store.completed_rollouts(0)
+    assert [r.sequence for r in rollouts] == [1, 2, 3] and cursor == 3
+    assert store.completed_rollouts(since=2, limit=5) == ([rollouts[2]], 3)
+    store.close()
+
+
+def test_spans_without_identity_join_their_trace(tmp_path):
+    """A service that does not stamp rollout identity: its spans share the rollout's trace."""
+    store = SpanStore(tmp_path / "s.db")
+    store.write_spans(rows(span(1, trace=7, name=semconv.ROLLOUT_SPAN_NAME)))
+    store.write_spans(rows(span(2, trace=7, rollout=None, parent=1, ids=True)))
+    store.write_spans(rows(span(3, trace=8, rollout=None, ids=True)))  # unrelated trace
+    store.write_spans(rows(span(4, trace=9, parent=1, ids=True)))  # same rollout, another trace
+    (rollout,) = assembler(store, grace_s=0).run_once()
+    assert [t.prompt_token_ids for t in rollout.transitions] == [(2,), (4,)]
+    store.close()
+
+
+def test_other_process_reads_while_receiver_writes(tmp_path):
+    db = tmp_path / "s.db"
+    store = SpanStore(db)
+    store.write_spans(rows(span(1, name=semconv.ROLLOUT_SPAN_NAME), span(2, parent=1, ids=True)))
+    assembler(store, grace_s=0).run_once()
+    reader = textwrap.dedent(f"""
+        import sys
+        from spanrl.otlp_receiver.store import SpanStore
+        rollouts, cursor = SpanStore({str(db)!r}).completed_rollouts(since=0)
+        print(len(rollouts), cursor, rollouts[0].transitions[0].prompt_token_ids)
+        assert "torch" not in sys.modules
+    """)
+    out = subprocess.run([sys.executable, "-c", reader], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["1", "1", "(2,)"]
+    store.close()
+
+
+def test_receiver_never_imports_torch():
+    code = textwrap.dedent("""
+        import sys
+        import spanrl.otlp_receiver.server, spanrl.otlp_receiver.retokenize, spanrl.otlp_receiver.receive_cli
+        import spanrl.otlp_receiver.inspect_cli
+        assert "torch" not in sys.modules and "transformers" not in sys.modules
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
