@@ -1,0 +1,60 @@
+"""Shared fixtures of the trainer_bridge tests: a locally created tiny model and a running server."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+
+def calc_example(rng: random.Random) -> dict:
+    """One calculator demonstration in chat format (the demo's text protocol)."""
+    a, b = rng.randint(1, 99), rng.randint(1, 9)
+    return {"messages": [
+        {"role": "system", "content": "Answer with ANSWER n. You may use CALC a op b first."},
+        {"role": "user", "content": f"What is {a} + {b}?"},
+        {"role": "assistant", "content": f"CALC {a}+{b}"},
+        {"role": "user", "content": f"RESULT {a + b}"},
+        {"role": "assistant", "content": f"ANSWER {a + b}"},
+    ]}
+
+
+@pytest.fixture(scope="session")
+def calc_corpus(tmp_path_factory):
+    path = tmp_path_factory.mktemp("corpus") / "demonstrations.jsonl"
+    rng = random.Random(0)
+    path.write_text("".join(json.dumps(calc_example(rng)) + "\n" for _ in range(300)))
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory, calc_corpus):
+    from spanrl.trainer_bridge.model_init import create_model_dir
+
+    return create_model_dir(tmp_path_factory.mktemp("models") / "tiny", preset="tiny",
+                            corpus_files=[calc_corpus], seed=0)
+
+
+@pytest.fixture(scope="session")
+def make_calc_example():
+    return calc_example
+
+
+@pytest.fixture
+def engine(tiny_model_dir):
+    from spanrl.trainer_bridge.policy_engine import PolicyEngine
+
+    engine = PolicyEngine.from_pretrained(tiny_model_dir, device="cpu").start()
+    yield engine
+    engine.stop()
+
+
+@pytest.fixture
+def server(engine):
+    """The policy server on a free loopback port, stopped after the test."""
+    from spanrl.trainer_bridge.policy_server import serve_in_thread
+
+    handle = serve_in_thread(engine, "127.0.0.1", 0)
+    yield handle
+    handle.stop()

@@ -1,0 +1,180 @@
+"""The embedded policy server, called with the real `openai` client over HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import httpx
+import openai
+import pytest
+import torch
+
+MESSAGES = [{"role": "user", "content": "What is 37 + 45?"}]
+
+
+def forward_logprobs(model, prompt_ids, response_ids):
+    """log p(response token | prefix) by one forward pass of the model."""
+    ids = torch.tensor([list(prompt_ids) + list(response_ids)])
+    with torch.no_grad():
+        logits = model(ids).logits[0].float()
+    logprobs = torch.log_softmax(logits, dim=-1)[len(prompt_ids) - 1 : -1]
+    return logprobs.gather(1, torch.tensor(response_ids).unsqueeze(1)).squeeze(1)
+
+
+def client(server, **kwargs):
+    return openai.OpenAI(base_url=server.base_url, api_key="unused", max_retries=0, **kwargs)
+
+
+def test_chat_n_token_ids_logprobs_match_a_forward_pass(server, engine):
+    raw = client(server).chat.completions.with_raw_response.create(
+        model=engine.model_name, messages=MESSAGES, n=3, max_tokens=12, logprobs=True,
+        extra_body={"return_token_ids": True, "top_k": 0})
+    assert raw.headers["x-spanrl-policy-version"] == "0"
+    body = json.loads(raw.text)
+    reply = raw.parse()
+    assert body["policy_version"] == 0
+    assert body["prompt_token_ids"] == engine.encode_chat(MESSAGES)
+    assert len(reply.choices) == 3
+    for choice, raw_choice in zip(reply.choices, body["choices"]):
+        ids = raw_choice["token_ids"]
+        assert 1 <= len(ids) <= 12
+        assert engine.tokenizer.decode(ids, skip_special_tokens=True) == choice.message.content
+        if choice.finish_reason == "stop":
+            assert ids[-1] == engine.tokenizer.eos_token_id
+        served = torch.tensor([entry.logprob for entry in choice.logprobs.content])
+        expected = forward_logprobs(engine.model, body["prompt_token_ids"], ids)
+        assert torch.allclose(served, expected, atol=1e-4), (served, expected)
+    assert body["usage"]["completion_tokens"] == sum(len(c["token_ids"]) for c in body["choices"])
+
+
+def test_streaming_chunks_concatenate_to_ids_and_text(server, engine):
+    stream = client(server).chat.completions.create(
+        model=engine.model_name, messages=MESSAGES, n=2, max_tokens=10, stream=True, logprobs=True,
+        stream_options={"include_usage": True}, extra_body={"return_token_ids": True})
+    ids = {0: [], 1: []}
+    text = {0: "", 1: ""}
+    finish = {}
+    prompt_ids = None
+    versions = set()
+    usage = None
+    for chunk in stream:
+        data = chunk.model_dump()
+        versions.add(data["policy_version"])
+        if data.get("prompt_token_ids") is not None:
+            assert prompt_ids is None
+            prompt_ids = data["prompt_token_ids"]
+        if chunk.usage is not None:
+            usage = chunk.usage
+        for choice in data["choices"]:
+            ids[choice["index"]].extend(choice["token_ids"])
+            text[choice["index"]] += choice["delta"].get("content") or ""
+            if choice["finish_reason"]:
+                finish[choice["index"]] = choice["finish_reason"]
+    assert prompt_ids == engine.encode_chat(MESSAGES)
+    assert versions == {0}
+    assert set(finish) == {0, 1}
+    for index in (0, 1):
+        assert 1 <= len(ids[index]) <= 10
+        assert engine.tokenizer.decode(ids[index], skip_special_tokens=True) == text[index]
+    assert usage.completion_tokens == len(ids[0]) + len(ids[1])
+
+
+def test_async_client_concurrent_requests_share_batches(server, engine):
+    async def run():
+        async with openai.AsyncOpenAI(base_url=server.base_url, api_key="x", max_retries=0) as aclient:
+            calls = [aclient.chat.completions.create(
+                model=engine.model_name, messages=[{"role": "user", "content": f"What is {i} + 1?"}],
+                max_tokens=16, extra_body={"return_token_ids": True}) for i in range(12)]
+            return await asyncio.gather(*calls)
+
+    replies = asyncio.run(run())
+    assert len(replies) == 12
+    for reply in replies:
+        ids = reply.model_dump()["choices"][0]["token_ids"]
+        assert engine.tokenizer.decode(ids, skip_special_tokens=True) == reply.choices[0].message.content
+    # concurrent requests were decoded together, not one after another
+    assert engine.stats.max_rows_in_batch > 1
+    assert engine.stats.batches < 12
+
+
+def test_completions_endpoint_with_logprobs_seed_and_stop(server, engine):
+    api = client(server)
+    first = api.completions.create(model=engine.model_name, prompt="CALC 12+", max_tokens=8, seed=7,
+                                   logprobs=2, extra_body={"return_token_ids": True, "top_k": 0})
+    again = api.completions.create(model=engine.model_name, prompt="CALC 12+", max_tokens=8, seed=7,
+                                   logprobs=2, extra_body={"return_token_ids": True})
+    data, data_again = first.model_dump(), again.model_dump()
+    choice = data["choices"][0]
+    assert choice["prompt_token_ids"] == engine.encode_text("CALC 12+")
+    assert choice["token_ids"] == data_again["choices"][0]["token_ids"]  # same seed, same sample
+    expected = forward_logprobs(engine.model, choice["prompt_token_ids"], choice["token_ids"])
+    assert torch.allclose(torch.tensor(choice["logprobs"]["token_logprobs"]), expected, atol=1e-4)
+    assert all(len(top) == 2 for top in choice["logprobs"]["top_logprobs"])
+    # a stop string cuts the text before it and ends the choice with finish_reason "stop"
+    stop_at = engine.tokenizer.decode(choice["token_ids"][2:4], skip_special_tokens=True)
+    if stop_at:
+        stopped = api.completions.create(model=engine.model_name, prompt="CALC 12+", max_tokens=8, seed=7,
+                                         stop=[stop_at]).choices[0]
+        assert stop_at not in stopped.text and stopped.finish_reason == "stop"
+
+
+def test_error_bodies_and_models(server, engine):
+    url = server.url
+    cases = [
+        ("{not json", 400, None),
+        (json.dumps({"model": "nope", "messages": MESSAGES}), 404, "model"),
+        (json.dumps({"model": engine.model_name, "messages": []}), 422, "messages"),
+        (json.dumps({"model": engine.model_name, "messages": "hi"}), 422, "messages"),
+        (json.dumps({"model": engine.model_name, "messages": MESSAGES, "temperature": -1}), 400, "temperature"),
+        (json.dumps({"model": engine.model_name, "messages": MESSAGES, "n": 0}), 400, "n"),
+        (json.dumps({"model": engine.model_name, "messages": MESSAGES, "max_tokens": 100000}), 400, "max_tokens"),
+        (json.dumps({"model": engine.model_name,
+                     "messages": [{"role": "user", "content": "9 " * 2000}]}), 400, "messages"),
+    ]
+    for body, status, param in cases:
+        response = httpx.post(f"{url}/v1/chat/completions", content=body,
+                              headers={"content-type": "application/json"})
+        assert response.status_code == status, (body[:60], response.text)
+        error = response.json()["error"]
+        assert error["message"] and error["type"]
+        assert error["param"] == param
+    with pytest.raises(openai.NotFoundError):
+        client(server).chat.completions.create(model="other", messages=MESSAGES)
+    models = client(server).models.list()
+    assert [m.id for m in models.data] == [engine.model_name]
+    # the server still serves after all that
+    assert client(server).chat.completions.create(model=engine.model_name, messages=MESSAGES, max_tokens=2)
+
+
+def test_bearer_token(engine):
+    from spanrl.trainer_bridge.policy_server import serve_in_thread
+
+    handle = serve_in_thread(engine, "127.0.0.1", 0, api_token="s3cret")
+    try:
+        with pytest.raises(openai.AuthenticationError):
+            openai.OpenAI(base_url=handle.base_url, api_key="wrong", max_retries=0).models.list()
+        ok = openai.OpenAI(base_url=handle.base_url, api_key="s3cret", max_retries=0)
+        assert ok.chat.completions.create(model=engine.model_name, messages=MESSAGES, max_tokens=2)
+        assert httpx.get(f"{handle.url}/spanrl/v1/policy").status_code == 401
+    finally:
+        handle.stop()
+
+
+def test_weights_endpoint_loads_a_directory(server, engine, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(engine.model.name_or_path)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.add_(0.05 * torch.randn_like(parameter))
+    model.save_pretrained(tmp_path / "v5")
+    assert httpx.get(f"{server.url}/spanrl/v1/policy").json() == {"version": 0, "model": engine.model_name}
+    response = httpx.post(f"{server.url}/spanrl/v1/weights", json={"path": str(tmp_path / "v5"), "version": 5},
+                          timeout=60)
+    assert response.status_code == 200 and response.json()["version"] == 5
+    assert response.headers["x-spanrl-policy-version"] == "5"
+    assert torch.equal(engine.model.model.embed_tokens.weight, model.model.embed_tokens.weight)
+    bad = httpx.post(f"{server.url}/spanrl/v1/weights", json={"path": str(tmp_path / "nothing"), "version": 6})
+    assert bad.status_code == 400 and "config.json" in bad.json()["error"]["message"]
+    assert httpx.get(f"{server.url}/spanrl/v1/policy").json()["version"] == 5

@@ -1,0 +1,104 @@
+"""Weight swaps during a stream of concurrent requests: each response comes from one version.
+
+Two weight sets with clearly different next-token distributions alternate as versions
+1, 2, 3, ... (odd: set A, even: set B). Every token's served logprob identifies the weights
+that produced it: a response that switched weights mid-way would match neither set.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import openai
+import torch
+
+MESSAGES = [{"role": "user", "content": "What is 12 + 7?"}]
+
+
+def forward_logprobs(model, prompt_ids, response_ids):
+    ids = torch.tensor([list(prompt_ids) + list(response_ids)])
+    with torch.no_grad():
+        logits = model(ids).logits[0].float()
+    logprobs = torch.log_softmax(logits, dim=-1)[len(prompt_ids) - 1 : -1]
+    return logprobs.gather(1, torch.tensor(response_ids).unsqueeze(1)).squeeze(1)
+
+
+def test_every_response_is_entirely_from_one_policy_version(server, engine):
+    from transformers import AutoModelForCausalLM
+
+    weights_a = {k: v.clone() for k, v in engine.model.state_dict().items()}
+    torch.manual_seed(1)
+    weights_b = {k: v + 0.3 * torch.randn_like(v) if v.dim() > 1 else v.clone() for k, v in weights_a.items()}
+    model_a = AutoModelForCausalLM.from_pretrained(engine.model.name_or_path)
+    model_a.load_state_dict(weights_a)
+    model_b = AutoModelForCausalLM.from_pretrained(engine.model.name_or_path)
+    model_b.load_state_dict(weights_b)
+    engine.swap_weights(weights_a, 1)
+
+    results: list[dict] = []
+    errors: list[BaseException] = []
+    stop = threading.Event()
+
+    def one_client(number: int) -> None:
+        api = openai.OpenAI(base_url=server.base_url, api_key="x", max_retries=0)
+        while not stop.is_set():
+            try:
+                streaming = number % 2 == 0
+                if streaming:
+                    ids, logprobs, versions, prompt = [], [], set(), None
+                    with api.chat.completions.with_streaming_response.create(
+                            model=engine.model_name, messages=MESSAGES, max_tokens=24, stream=True,
+                            logprobs=True, extra_body={"return_token_ids": True}) as response:
+                        header = int(response.headers["x-spanrl-policy-version"])
+                        for chunk in response.parse():
+                            data = chunk.model_dump()
+                            versions.add(data["policy_version"])
+                            prompt = data.get("prompt_token_ids") or prompt
+                            for choice in data["choices"]:
+                                ids.extend(choice["token_ids"])
+                                if choice["logprobs"]:
+                                    logprobs.extend(c["logprob"] for c in choice["logprobs"]["content"])
+                    assert versions == {header}, (versions, header)
+                else:
+                    raw = api.chat.completions.with_raw_response.create(
+                        model=engine.model_name, messages=MESSAGES, max_tokens=24, n=2, logprobs=True,
+                        extra_body={"return_token_ids": True})
+                    header = int(raw.headers["x-spanrl-policy-version"])
+                    body = raw.parse().model_dump()
+                    assert body["policy_version"] == header
+                    prompt = body["prompt_token_ids"]
+                    for choice in body["choices"]:
+                        results.append({"version": header, "prompt": prompt, "ids": choice["token_ids"],
+                                        "logprobs": [c["logprob"] for c in choice["logprobs"]["content"]]})
+                    continue
+                results.append({"version": header, "prompt": prompt, "ids": ids, "logprobs": logprobs})
+            except BaseException as exc:  # reported by the main thread
+                errors.append(exc)
+                return
+
+    clients = [threading.Thread(target=one_client, args=(n,)) for n in range(8)]
+    for thread in clients:
+        thread.start()
+    try:
+        for version in range(2, 9):
+            time.sleep(0.15)
+            engine.swap_weights(weights_b if version % 2 == 0 else weights_a, version)
+        time.sleep(0.15)
+    finally:
+        stop.set()
+        for thread in clients:
+            thread.join(60)
+    assert not errors, errors[0]
+    assert engine.version == 8
+    seen_versions = {r["version"] for r in results}
+    assert len(seen_versions) >= 4, seen_versions  # the swaps really happened during the stream
+    for result in results:
+        assert result["ids"] and len(result["logprobs"]) == len(result["ids"])
+        served = torch.tensor(result["logprobs"])
+        own, other = (model_b, model_a) if result["version"] % 2 == 0 else (model_a, model_b)
+        expected = forward_logprobs(own, result["prompt"], result["ids"])
+        assert torch.allclose(served, expected, atol=1e-3), (result["version"], served, expected)
+        # the other weight set would have given different logprobs: a mix would be caught
+        differs = (forward_logprobs(other, result["prompt"], result["ids"]) - served).abs()
+        assert float(differs.max()) > 1e-2
