@@ -8,8 +8,9 @@ instrumentors, post-instrument hooks.
 
 ``pre_instrument`` runs before any instrumentor asks for a tracer, so it is where the provider
 gets the rollout-identity span processor and its safe defaults (``safe_defaults``).
-``post_instrument`` makes sure of the same in case another hook replaced the provider, and
-logs what spanrl did. Neither ever raises: a failure is logged and the agent starts anyway.
+``post_instrument`` turns on openinference's OpenAI instrumentor if spanrl's is on and
+openinference's own entry point did not (spanrl's needs its LLM span), and makes sure of the
+above in case another hook replaced the provider. Neither ever raises: a failure is logged and the agent starts anyway.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from spanrl.exporter import safe_defaults
 from spanrl.exporter import environment_variables as env
 from spanrl.exporter.span_processor import install_identity_processor
+from spanrl.instrumentation import openai_instrumentor
 from spanrl.instrumentation.settings import InstrumentationSettings
 
 logger = logging.getLogger(__name__)
@@ -78,6 +80,7 @@ def pre_instrument() -> None:
         done = _prepare_provider()
         if done:
             logger.info("spanrl: %s", "; ".join(done))
+        openai_instrumentor.auto_instrumentation_started()
     except Exception:  # noqa: BLE001 - never stop the agent from starting
         logger.exception("spanrl: pre-instrument hook failed")
 
@@ -85,6 +88,7 @@ def pre_instrument() -> None:
 def post_instrument() -> None:
     """Called by opentelemetry-instrument after all instrumentors; idempotent with the above."""
     try:
+        openai_instrumentor.ensure_openinference_after_auto()
         done = _prepare_provider()
         if done:
             logger.info("spanrl (post-instrument): %s", "; ".join(done))

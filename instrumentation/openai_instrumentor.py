@@ -95,15 +95,41 @@ class SpanrlOpenAIInstrumentor(BaseInstrumentor):  # type: ignore[misc]
             self._instrumented_openinference = False
 
     def _ensure_openinference(self, kwargs: dict[str, Any]) -> None:
-        """Turn on openinference's OpenAI instrumentor (it makes the LLM span) unless it is on."""
+        """Turn on openinference's OpenAI instrumentor (it makes the LLM span) unless it is on.
+
+        Under ``opentelemetry-instrument`` its own entry point may still be about to run; then
+        this waits for the post-instrument hook (``ensure_openinference_after_auto``), so
+        openinference does not warn about being instrumented twice."""
         from openinference.instrumentation.openai import OpenAIInstrumentor
 
         openinference = OpenAIInstrumentor()  # BaseInstrumentor subclasses are singletons
         if openinference.is_instrumented_by_opentelemetry:
             return
+        if _auto_instrumentation["running"]:
+            _auto_instrumentation["waiting"] = self
+            return
         forwarded = {k: v for k, v in kwargs.items() if k in ("tracer_provider", "config")}
-        openinference.instrument(skip_dep_check=kwargs.get("skip_dep_check", False), **forwarded)
+        openinference.instrument(**forwarded)
         self._instrumented_openinference = openinference.is_instrumented_by_opentelemetry
+
+
+# Set by the opentelemetry-instrument hooks (spanrl.exporter.hook) around the instrumentors.
+_auto_instrumentation: dict[str, Any] = {"running": False, "waiting": None}
+
+
+def auto_instrumentation_started() -> None:
+    """Called by the pre-instrument hook: instrumentors are about to be loaded."""
+    _auto_instrumentation["running"] = True
+
+
+def ensure_openinference_after_auto() -> None:
+    """Called by the post-instrument hook: if spanrl's instrumentor is on and openinference's
+    entry point did not turn its instrumentor on (disabled, or failed), turn it on now."""
+    _auto_instrumentation["running"] = False
+    waiting = _auto_instrumentation["waiting"]
+    _auto_instrumentation["waiting"] = None
+    if waiting is not None and waiting.is_instrumented_by_opentelemetry:
+        waiting._ensure_openinference({})
 
 
 def _wants_token_ids(options: Any) -> bool:

@@ -1,0 +1,71 @@
+"""Rollout identity in a real agent process: two rollouts at once (threads, asyncio tasks,
+a thread pool) never mix, rewards and variables land on their rollout, a failing rollout
+ends with status ERROR; and the same through ``start_tracing`` with a bearer token."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from spanrl.instrumentation import semconv
+
+STATUS_ERROR = 2  # opentelemetry.proto.trace.v1.Status.STATUS_CODE_ERROR
+ROLLOUTS = {
+    "thread-1": ("task-thread-1", 1, "solver-1"),
+    "thread-2": ("task-thread-2", 2, "solver-2"),
+    "async-1": ("task-async-1", 0, "planner-1"),
+    "async-2": ("task-async-2", 0, "planner-2"),
+}
+
+
+def check_rollouts(collector, received):
+    spans = collector.spans()
+    assert set(received) == set(ROLLOUTS)
+    for span in spans:
+        # every span made inside a rollout carries its identity, whatever made it
+        assert span["attributes"].get(semconv.ROLLOUT_ID) in ROLLOUTS, span
+    for rollout_id, (task_id, attempt, agent_name) in ROLLOUTS.items():
+        mine = [s for s in spans if s["attributes"][semconv.ROLLOUT_ID] == rollout_id]
+        for span in mine:
+            assert span["attributes"][semconv.TASK_ID] == task_id
+            assert span["attributes"][semconv.ATTEMPT] == attempt
+        roots = [s for s in mine if s["name"] == semconv.ROLLOUT_SPAN_NAME]
+        assert len(roots) == 1
+        root = roots[0]
+        # the rollout's spans form one tree under its rollout span
+        assert {s["trace_id"] for s in mine} == {root["trace_id"]}
+        llm = [s for s in mine if s["attributes"].get("openinference.span.kind") == "LLM"]
+        assert sorted(s["attributes"][semconv.GENAI_RESPONSE_ID] for s in llm) == sorted(received[rollout_id])
+        named = [s for s in llm if s["attributes"].get(semconv.AGENT_NAME) == agent_name]
+        assert len(named) == 3  # the calls inside agent(name); the pooled call is outside it
+        assert all(s["attributes"].get(semconv.LLM_PROMPT_TOKEN_IDS) for s in llm)
+        rewards = [attrs for s in mine for name, attrs in s["events"] if name == semconv.REWARD_EVENT]
+        assert len(rewards) == 1
+    thread_root = {s["attributes"][semconv.ROLLOUT_ID]: s for s in spans if s["name"] == semconv.ROLLOUT_SPAN_NAME}
+    assert thread_root["thread-2"]["attributes"][semconv.variable("answer")] == "answer-2"
+    reward = [a for n, a in thread_root["async-1"]["events"] if n == semconv.REWARD_EVENT][0]
+    assert reward == {semconv.REWARD_VALUE: 11.0, semconv.REWARD_NAME: "score"}
+    assert thread_root["async-2"]["status_code"] == STATUS_ERROR
+    assert thread_root["async-2"]["status_message"] == "ValueError: rollout async-2 failed on purpose"
+    assert thread_root["async-1"]["status_code"] != STATUS_ERROR
+
+
+@pytest.mark.parametrize("mode", ["opentelemetry-instrument", "in-process"])
+def test_concurrent_rollouts_never_mix(mode, trace_collector, vllm_server, run_agent, harness):
+    env = harness.agent_environment(trace_collector.endpoint, vllm_server.base_url,
+                                    OTEL_SPANRL_RECEIVER_TOKEN="secret-token")
+    if mode == "in-process":
+        result = run_agent("concurrent_rollouts_agent.py", env, "in-process", instrument=False)
+    else:
+        result = run_agent("concurrent_rollouts_agent.py", env)
+    assert result.returncode == 0, result.stderr
+    received = json.loads(result.stdout.strip().splitlines()[-1])
+    assert sum(len(ids) for ids in received.values()) == 14
+    assert harness.wait_for(lambda: sum(
+        s["attributes"].get("openinference.span.kind") == "LLM" for s in trace_collector.spans()) >= 14)
+    check_rollouts(trace_collector, received)
+    if mode == "in-process":
+        assert all(m.get("authorization") == "Bearer secret-token" for m in trace_collector.metadata)
+    else:  # opentelemetry-instrument sends OTEL_EXPORTER_OTLP_HEADERS only, and spanrl says so
+        assert "OTEL_EXPORTER_OTLP_HEADERS" in result.stderr
