@@ -8,8 +8,8 @@ provider before any hook runs) and by ``start_tracing``. Every default yields to
   of 128 silently drops attributes of long chats, identity included);
 - every span sampled (``always_on``) unless ``OTEL_TRACES_SAMPLER`` is set;
 - metrics and logs exporters off unless ``OTEL_METRICS_EXPORTER`` / ``OTEL_LOGS_EXPORTER`` was
-  set before the process started (the distro sets both to ``otlp`` at start-up, so the
-  process's *initial* environment, ``posix.environ``, tells who chose them).
+  set when the process started (the distro sets both to ``otlp`` during start-up, so only
+  the process's *initial* environment tells who chose them; see ``initial_environment``).
 
 The SDK reads limits and sampler when a provider creates a tracer, so both are replaced on the
 provider and on the tracers it already created. These are private SDK fields (checked by the
@@ -36,16 +36,22 @@ _LOGS_EXPORTER_VARIABLE = "OTEL_LOGS_EXPORTER"
 
 
 def initial_environment() -> Mapping[str, str] | None:
-    """The environment as it was when the interpreter started, or None where unknown.
+    """The environment the process was started with, or None where it cannot be known.
 
-    ``os.environ`` changes as code runs (the distro's ``setdefault`` calls); the ``posix``
-    module's ``environ`` is the untouched start-up copy."""
+    ``os.environ`` (and ``posix.environ``, its backing dict) change as code runs: the distro
+    ``setdefault``s the exporters. On Linux, ``/proc/self/environ`` still holds the block the
+    process was started with; elsewhere this returns None."""
     try:
-        import posix  # noqa: PLC0415 - POSIX only
-    except ImportError:
+        with open("/proc/self/environ", "rb") as file:
+            block = file.read()
+    except OSError:
         return None
-    return {key.decode(errors="replace"): value.decode(errors="replace")
-            for key, value in posix.environ.items()}
+    result = {}
+    for entry in block.split(b"\0"):
+        key, sep, value = entry.partition(b"=")
+        if sep:
+            result[key.decode(errors="replace")] = value.decode(errors="replace")
+    return result
 
 
 def raise_attribute_count_limit(provider: TracerProvider, environ: Mapping[str, str] = os.environ) -> bool:
@@ -123,7 +129,7 @@ def turn_off_signal_exporters(signals: list[str]) -> list[str]:
                 from opentelemetry.metrics import get_meter_provider  # noqa: PLC0415
 
                 provider = get_meter_provider()
-                readers = getattr(getattr(provider, "_sdk_config", None), "metric_readers", ())
+                readers = provider._metric_readers  # noqa: SLF001 - AttributeError: left on
                 for reader in readers:
                     reader.shutdown()
                 # The provider stays usable (meters keep working, unexported); only its

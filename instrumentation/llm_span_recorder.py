@@ -83,6 +83,9 @@ class _ChoiceTokens:
     has_token_ids: bool = False
     has_logprobs: bool = False
     finished: bool = False
+    # A malformed piece makes the whole sequence untrustworthy: never write it.
+    broken_token_ids: bool = False
+    broken_logprobs: bool = False
 
 
 class LLMSpanRecorder:
@@ -118,6 +121,7 @@ class LLMSpanRecorder:
                 logger.warning("spanrl: could not record token ids of an LLM call: %s", exc)
 
     def _observe(self, data: Mapping[str, Any]) -> None:
+        problems: list[MalformedTokenData] = []
         response_id = data.get("id")
         if isinstance(response_id, str) and semconv.GENAI_RESPONSE_ID not in self._written:
             self._set_once(semconv.GENAI_RESPONSE_ID, response_id)
@@ -127,39 +131,59 @@ class LLMSpanRecorder:
             self._set(semconv.LLM_POLICY_VERSION, version)
         prompt_ids = data.get(semconv.RESPONSE_PROMPT_TOKEN_IDS)
         if prompt_ids is not None:
-            self._set_prompt_ids(prompt_ids, "prompt_token_ids")
+            self._guarded(problems, self._set_prompt_ids, prompt_ids, "prompt_token_ids")
         choices = data.get("choices")
-        if not isinstance(choices, list):
-            return
-        for position, choice in enumerate(choices):
-            if isinstance(choice, Mapping):
-                self._observe_choice(position, choice)
+        if isinstance(choices, list):
+            # every choice is read even when another one is malformed: skipping a stream
+            # chunk would silently shorten that choice's concatenated ids
+            for position, choice in enumerate(choices):
+                if isinstance(choice, Mapping):
+                    self._guarded(problems, self._observe_choice, position, choice)
+        if problems:
+            raise problems[0]
+
+    @staticmethod
+    def _guarded(problems: list[MalformedTokenData], step: Any, *args: Any) -> None:
+        try:
+            step(*args)
+        except MalformedTokenData as exc:
+            problems.append(exc)
 
     def _observe_choice(self, position: int, choice: Mapping[str, Any]) -> None:
         index = choice.get("index", position)
         if not isinstance(index, int) or isinstance(index, bool) or index < 0:
             raise MalformedTokenData(f"choice index should be a non-negative int, got {index!r}")
+        problem: MalformedTokenData | None = None
         prompt_ids = choice.get(semconv.RESPONSE_PROMPT_TOKEN_IDS)
         if prompt_ids is not None:
-            self._set_prompt_ids(prompt_ids, f"choices[{index}].prompt_token_ids")
+            try:
+                self._set_prompt_ids(prompt_ids, f"choices[{index}].prompt_token_ids")
+            except MalformedTokenData as exc:
+                problem = exc
         tokens = self._choices.setdefault(index, _ChoiceTokens())
-        raw_ids = choice.get(semconv.RESPONSE_CHOICE_TOKEN_IDS)
         got_new = False
+        raw_ids = choice.get(semconv.RESPONSE_CHOICE_TOKEN_IDS)
         if raw_ids is not None:
-            tokens.token_ids.extend(parse_token_ids(raw_ids, f"choices[{index}].token_ids"))
-            tokens.has_token_ids = True
-            got_new = True
-        logprobs = choice_logprobs(choice)
-        if logprobs is not None:
-            tokens.logprobs.extend(logprobs)
-            tokens.has_logprobs = True
-            got_new = True
+            try:
+                tokens.token_ids.extend(parse_token_ids(raw_ids, f"choices[{index}].token_ids"))
+                tokens.has_token_ids = got_new = True
+            except MalformedTokenData as exc:
+                tokens.broken_token_ids, problem = True, exc
+        try:
+            logprobs = choice_logprobs(choice)
+            if logprobs is not None:
+                tokens.logprobs.extend(logprobs)
+                tokens.has_logprobs = got_new = True
+        except MalformedTokenData as exc:
+            tokens.broken_logprobs, problem = True, exc
         finish_reason = choice.get("finish_reason")
         if finish_reason is not None:
             tokens.finished = True
         # A complete body is written at once; a stream once the choice has finished.
         if not self._streaming or (tokens.finished and (got_new or finish_reason is not None)):
             self._write_choice(index, tokens)
+        if problem is not None:
+            raise problem
 
     def _set_prompt_ids(self, value: Any, where: str) -> None:
         if semconv.LLM_PROMPT_TOKEN_IDS in self._written:
@@ -167,9 +191,9 @@ class LLMSpanRecorder:
         self._set_once(semconv.LLM_PROMPT_TOKEN_IDS, parse_token_ids(value, where))
 
     def _write_choice(self, index: int, tokens: _ChoiceTokens) -> None:
-        if tokens.has_token_ids:
+        if tokens.has_token_ids and not tokens.broken_token_ids:
             self._set(semconv.llm_response_token_ids(index), tuple(tokens.token_ids))
-        if tokens.has_logprobs:
+        if tokens.has_logprobs and not tokens.broken_logprobs:
             self._set(semconv.llm_response_logprobs(index), tuple(tokens.logprobs))
 
     def _set_once(self, key: str, value: Any) -> None:

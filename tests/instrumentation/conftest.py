@@ -18,6 +18,8 @@ from typing import Any, Callable
 
 import grpc
 import pytest
+from opentelemetry.proto.collector.logs.v1 import logs_service_pb2, logs_service_pb2_grpc
+from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2, metrics_service_pb2_grpc
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 
 HERE = Path(__file__).resolve().parent
@@ -96,11 +98,30 @@ class TraceCollector(trace_service_pb2_grpc.TraceServiceServicer):
             self.metadata.clear()
 
 
+class SignalCounter(metrics_service_pb2_grpc.MetricsServiceServicer, logs_service_pb2_grpc.LogsServiceServicer):
+    """Counts OTLP metrics and logs export requests (to check which exporters are on)."""
+
+    def __init__(self) -> None:
+        self.metrics_requests = 0
+        self.logs_requests = 0
+
+    def Export(self, request, context):  # noqa: N802
+        if isinstance(request, metrics_service_pb2.ExportMetricsServiceRequest):
+            self.metrics_requests += 1
+            return metrics_service_pb2.ExportMetricsServiceResponse()
+        self.logs_requests += 1
+        return logs_service_pb2.ExportLogsServiceResponse()
+
+
 @pytest.fixture()
 def trace_collector():
+    """The TraceService; its ``signals`` counts metrics/logs exports on the same port."""
     collector = TraceCollector()
+    collector.signals = SignalCounter()
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
     trace_service_pb2_grpc.add_TraceServiceServicer_to_server(collector, server)
+    metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(collector.signals, server)
+    logs_service_pb2_grpc.add_LogsServiceServicer_to_server(collector.signals, server)
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()
     collector.endpoint = f"http://127.0.0.1:{port}"
@@ -204,3 +225,63 @@ def harness():
         agents=AGENTS,
         bin=BIN,
     )
+
+
+@pytest.fixture()
+def vllm_server_malformed():
+    """Answers with ``token_ids`` that are not a list of ints."""
+    yield from _server_fixture(malformed_choice_ids=True)
+
+
+@pytest.fixture()
+def private_tracing():
+    """A private SDK TracerProvider exporting to memory, with the OpenAI SDK instrumented
+    (openinference + spanrl) against it; uninstrumented in teardown."""
+    from types import SimpleNamespace
+
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from spanrl.instrumentation.openai_instrumentor import SpanrlOpenAIInstrumentor
+
+    provider = TracerProvider()
+    exporter = InMemorySpanExporter()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    instrumentor = SpanrlOpenAIInstrumentor()
+    instrumentor.instrument(tracer_provider=provider)
+    try:
+        yield SimpleNamespace(provider=provider, exporter=exporter, instrumentor=instrumentor)
+    finally:
+        instrumentor.uninstrument()
+        provider.shutdown()
+
+
+@pytest.fixture()
+def global_tracing():
+    """Spans of the process-wide tracer provider (what rollout() and friends use), in memory.
+
+    OTel allows one global provider per process: install an SDK one if there is none, else
+    add the in-memory exporter (and spanrl's identity processor) to the one installed."""
+    from types import SimpleNamespace
+
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from spanrl.exporter.span_processor import install_identity_processor
+
+    provider = trace.get_tracer_provider()
+    if not isinstance(provider, TracerProvider):
+        trace.set_tracer_provider(TracerProvider())
+        provider = trace.get_tracer_provider()
+    assert isinstance(provider, TracerProvider)
+    install_identity_processor(provider)
+    exporter = InMemorySpanExporter()
+    processor = SimpleSpanProcessor(exporter)
+    provider.add_span_processor(processor)
+    try:
+        yield SimpleNamespace(provider=provider, exporter=exporter)
+    finally:
+        processor.shutdown()  # stops exporting to memory; the provider itself stays

@@ -4,7 +4,8 @@ Used by the instrumentation tests (loaded by conftest.py) and by
 ``bench/bench_instrumentation_overhead.py``. Real HTTP/1.1 on 127.0.0.1 (stdlib
 ``http.server``), JSON bodies and server-sent-event streams in vLLM's shapes
 (docs/interfaces.md §1): token ids only when the request asks with ``return_token_ids: true``
-(or never, with ``token_ids=False``, like an endpoint that ignores the field), logprobs when
+(or never, with ``token_ids=False``, like an endpoint that ignores the field; or broken, with
+``malformed_choice_ids=True``), logprobs when
 asked, ``policy_version`` in every body/chunk and the ``x-spanrl-policy-version`` header.
 
 Every id it sends is kept in ``sent[response_id]`` so tests compare spans with the truth.
@@ -23,8 +24,9 @@ TOKENS_PER_CHUNK = 2
 
 class VLLMLikeServer:
     def __init__(self, token_ids: bool = True, policy_version: int = 7, tokens: int = 5,
-                 delay_s: float = 0.0) -> None:
+                 delay_s: float = 0.0, malformed_choice_ids: bool = False) -> None:
         self.token_ids = token_ids
+        self.malformed_choice_ids = malformed_choice_ids
         self.policy_version = policy_version
         self.tokens = tokens
         self.delay_s = delay_s
@@ -82,7 +84,7 @@ class VLLMLikeServer:
         response_id = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{number}"
         plan = {"id": response_id, "kind": kind, "prompt_token_ids": prompt_ids, "choices": choices,
                 "with_ids": want_ids, "with_logprobs": want_logprobs,
-                "policy_version": self.policy_version}
+                "policy_version": self.policy_version, "malformed": self.malformed_choice_ids}
         with self._lock:
             self.sent[response_id] = plan
         return plan
@@ -115,7 +117,7 @@ def full_body(plan: dict[str, Any], model: str) -> dict[str, Any]:
         if plan["with_logprobs"]:
             entry["logprobs"] = _logprobs_obj(kind, choice["logprobs"], texts)
         if plan["with_ids"]:
-            entry["token_ids"] = choice["token_ids"]
+            entry["token_ids"] = "not-a-list" if plan["malformed"] else choice["token_ids"]
             if kind == "completions":
                 entry["prompt_token_ids"] = plan["prompt_token_ids"]
         choices.append(entry)
@@ -165,7 +167,8 @@ def stream_chunks(plan: dict[str, Any], model: str) -> list[dict[str, Any]]:
             if plan["with_logprobs"]:
                 entry["logprobs"] = _logprobs_obj(kind, choice["logprobs"][start:start + len(ids)], texts)
             if plan["with_ids"]:
-                entry["token_ids"] = ids
+                # malformed: one chunk in the middle of the stream is broken
+                entry["token_ids"] = "not-a-list" if plan["malformed"] and start == TOKENS_PER_CHUNK else ids
                 if kind == "completions" and start == 0:
                     entry["prompt_token_ids"] = plan["prompt_token_ids"]
             chunks.append(dict(common, choices=[entry]))

@@ -1,0 +1,96 @@
+"""The OpenAI instrumentor in this process, against the vLLM-like server: what it changes and
+restores, and that odd responses never break a call."""
+
+from __future__ import annotations
+
+import logging
+
+import openai
+import openai._base_client as base_client
+from opentelemetry import context as context_api
+from opentelemetry.context import _SUPPRESS_INSTRUMENTATION_KEY
+
+from spanrl.instrumentation import semconv
+from spanrl.instrumentation.openai_instrumentor import SpanrlOpenAIInstrumentor
+
+PATCHED_BY_SPANRL = [
+    (base_client.BaseClient, "_build_request"),
+    (base_client.SyncAPIClient, "_process_response"),
+    (base_client.AsyncAPIClient, "_process_response"),
+    (base_client.BaseClient, "_process_response_data"),
+]
+PATCHED_BY_OPENINFERENCE = [(openai.OpenAI, "request"), (openai.AsyncOpenAI, "request")]
+MESSAGES = [{"role": "user", "content": "hello"}]
+
+
+def llm_attributes(exporter):
+    return [dict(s.attributes) for s in exporter.get_finished_spans()
+            if s.attributes.get("openinference.span.kind") == "LLM"]
+
+
+def test_uninstrument_restores_exactly_what_instrument_changed():
+    from openinference.instrumentation.openai import OpenAIInstrumentor
+
+    assert not OpenAIInstrumentor().is_instrumented_by_opentelemetry
+    ours_before = [cls.__dict__[name] for cls, name in PATCHED_BY_SPANRL]
+    theirs_before = [getattr(cls, name) for cls, name in PATCHED_BY_OPENINFERENCE]
+    instrumentor = SpanrlOpenAIInstrumentor()
+    instrumentor.instrument()
+    try:
+        assert all(cls.__dict__[name] is not before
+                   for (cls, name), before in zip(PATCHED_BY_SPANRL, ours_before))
+        assert OpenAIInstrumentor().is_instrumented_by_opentelemetry  # turned on for us
+    finally:
+        instrumentor.uninstrument()
+    assert [cls.__dict__[name] for cls, name in PATCHED_BY_SPANRL] == ours_before
+    # openinference's own uninstrument restores its methods (it leaves an equal attribute)
+    assert [getattr(cls, name) for cls, name in PATCHED_BY_OPENINFERENCE] == theirs_before
+    assert not OpenAIInstrumentor().is_instrumented_by_opentelemetry
+
+
+def test_malformed_ids_are_logged_and_the_call_returns(private_tracing, vllm_server_malformed, caplog):
+    client = openai.OpenAI(base_url=vllm_server_malformed.base_url, api_key="k")
+    with caplog.at_level(logging.WARNING, logger="spanrl"):
+        response = client.chat.completions.create(model="p", messages=MESSAGES)
+        chunks = list(client.chat.completions.create(model="p", messages=MESSAGES, stream=True))
+    assert response.choices[0].message.content and chunks
+    assert any("choices[0].token_ids should be a list of ints" in r.getMessage() for r in caplog.records)
+    spans = llm_attributes(private_tracing.exporter)
+    assert len(spans) == 2
+    for attributes, response_id in zip(spans, [response.id, chunks[0].id]):
+        plan = vllm_server_malformed.sent[response_id]
+        assert attributes[semconv.LLM_PROMPT_TOKEN_IDS] == tuple(plan["prompt_token_ids"])
+        assert semconv.llm_response_token_ids(0) not in attributes
+
+
+def test_the_agents_own_return_token_ids_choice_is_kept(private_tracing, vllm_server):
+    client = openai.OpenAI(base_url=vllm_server.base_url, api_key="k")
+    client.chat.completions.create(model="p", messages=MESSAGES, extra_body={"return_token_ids": False})
+    assert vllm_server.requests[-1]["return_token_ids"] is False
+    (attributes,) = llm_attributes(private_tracing.exporter)
+    assert semconv.LLM_PROMPT_TOKEN_IDS not in attributes
+    assert attributes[semconv.LLM_POLICY_VERSION] == 7  # from the header and body still
+
+
+def test_ids_never_land_on_a_span_that_is_not_the_calls_llm_span(private_tracing, vllm_server):
+    client = openai.OpenAI(base_url=vllm_server.base_url, api_key="k")
+    tracer = private_tracing.provider.get_tracer("outer")
+    with tracer.start_as_current_span("outer-step"):
+        token = context_api.attach(context_api.set_value(_SUPPRESS_INSTRUMENTATION_KEY, True))
+        try:
+            client.chat.completions.create(model="p", messages=MESSAGES)
+        finally:
+            context_api.detach(token)
+    (outer,) = private_tracing.exporter.get_finished_spans()
+    assert outer.name == "outer-step"
+    assert not any(k.startswith("spanrl.llm") for k in outer.attributes)
+
+
+def test_a_stream_left_early_still_ends_its_span_without_errors(private_tracing, vllm_server, caplog):
+    client = openai.OpenAI(base_url=vllm_server.base_url, api_key="k")
+    with caplog.at_level(logging.WARNING):
+        with client.chat.completions.create(model="p", messages=MESSAGES, stream=True) as stream:
+            next(iter(stream))
+    (attributes,) = llm_attributes(private_tracing.exporter)
+    assert semconv.LLM_PROMPT_TOKEN_IDS in attributes  # sent in the first chunk
+    assert not [r for r in caplog.records if r.name.startswith("spanrl")]
