@@ -27,9 +27,9 @@ from google.protobuf.message import DecodeError
 from spanrl.otlp_receiver.ingest import IngestWriter, Overloaded
 from spanrl.otlp_receiver.otlp_decode import (
     PayloadError,
+    decode_payload,
     decode_request,
     parse_json_request,
-    parse_protobuf_request,
 )
 from spanrl.otlp_receiver.store import StoreError
 
@@ -84,8 +84,7 @@ class ExportService:
             )
 
     def export_traces(self, body: bytes, json_encoding: bool = False) -> ExportTraceServiceResponse:
-        request = parse_json_request(body) if json_encoding else parse_protobuf_request(body)
-        decoded = decode_request(request)
+        decoded = decode_request(parse_json_request(body)) if json_encoding else decode_payload(body)
         self.writer.submit(decoded.rows)  # returns once committed
         self.accepted_spans += len(decoded.rows)
         if decoded.rejected:

@@ -20,14 +20,31 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
     ExportTraceServiceResponse,
 )
-from opentelemetry.proto.common.v1.common_pb2 import AnyValue
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue, ArrayValue, KeyValueList
 
 from spanrl.instrumentation import semconv
+from spanrl.otlp_receiver.otlp_shadow import ShadowExportRequest, ShadowSpan
 
 # Keys copied from the resource onto a span that lacks them (one process per rollout may set
 # them through OTEL_RESOURCE_ATTRIBUTES).
 RESOURCE_FALLBACK_KEYS = (*semconv.ROLLOUT_IDENTITY_KEYS, semconv.AGENT_NAME)
 MAX_REASONS_IN_MESSAGE = 5
+_ZERO_TRACE_ID = bytes(16)
+_ZERO_SPAN_ID = bytes(8)
+_RAW_KINDS = ("array_value", "kvlist_value")  # kept as raw bytes by the shadow schema
+_ATTRIBUTE_TAG = b"\x4a"  # Span field 9 (attributes), wire type 2
+# Serialized ArrayValue whose elements are all AnyValue{int_value >= 0}: each element is
+# 0x0a LEN 0x18 VARINT with LEN = 1 + the varint's length (a negative int64 takes 10 bytes).
+_NON_NEGATIVE_INT_ARRAY = re.compile(
+    b"(?:"
+    + b"|".join(
+        b"\x0a" + bytes([k + 1]) + b"\x18" + b"[\x80-\xff]" * (k - 1) + b"[\x00-\x7f]" for k in range(1, 10)
+    )
+    + b")*",
+    re.DOTALL,
+)
+# ... and all AnyValue{double_value}: 0x0a 0x09 0x21 + 8 bytes.
+_DOUBLE_ARRAY = re.compile(b"(?:\x0a\x09\x21.{8})*", re.DOTALL)
 _RESPONSE_KEY = re.compile(
     re.escape(semconv.LLM_RESPONSE_PREFIX) + r"(\d+)(" + re.escape(semconv.LLM_RESPONSE_TOKEN_IDS_SUFFIX)
     + "|" + re.escape(semconv.LLM_RESPONSE_LOGPROBS_SUFFIX) + r")$"
@@ -75,13 +92,6 @@ class DecodedRequest:
         more = len(self.reasons) - MAX_REASONS_IN_MESSAGE
         suffix = f"; and {more} more" if more > 0 else ""
         return f"rejected {self.rejected} span(s): {shown}{suffix}"
-
-
-def parse_protobuf_request(body: bytes) -> ExportTraceServiceRequest:
-    try:
-        return ExportTraceServiceRequest.FromString(body)
-    except DecodeError as exc:
-        raise PayloadError(f"body is not a valid ExportTraceServiceRequest protobuf: {exc}") from exc
 
 
 def parse_json_request(body: bytes, message_type=ExportTraceServiceRequest):
@@ -133,71 +143,92 @@ def _convert_ids(obj) -> None:
             obj[key] = base64.b64encode(raw).decode("ascii")
 
 
-def decode_request(request: ExportTraceServiceRequest, max_reasons: int = 50) -> DecodedRequest:
-    """Validate every span of ``request``; return the rows to store and the rejections."""
+def decode_request(request: ExportTraceServiceRequest) -> DecodedRequest:
+    """``decode_payload`` of an already parsed request (tests, JSON)."""
+    return decode_payload(request.SerializeToString())
+
+
+def decode_payload(body: bytes, max_reasons: int = 50) -> DecodedRequest:
+    """Validate every span of a protobuf Export request; return the rows to store and the
+    rejections. Spans are kept as the bytes that came (see ``otlp_shadow``)."""
+    try:
+        request = ShadowExportRequest.FromString(body)
+    except DecodeError as exc:
+        raise PayloadError(f"body is not a valid ExportTraceServiceRequest protobuf: {exc}") from exc
     rows: list[SpanRow] = []
     reasons: list[str] = []
     rejected = 0
     for resource_spans in request.resource_spans:
-        fallback = {
-            kv.key: kv.value
-            for kv in resource_spans.resource.attributes
-            if kv.key in RESOURCE_FALLBACK_KEYS
-        }
+        fallback = [
+            kv for kv in resource_spans.resource.attributes if kv.key in RESOURCE_FALLBACK_KEYS
+        ]
+        fallback_problem = next(
+            (f"resource {p}" for kv in fallback if (p := attribute_problem(kv.key, kv.value))), None
+        )
         for scope_spans in resource_spans.scope_spans:
-            for span in scope_spans.spans:
-                problem = span_problem(span)
-                if problem is None and fallback:
-                    problem = _apply_resource_fallback(span, fallback)
+            for raw in scope_spans.spans:
+                try:
+                    span = ShadowSpan.FromString(raw)
+                except DecodeError as exc:
+                    problem, span = f"not a valid protobuf Span: {exc}", None
+                else:
+                    problem = span_problem(span) or (fallback_problem if fallback else None)
                 if problem is not None:
                     rejected += 1
                     if len(reasons) < max_reasons:
-                        reasons.append(f"span {span.span_id.hex() or '?'} ({span.name!r}): {problem}")
+                        name = "?" if span is None else f"{span.span_id.hex() or '?'} ({span.name!r})"
+                        reasons.append(f"span {name}: {problem}")
                     continue
-                rows.append(_row(span))
+                rows.append(_row(span, raw, fallback))
     return DecodedRequest(rows, rejected, reasons)
 
 
-def _apply_resource_fallback(span, fallback: dict[str, AnyValue]) -> str | None:
-    present = {kv.key for kv in span.attributes if kv.key in RESOURCE_FALLBACK_KEYS}
-    for key, value in fallback.items():
-        if key not in present:
-            problem = _identity_problem(key, value)
-            if problem is not None:
-                return f"resource {problem}"
-            span.attributes.add(key=key).value.CopyFrom(value)
-    return None
-
-
-def _row(span) -> SpanRow:
-    rollout_id = task_id = attempt = None
+def _row(span, raw: bytes, fallback: list) -> SpanRow:
+    identity = {}
     for kv in span.attributes:
-        key = kv.key
-        if key == semconv.ROLLOUT_ID:
-            rollout_id = kv.value.string_value
-        elif key == semconv.TASK_ID:
-            task_id = kv.value.string_value
-        elif key == semconv.ATTEMPT:
-            attempt = kv.value.int_value
+        if kv.key in RESOURCE_FALLBACK_KEYS:
+            identity[kv.key] = kv.value
+    for kv in fallback:
+        if kv.key not in identity:
+            # Appending a length-delimited field 9 adds one attribute to the span's bytes.
+            encoded = kv.SerializeToString()
+            raw += _ATTRIBUTE_TAG + _varint(len(encoded)) + encoded
+            identity[kv.key] = kv.value
+    rollout = identity.get(semconv.ROLLOUT_ID)
+    task = identity.get(semconv.TASK_ID)
+    attempt = identity.get(semconv.ATTEMPT)
     return SpanRow(
         trace_id=span.trace_id,
         span_id=span.span_id,
-        rollout_id=rollout_id or None,
-        task_id=task_id,
-        attempt=attempt,
+        rollout_id=(rollout.string_value or None) if rollout is not None else None,
+        task_id=task.string_value if task is not None else None,
+        attempt=attempt.int_value if attempt is not None else None,
         name=span.name,
         start_ns=span.start_time_unix_nano,
-        body=span.SerializeToString(),
+        body=raw,
     )
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte = value & 0x7F
+        value >>= 7
+        if value:
+            out.append(byte | 0x80)
+        else:
+            out.append(byte)
+            return bytes(out)
 
 
 def span_problem(span) -> str | None:
     """Why ``span`` cannot be used, or None when it can."""
-    if len(span.trace_id) != 16 or not any(span.trace_id):
+    trace_id, span_id, parent_id = span.trace_id, span.span_id, span.parent_span_id
+    if len(trace_id) != 16 or trace_id == _ZERO_TRACE_ID:
         return "trace_id must be 16 bytes and not all zero"
-    if len(span.span_id) != 8 or not any(span.span_id):
+    if len(span_id) != 8 or span_id == _ZERO_SPAN_ID:
         return "span_id must be 8 bytes and not all zero"
-    if span.parent_span_id and len(span.parent_span_id) != 8:
+    if parent_id and len(parent_id) != 8:
         return "parent_span_id must be empty or 8 bytes"
     for kv in span.attributes:
         key = kv.key
@@ -205,10 +236,27 @@ def span_problem(span) -> str | None:
             problem = attribute_problem(key, kv.value)
             if problem is not None:
                 return problem
+        elif kv.value.WhichOneof("value") in _RAW_KINDS:
+            problem = _nested_problem(key, kv.value)
+            if problem is not None:
+                return problem
     return None
 
 
-def attribute_problem(key: str, value: AnyValue) -> str | None:
+def _nested_problem(key: str, value) -> str | None:
+    """Arrays and key-value lists stay raw bytes in the shadow schema: check they parse."""
+    kind = value.WhichOneof("value")
+    try:
+        if kind == "array_value":
+            ArrayValue.FromString(value.array_value)
+        elif kind == "kvlist_value":
+            KeyValueList.FromString(value.kvlist_value)
+    except DecodeError as exc:
+        return f"attribute {key} holds a malformed {kind}: {exc}"
+    return None
+
+
+def attribute_problem(key: str, value) -> str | None:
     """Type check of one spanrl attribute; None when fine or when the key is not typed."""
     if key in semconv.ROLLOUT_IDENTITY_KEYS:
         return _identity_problem(key, value)
@@ -217,7 +265,7 @@ def attribute_problem(key: str, value: AnyValue) -> str | None:
     if key.startswith(semconv.LLM_RESPONSE_PREFIX):
         match = _RESPONSE_KEY.match(key)
         if match is None:
-            return None
+            return _nested_problem(key, value)
         if match.group(2) == semconv.LLM_RESPONSE_TOKEN_IDS_SUFFIX:
             return _token_ids_problem(key, value)
         return _logprobs_problem(key, value)
@@ -225,20 +273,32 @@ def attribute_problem(key: str, value: AnyValue) -> str | None:
         return None if value.WhichOneof("value") == "int_value" else f"{key} must be an int, got {_kind(value)}"
     if key == semconv.LLM_RETOKENIZED:
         return None if value.WhichOneof("value") == "bool_value" else f"{key} must be a bool, got {_kind(value)}"
-    return None
+    return _nested_problem(key, value)
 
 
-def _identity_problem(key: str, value: AnyValue) -> str | None:
+def _identity_problem(key: str, value) -> str | None:
     kind = value.WhichOneof("value")
     if key == semconv.ATTEMPT:
         return None if kind == "int_value" else f"{key} must be an int, got {_kind(value)}"
     return None if kind == "string_value" else f"{key} must be a string, got {_kind(value)}"
 
 
-def _token_ids_problem(key: str, value: AnyValue) -> str | None:
+def _array(key: str, value, expected: str) -> tuple[ArrayValue | None, str | None]:
     if value.WhichOneof("value") != "array_value":
-        return f"{key} must be an array of non-negative ints, got {_kind(value)}"
-    values = value.array_value.values
+        return None, f"{key} must be an array of {expected}, got {_kind(value)}"
+    try:
+        return ArrayValue.FromString(value.array_value), None
+    except DecodeError as exc:
+        return None, f"{key} holds a malformed array: {exc}"
+
+
+def _token_ids_problem(key: str, value) -> str | None:
+    if value.WhichOneof("value") == "array_value" and _NON_NEGATIVE_INT_ARRAY.fullmatch(value.array_value):
+        return None  # the fast path: every element is a non-negative int
+    array, problem = _array(key, value, "non-negative ints")
+    if problem is not None:
+        return problem
+    values = array.values
     kinds = {v.WhichOneof("value") for v in values}
     if kinds - {"int_value"}:
         wrong = sorted(k or "empty" for k in kinds - {"int_value"})
@@ -248,16 +308,19 @@ def _token_ids_problem(key: str, value: AnyValue) -> str | None:
     return None
 
 
-def _logprobs_problem(key: str, value: AnyValue) -> str | None:
-    if value.WhichOneof("value") != "array_value":
-        return f"{key} must be an array of doubles, got {_kind(value)}"
-    kinds = {v.WhichOneof("value") for v in value.array_value.values}
+def _logprobs_problem(key: str, value) -> str | None:
+    if value.WhichOneof("value") == "array_value" and _DOUBLE_ARRAY.fullmatch(value.array_value):
+        return None
+    array, problem = _array(key, value, "doubles")
+    if problem is not None:
+        return problem
+    kinds = {v.WhichOneof("value") for v in array.values}
     if kinds - {"double_value", "int_value"}:
         return f"{key} must be an array of doubles, got {', '.join(sorted(k or 'empty' for k in kinds))} elements"
     return None
 
 
-def _kind(value: AnyValue) -> str:
+def _kind(value) -> str:
     kind = value.WhichOneof("value")
     return kind.removesuffix("_value") if kind else "an empty value"
 

@@ -33,6 +33,7 @@ SYNC_MODES = ("full", "normal", "extra")
 BUSY_TIMEOUT_MS = 60_000
 
 SCHEMA = """
+-- A rowid table (not WITHOUT ROWID): span bodies are kilobytes, too big for index pages.
 CREATE TABLE IF NOT EXISTS spans (
     trace_id    BLOB NOT NULL,
     span_id     BLOB NOT NULL,
@@ -41,10 +42,9 @@ CREATE TABLE IF NOT EXISTS spans (
     start_ns    INTEGER NOT NULL,
     received_at REAL NOT NULL,
     body        BLOB NOT NULL,              -- serialized opentelemetry.proto.trace.v1.Span
-    PRIMARY KEY (trace_id, span_id)
-) WITHOUT ROWID;
+    UNIQUE (trace_id, span_id)              -- idempotency: a retried span is ignored
+);
 CREATE INDEX IF NOT EXISTS spans_by_rollout ON spans (rollout_id);
-CREATE INDEX IF NOT EXISTS spans_by_trace ON spans (trace_id);
 CREATE TABLE IF NOT EXISTS rollouts (
     rollout_id              TEXT PRIMARY KEY,
     task_id                 TEXT,
