@@ -24,7 +24,7 @@ import sys
 
 from openai import OpenAI
 
-SYSTEM_PROMPT = "Use CALC <expression> for the calculator, then ANSWER <number>."
+SYSTEM_PROMPT = "Reply CALC <expression> or ANSWER <number>."
 MAX_MODEL_CALLS = 3
 MAX_TOKENS = 16
 

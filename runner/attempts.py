@@ -1,0 +1,163 @@
+"""Runs one attempt of the user's agent inside a rollout, and says how it ended.
+
+Two ways to run an agent: a Python callable in this process (fast: no interpreter start per
+attempt; its spans come from the in-process tracer), or a command in a child process under
+``opentelemetry-instrument`` (any language; identity through ``OTEL_RESOURCE_ATTRIBUTES``).
+Either way the runner opens the ``spanrl.rollout`` span, records the agent's output as the
+semantic variable ``output``, and a crash or a timeout ends the span with status ERROR.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import inspect
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from spanrl.instrumentation import rollout, set_variable
+from spanrl.instrumentation import semconv
+
+from .bridge_client import Claim
+
+OUTPUT_VARIABLE = "output"
+STDERR_TAIL_CHARS = 2000
+
+
+@dataclass(frozen=True)
+class AttemptResult:
+    status: str  # "ok" | "failed" | "timeout"
+    error: str | None = None
+    output: str | None = None
+
+
+class AgentFailed(Exception):
+    """The agent crashed or exited with an error."""
+
+
+class AgentTimedOut(Exception):
+    """The agent did not finish within the rollout timeout."""
+
+
+def load_callable(spec: str) -> Callable[[dict], Any]:
+    module_name, _, attribute = spec.partition(":")
+    try:
+        target: Any = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ValueError(f"cannot import the agent module {module_name!r}: {exc}") from exc
+    for part in attribute.split("."):
+        if not hasattr(target, part):
+            raise ValueError(f"module {module_name!r} has no attribute {attribute!r}")
+        target = getattr(target, part)
+    if not callable(target):
+        raise ValueError(f"{spec!r} is not callable")
+    return target
+
+
+def run_callable_attempt(agent: Callable[[dict], Any], claim: Claim) -> AttemptResult:
+    """Call ``agent(task)`` in its own thread; a hung agent is abandoned at the timeout."""
+    outcome: dict[str, Any] = {}
+    done = threading.Event()
+
+    def body() -> None:
+        try:
+            with rollout(claim.task_id, attempt=claim.attempt, rollout_id=claim.rollout_id):
+                result = agent(claim.task)
+                if inspect.isawaitable(result):
+                    result = asyncio.run(_await(result))
+                outcome["output"] = "" if result is None else str(result)
+                set_variable(OUTPUT_VARIABLE, outcome["output"])
+        except BaseException as exc:  # the agent's failure is the rollout's, never the runner's
+            outcome["error"] = f"{type(exc).__name__}: {exc}"
+        finally:
+            done.set()
+
+    threading.Thread(target=body, name=f"agent-{claim.rollout_id}", daemon=True).start()
+    if not done.wait(claim.rollout_timeout_s):
+        return AttemptResult("timeout", f"agent did not finish within {claim.rollout_timeout_s:g} s")
+    if "error" in outcome:
+        return AttemptResult("failed", outcome["error"])
+    return AttemptResult("ok", output=outcome.get("output"))
+
+
+async def _await(awaitable: Any) -> Any:
+    return await awaitable
+
+
+def command_environment(claim: Claim, otlp_endpoint: str, extra_env: dict) -> dict[str, str]:
+    """The child's environment: rollout identity, policy endpoint, OTLP endpoint, the task."""
+    env = dict(os.environ)
+    env.update({str(k): str(v) for k, v in extra_env.items()})
+    identity = (
+        f"{semconv.ROLLOUT_ID}={claim.rollout_id},{semconv.TASK_ID}={claim.task_id},"
+        f"{semconv.ATTEMPT}={claim.attempt}"
+    )
+    existing = env.get("OTEL_RESOURCE_ATTRIBUTES", "").strip(",")
+    env["OTEL_RESOURCE_ATTRIBUTES"] = f"{existing},{identity}" if existing else identity
+    env["OPENAI_BASE_URL"] = claim.policy_base_url
+    env["OPENAI_MODEL"] = claim.model
+    env.setdefault("OPENAI_API_KEY", "spanrl")
+    env["OTEL_EXPORTER_OTLP_ENDPOINT"] = otlp_endpoint
+    env.setdefault("OTEL_TRACES_EXPORTER", "otlp")
+    env.setdefault("OTEL_SERVICE_NAME", "spanrl-agent")
+    env.setdefault("OTEL_BSP_SCHEDULE_DELAY", "200")
+    env["SPANRL_TASK"] = json.dumps(claim.task)
+    return env
+
+
+def opentelemetry_instrument_path() -> str:
+    beside_python = os.path.join(os.path.dirname(sys.executable), "opentelemetry-instrument")
+    return beside_python if os.path.exists(beside_python) else "opentelemetry-instrument"
+
+
+def run_command_attempt(
+    command: list[str], claim: Claim, otlp_endpoint: str, wrap: bool = True,
+    extra_env: dict | None = None,
+) -> AttemptResult:
+    """Run the agent command once; its last stdout line is the output."""
+    argv = ([opentelemetry_instrument_path()] if wrap else []) + [str(c) for c in command]
+    env = command_environment(claim, otlp_endpoint, extra_env or {})
+    try:
+        with rollout(claim.task_id, attempt=claim.attempt, rollout_id=claim.rollout_id):
+            output = _run_child(argv, env, json.dumps(claim.task), claim.rollout_timeout_s)
+            set_variable(OUTPUT_VARIABLE, output)
+    except AgentTimedOut as exc:
+        return AttemptResult("timeout", str(exc))
+    except (AgentFailed, OSError) as exc:
+        return AttemptResult("failed", str(exc))
+    return AttemptResult("ok", output=output)
+
+
+def _run_child(argv: list[str], env: dict[str, str], stdin_text: str, timeout_s: float) -> str:
+    child = subprocess.Popen(
+        argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+        start_new_session=True,  # its own process group: a timeout kills its children too
+    )
+    try:
+        stdout, stderr = child.communicate(stdin_text.encode(), timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        _kill_group(child)
+        child.communicate()
+        raise AgentTimedOut(f"agent did not finish within {timeout_s:g} s (killed)") from None
+    finally:
+        if child.poll() is None:
+            _kill_group(child)
+            child.wait()
+    if child.returncode != 0:
+        tail = stderr.decode(errors="replace")[-STDERR_TAIL_CHARS:].strip()
+        raise AgentFailed(f"agent exited with code {child.returncode}: {tail}")
+    lines = stdout.decode(errors="replace").strip().splitlines()
+    return lines[-1].strip() if lines else ""
+
+
+def _kill_group(child: subprocess.Popen) -> None:
+    try:
+        os.killpg(child.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass

@@ -1,0 +1,117 @@
+"""The runner loop: N workers claim attempts from the bridge, run the agent, report back.
+
+A failed or hung agent is reported as a failed rollout and the worker takes the next task;
+the runner stops when the bridge says training finished, or when the bridge has been
+unreachable for ``bridge_wait_s``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import threading
+import time
+from collections import Counter
+from typing import Callable
+
+from .attempts import AttemptResult, load_callable, run_callable_attempt, run_command_attempt
+from .bridge_client import BridgeClient, BridgeUnavailable, Claim, TrainingFinished
+from .settings import RunnerSettings
+
+logger = logging.getLogger(__name__)
+
+IDLE_POLL_S = 0.1
+
+
+class Runner:
+    def __init__(self, settings: RunnerSettings) -> None:
+        self.settings = settings
+        self.client = BridgeClient(settings.bridge_url)
+        self.counts: Counter[str] = Counter()
+        self._counts_lock = threading.Lock()
+        self._stop = threading.Event()
+        self._run_attempt: Callable[[Claim], AttemptResult] = self._prepare_agent()
+
+    def _prepare_agent(self) -> Callable[[Claim], AttemptResult]:
+        settings = self.settings
+        for folder in settings.python_path:
+            if folder not in sys.path:
+                sys.path.insert(0, os.path.abspath(folder))
+        if settings.agent is not None:
+            agent = load_callable(settings.agent)
+            return lambda claim: run_callable_attempt(agent, claim)
+        command = list(settings.command or [])
+        return lambda claim: run_command_attempt(
+            command, claim, settings.otlp_endpoint, settings.wrap_command, settings.env
+        )
+
+    def wait_for_bridge(self) -> dict:
+        """The bridge's info, retrying until it answers or ``bridge_wait_s`` passes."""
+        deadline = time.monotonic() + self.settings.bridge_wait_s
+        while True:
+            try:
+                return self.client.info()
+            except BridgeUnavailable:
+                if time.monotonic() > deadline or self._stop.is_set():
+                    raise
+                time.sleep(0.5)
+
+    def point_agents_at_policy(self, info: dict) -> None:
+        """In-process agents read the policy endpoint from the usual OpenAI variables."""
+        os.environ["OPENAI_BASE_URL"] = info["policy_base_url"]
+        os.environ["OPENAI_MODEL"] = info["model"]
+        os.environ.setdefault("OPENAI_API_KEY", "spanrl")
+        for key, value in self.settings.env.items():
+            os.environ[str(key)] = str(value)
+
+    def run(self) -> Counter:
+        info = self.wait_for_bridge()
+        self.point_agents_at_policy(info)
+        logger.info("runner: %d workers, policy %s (%s)", self.settings.concurrency,
+                    info["policy_base_url"], info["model"])
+        workers = [
+            threading.Thread(target=self._work, name=f"spanrl-runner-{i}", daemon=True)
+            for i in range(self.settings.concurrency)
+        ]
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            worker.join()
+        logger.info("runner finished: %s", dict(self.counts))
+        return self.counts
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _count(self, key: str) -> None:
+        with self._counts_lock:
+            self.counts[key] += 1
+
+    def _work(self) -> None:
+        unreachable_since: float | None = None
+        while not self._stop.is_set():
+            try:
+                claim = self.client.claim()
+                unreachable_since = None
+            except TrainingFinished:
+                return
+            except BridgeUnavailable as exc:
+                now = time.monotonic()
+                unreachable_since = unreachable_since or now
+                if now - unreachable_since > self.settings.bridge_wait_s:
+                    logger.error("giving up: %s", exc)
+                    return
+                time.sleep(0.5)
+                continue
+            if claim is None:
+                time.sleep(IDLE_POLL_S)
+                continue
+            result = self._run_attempt(claim)
+            self._count(result.status)
+            if result.status != "ok":
+                logger.warning("rollout %s %s: %s", claim.rollout_id, result.status, result.error)
+            try:
+                self.client.finish(claim.rollout_id, result.status, result.error)
+            except BridgeUnavailable as exc:
+                logger.warning("could not report rollout %s: %s", claim.rollout_id, exc)

@@ -1,0 +1,43 @@
+"""Settings of ``spanrl run``: YAML file, ``--flags`` and ``OTEL_SPANRL_RUN_*`` variables."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class RunnerSettings:
+    bridge_url: str = field(
+        default="http://127.0.0.1:8100", metadata={"help": "the trainer bridge's task API"}
+    )
+    agent: str | None = field(
+        default=None,
+        metadata={"help": "the agent as a Python callable 'module:function', called with the task"},
+    )
+    command: list | None = field(
+        default=None,
+        metadata={"help": "the agent as a command (JSON list or comma-separated); the task "
+                  "arrives as JSON on stdin and in SPANRL_TASK"},
+    )
+    wrap_command: bool = field(
+        default=True, metadata={"help": "run the command under opentelemetry-instrument"}
+    )
+    concurrency: int = field(default=8, metadata={"help": "agents running at once"})
+    otlp_endpoint: str = field(
+        default="http://127.0.0.1:4317", metadata={"help": "OTLP/gRPC endpoint of spanrl receive"}
+    )
+    python_path: list = field(
+        default_factory=list, metadata={"help": "folders added to sys.path to import the agent"}
+    )
+    env: dict = field(default_factory=dict, metadata={"help": "extra environment for the agent"})
+    bridge_wait_s: float = field(
+        default=120.0, metadata={"help": "give up when the bridge cannot be reached this long"}
+    )
+
+    def __post_init__(self) -> None:
+        if (self.agent is None) == (self.command is None):
+            raise ValueError("set exactly one of 'agent' (module:function) or 'command'")
+        if self.agent is not None and ":" not in self.agent:
+            raise ValueError(f"agent must look like 'module:function', got {self.agent!r}")
+        if self.concurrency < 1:
+            raise ValueError(f"concurrency must be at least 1, got {self.concurrency}")

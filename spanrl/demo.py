@@ -1,0 +1,171 @@
+"""``spanrl demo``: the whole loop on the bundled calculator agent, on CPU, in minutes.
+
+What it does, in order (every step is a real component a user would run themselves):
+1. ``spanrl model init --preset tiny``: a small model and a tokenizer built here;
+2. a warm start (SFT on calculator demonstrations) so RL has signal;
+3. ``spanrl receive`` in a child process (OTLP/gRPC + the SQLite store);
+4. the trainer bridge in this process, with the embedded policy server;
+5. ``spanrl run`` in a child process: the unmodified OpenAI-SDK calculator agent, traced
+   by OpenTelemetry and exported over OTLP/gRPC to the receiver;
+then GRPO steps until the reward reaches the target. Agents call the same URL throughout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import subprocess
+import sys
+import time
+
+CALC_AGENT = "spanrl.examples.calc_agent.agent:solve"
+CALC_REWARD = "spanrl.examples.calc_agent.reward:reward"
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "demo",
+        help="train the bundled calculator agent end to end on CPU",
+        description=__doc__.splitlines()[0],
+    )
+    parser.add_argument("--output-dir", default="spanrl-demo", help="where everything is written")
+    parser.add_argument("--steps", type=int, default=30, help="at most this many GRPO steps")
+    parser.add_argument("--stop-at-reward", type=float, default=0.95,
+                        help="stop once the mean reward reaches this for 2 steps")
+    parser.add_argument("--sft-steps", type=int, default=600, help="warm-start SFT steps")
+    parser.add_argument("--sft-batch-size", type=int, default=64)
+    parser.add_argument("--sft-learning-rate", type=float, default=3e-3)
+    parser.add_argument("--group-size", type=int, default=8, help="rollouts per task (G)")
+    parser.add_argument("--tasks-per-step", type=int, default=16)
+    parser.add_argument("--learning-rate", type=float, default=2e-4, help="GRPO learning rate")
+    parser.add_argument("--concurrency", type=int, default=32, help="agents running at once")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=0,
+                        help="torch threads for the trainer (0 = torch's default)")
+    parser.set_defaults(func=demo_command)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for_port(port: int, process: subprocess.Popen, what: str, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"{what} exited with code {process.returncode} while starting")
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.1)
+    raise RuntimeError(f"{what} did not open port {port} within {timeout_s:.0f} s")
+
+
+def prepare_model(args: argparse.Namespace, out: str) -> str:
+    """Create the tiny model and warm-start it; returns the warm model's directory."""
+    from spanrl.examples.calc_agent.demonstrations import curriculum_batches, write_demonstrations
+    from spanrl.trainer_bridge.model_init import create_model_dir
+    from spanrl.trainer_bridge.torch_trainer import TorchTrainer, TrainerConfig
+
+    base_dir = os.path.join(out, "model-init")
+    warm_dir = os.path.join(out, "model-warm")
+    corpus = os.path.join(out, "demonstrations.jsonl")
+    write_demonstrations(corpus, count=2000, seed=args.seed)
+    create_model_dir(base_dir, preset="tiny", corpus_files=[corpus], seed=args.seed,
+                     overwrite=True)
+    print(f"[1/3] created a tiny model in {base_dir}")
+    started = time.monotonic()
+    trainer = TorchTrainer(base_dir, TrainerConfig(sft_lr=args.sft_learning_rate, device="cpu",
+                                                   seed=args.seed))
+    batches = curriculum_batches(args.sft_steps, args.sft_batch_size, seed=args.seed)
+    trainer.sft_steps(batches, lr=args.sft_learning_rate, max_steps=args.sft_steps)
+    trainer.save_checkpoint(warm_dir)
+    print(f"[2/3] warm start: {args.sft_steps} SFT steps in {time.monotonic() - started:.0f} s "
+          f"-> {warm_dir}")
+    return warm_dir
+
+
+def demo_command(args: argparse.Namespace) -> int:
+    from spanrl.trainer_bridge.train_settings import TrainSettings
+    from spanrl.trainer_bridge.training_loop import run_training
+
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    out = os.path.abspath(args.output_dir)
+    os.makedirs(out, exist_ok=True)
+    started = time.monotonic()
+    model_dir = prepare_model(args, out)
+
+    tasks_file = os.path.join(out, "tasks.jsonl")
+    from spanrl.examples.calc_agent.tasks import make_tasks
+
+    with open(tasks_file, "w", encoding="utf-8") as f:
+        import json
+
+        for task in make_tasks(1000, seed=args.seed + 1):
+            f.write(json.dumps(task) + "\n")
+
+    db = os.path.join(out, "spanrl.db")
+    for suffix in ("", "-wal", "-shm"):
+        if os.path.exists(db + suffix):
+            os.remove(db + suffix)
+    grpc_port, http_port = free_port(), free_port()
+    policy_port, bridge_port = free_port(), free_port()
+    children: list[subprocess.Popen] = []
+    logs = {name: open(os.path.join(out, f"{name}.log"), "w") for name in ("receiver", "runner")}
+    try:
+        receiver = subprocess.Popen(
+            [sys.executable, "-m", "spanrl", "receive", "--db", db,
+             "--grpc-port", str(grpc_port), "--http-port", str(http_port), "--grace-s", "0.3"],
+            stdout=logs["receiver"], stderr=subprocess.STDOUT,
+        )
+        children.append(receiver)
+        wait_for_port(grpc_port, receiver, "spanrl receive")
+        runner = subprocess.Popen(
+            [sys.executable, "-m", "spanrl", "run", "--agent", CALC_AGENT,
+             "--bridge-url", f"http://127.0.0.1:{bridge_port}",
+             "--otlp-endpoint", f"http://127.0.0.1:{grpc_port}",
+             "--concurrency", str(args.concurrency)],
+            stdout=logs["runner"], stderr=subprocess.STDOUT,
+        )
+        children.append(runner)
+        print(f"[3/3] receiver on 127.0.0.1:{grpc_port} (OTLP/gRPC), policy on "
+              f"127.0.0.1:{policy_port}, runner with {args.concurrency} agents; training:")
+        settings = TrainSettings(
+            tasks=tasks_file, model=model_dir, output_dir=os.path.join(out, "run"), store=db,
+            reward=CALC_REWARD, group_size=args.group_size, tasks_per_step=args.tasks_per_step,
+            steps=args.steps, stop_at_reward=args.stop_at_reward,
+            learning_rate=args.learning_rate, rollout_timeout_s=60.0, checkpoint_every=5,
+            policy_port=policy_port, bridge_port=bridge_port, device="cpu", seed=args.seed,
+        )
+        summary = run_training(settings)
+    finally:
+        for child in reversed(children):
+            if child.poll() is None:
+                child.terminate()
+        for child in children:
+            try:
+                child.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                child.kill()
+        for log in logs.values():
+            log.close()
+    print(_curve_text(summary["metrics"]))
+    print(f"mean reward {summary['first_reward']:.2f} -> {summary['last_reward']:.2f} in "
+          f"{summary['steps']} GRPO steps; {time.monotonic() - started:.0f} s in total")
+    print(f"reward curve: {summary['plot']}\nmetrics: {summary['metrics']}\n"
+          f"checkpoint (Hugging Face format): {summary['checkpoint']}\nlogs: {out}/*.log")
+    return 0
+
+
+def _curve_text(metrics_path: str) -> str:
+    import json
+
+    with open(metrics_path, encoding="utf-8") as f:
+        rows = [json.loads(line) for line in f if line.strip()]
+    return "reward per step: " + " ".join(f"{r['reward_mean']:.2f}" for r in rows)

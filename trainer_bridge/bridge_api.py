@@ -1,0 +1,164 @@
+"""The bridge's HTTP API for runners (JSON over HTTP, stdlib server, 127.0.0.1 by default).
+
+    GET  /v1/info     -> {"policy_base_url", "model", "policy_version", "rollout_timeout_s"}
+    POST /v1/claim    -> 200 {"rollout_id", "task_id", "attempt", "task", "step",
+                              "rollout_timeout_s", "policy_base_url", "model"}
+                         204 nothing to run right now (Retry-After: seconds)
+                         410 training finished: the runner exits
+    POST /v1/finish   {"rollout_id", "status": "ok"|"failed"|"timeout", "error"} -> 200 / 404
+
+The runner (``spanrl.runner.bridge_client``) is its only client.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Callable
+
+from .task_dispatch import TaskDispatcher, TrainingFinished
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class PolicyInfo:
+    """What a runner needs to point its agents at the policy."""
+
+    base_url: str
+    model: str
+
+
+class BridgeAPIError(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: "_BridgeHTTPServer"
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, format: str, *args) -> None:  # noqa: A002 - stdlib signature
+        logger.debug("bridge api: " + format, *args)
+
+    def do_GET(self) -> None:  # noqa: N802 - stdlib name
+        self._dispatch({"/v1/info": self.server.api.info})
+
+    def do_POST(self) -> None:  # noqa: N802 - stdlib name
+        self._dispatch({"/v1/claim": self.server.api.claim, "/v1/finish": self.server.api.finish})
+
+    def _dispatch(self, routes: dict[str, Callable[[dict], tuple[int, dict | None]]]) -> None:
+        route = routes.get(self.path.split("?", 1)[0])
+        try:
+            if route is None:
+                raise BridgeAPIError(404, f"no such endpoint: {self.command} {self.path}")
+            length = int(self.headers.get("Content-Length") or 0)
+            raw = self.rfile.read(length) if length else b""
+            try:
+                body = json.loads(raw) if raw.strip() else {}
+            except json.JSONDecodeError as exc:
+                raise BridgeAPIError(400, f"request body is not JSON: {exc}") from exc
+            if not isinstance(body, dict):
+                raise BridgeAPIError(400, "request body must be a JSON object")
+            status, payload = route(body)
+        except BridgeAPIError as exc:
+            status, payload = exc.status, {"error": str(exc)}
+        except Exception as exc:  # a bug must not kill the server thread
+            logger.exception("bridge api failed on %s", self.path)
+            status, payload = 500, {"error": f"internal error: {exc}"}
+        data = b"" if payload is None else json.dumps(payload).encode()
+        self.send_response(status)
+        if status == 204:
+            self.send_header("Retry-After", "0.2")
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        if data:
+            self.wfile.write(data)
+
+
+class _BridgeHTTPServer(ThreadingHTTPServer):
+    daemon_threads = True
+    api: "BridgeAPI"
+
+
+class BridgeAPI:
+    """Serves the dispatcher's attempts to runners; start with ``start()``, stop with ``stop()``."""
+
+    def __init__(
+        self,
+        dispatcher: TaskDispatcher,
+        policy: PolicyInfo,
+        policy_version: Callable[[], int],
+        host: str = "127.0.0.1",
+        port: int = 8100,
+    ) -> None:
+        self.dispatcher = dispatcher
+        self.policy = policy
+        self.policy_version = policy_version
+        self._server = _BridgeHTTPServer((host, port), _Handler)
+        self._server.api = self
+        self._thread: threading.Thread | None = None
+
+    @property
+    def url(self) -> str:
+        host, port = self._server.server_address[:2]
+        return f"http://{host}:{port}"
+
+    def start(self) -> "BridgeAPI":
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, name="spanrl-bridge-api", daemon=True
+        )
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    # --- routes ----------------------------------------------------------------------------
+    def info(self, _body: dict) -> tuple[int, dict]:
+        return 200, {
+            "policy_base_url": self.policy.base_url,
+            "model": self.policy.model,
+            "policy_version": self.policy_version(),
+            "rollout_timeout_s": self.dispatcher.rollout_timeout_s,
+        }
+
+    def claim(self, _body: dict) -> tuple[int, dict | None]:
+        try:
+            attempt = self.dispatcher.claim()
+        except TrainingFinished:
+            return 410, {"error": "training finished"}
+        if attempt is None:
+            return 204, None
+        return 200, {
+            "rollout_id": attempt.rollout_id,
+            "task_id": attempt.task_id,
+            "attempt": attempt.attempt,
+            "task": attempt.task,
+            "step": attempt.step,
+            "rollout_timeout_s": self.dispatcher.rollout_timeout_s,
+            "policy_base_url": self.policy.base_url,
+            "model": self.policy.model,
+        }
+
+    def finish(self, body: dict) -> tuple[int, dict]:
+        rollout_id = body.get("rollout_id")
+        status = body.get("status")
+        if not isinstance(rollout_id, str) or not isinstance(status, str):
+            raise BridgeAPIError(400, "finish needs string fields 'rollout_id' and 'status'")
+        error = body.get("error")
+        try:
+            known = self.dispatcher.finish(rollout_id, status, None if error is None else str(error))
+        except ValueError as exc:
+            raise BridgeAPIError(400, str(exc)) from exc
+        if not known:
+            raise BridgeAPIError(404, f"rollout {rollout_id!r} is not part of the open round")
+        return 200, {"ok": True}

@@ -1,0 +1,45 @@
+"""Training metrics: ``metrics.jsonl`` (one JSON object per step) and the reward-curve PNG."""
+
+from __future__ import annotations
+
+import json
+import os
+
+
+class MetricsLog:
+    """Appends one line per step; ``plot()`` redraws ``reward_curve.png`` from all of them."""
+
+    def __init__(self, output_dir: str) -> None:
+        os.makedirs(output_dir, exist_ok=True)
+        self.path = os.path.join(output_dir, "metrics.jsonl")
+        self.plot_path = os.path.join(output_dir, "reward_curve.png")
+        self.rows: list[dict] = []
+        if os.path.exists(self.path):  # a resumed run keeps its history
+            with open(self.path, encoding="utf-8") as f:
+                self.rows = [json.loads(line) for line in f if line.strip()]
+
+    def append(self, row: dict) -> None:
+        self.rows.append(row)
+        with open(self.path, "a", encoding="utf-8") as f:
+            f.write(json.dumps(row) + "\n")
+
+    def plot(self) -> str | None:
+        if not self.rows:
+            return None
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        steps = [r["step"] for r in self.rows]
+        fig, ax = plt.subplots(figsize=(6, 3.5), dpi=100)
+        ax.plot(steps, [r["reward_mean"] for r in self.rows], marker="o", label="reward_mean")
+        ax.set_xlabel("GRPO step")
+        ax.set_ylabel("mean reward")
+        ax.set_ylim(-0.05, 1.05) if all(0 <= r["reward_mean"] <= 1 for r in self.rows) else None
+        ax.grid(alpha=0.3)
+        ax.set_title("spanrl: reward per step")
+        fig.tight_layout()
+        fig.savefig(self.plot_path)
+        plt.close(fig)
+        return self.plot_path

@@ -1,0 +1,131 @@
+"""Hands out the attempts of one training round and records how each one ended.
+
+The bridge opens a round (tasks x group size attempts), runners claim attempts over HTTP
+(``bridge_api``), run the agent and report the outcome; the bridge waits for the round to
+close. A claimed attempt whose runner never reports back within the rollout timeout is
+counted as ``lost``: a crashed runner never stalls training. Stdlib only.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections import deque
+from dataclasses import dataclass, field
+
+OUTCOMES = ("ok", "failed", "timeout", "lost")
+
+
+class TrainingFinished(Exception):
+    """Raised to runners that claim work after training ended."""
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One run of one task: a single rollout of a GRPO group."""
+
+    rollout_id: str
+    task_id: str
+    attempt: int
+    task: dict
+    step: int
+
+
+@dataclass(frozen=True)
+class Outcome:
+    status: str  # one of OUTCOMES
+    error: str | None = None
+    seconds: float | None = None
+
+
+@dataclass
+class _Round:
+    step: int
+    attempts: dict[str, Attempt]
+    unclaimed: deque = field(default_factory=deque)
+    claimed_at: dict[str, float] = field(default_factory=dict)
+    outcomes: dict[str, Outcome] = field(default_factory=dict)
+
+
+def task_id_of(task: dict, index: int) -> str:
+    return str(task.get("id", task.get("task_id", index)))
+
+
+class TaskDispatcher:
+    """Thread-safe queue of attempts; one round open at a time."""
+
+    def __init__(self, rollout_timeout_s: float) -> None:
+        self.rollout_timeout_s = rollout_timeout_s
+        self._lock = threading.Condition()
+        self._round: _Round | None = None
+        self._finished = False
+
+    def open_round(self, step: int, tasks: list[tuple[str, dict]], group_size: int) -> list[Attempt]:
+        """Queue ``group_size`` attempts of each ``(task_id, task)``; returns them."""
+        attempts = {}
+        for task_id, task in tasks:
+            for attempt in range(group_size):
+                rollout_id = f"s{step}-{task_id}-a{attempt}-{uuid.uuid4().hex[:8]}"
+                attempts[rollout_id] = Attempt(rollout_id, task_id, attempt, task, step)
+        with self._lock:
+            self._round = _Round(step, attempts, deque(attempts))
+            self._lock.notify_all()
+        return list(attempts.values())
+
+    def claim(self) -> Attempt | None:
+        """The next unclaimed attempt, or None when there is none right now."""
+        with self._lock:
+            if self._finished:
+                raise TrainingFinished()
+            current = self._round
+            if current is None or not current.unclaimed:
+                return None
+            rollout_id = current.unclaimed.popleft()
+            current.claimed_at[rollout_id] = time.monotonic()
+            return current.attempts[rollout_id]
+
+    def finish(self, rollout_id: str, status: str, error: str | None = None) -> bool:
+        """Record a runner's report; False when the rollout is not part of the open round."""
+        if status not in OUTCOMES:
+            raise ValueError(f"status must be one of {OUTCOMES}, got {status!r}")
+        with self._lock:
+            current = self._round
+            if current is None or rollout_id not in current.attempts:
+                return False
+            if rollout_id not in current.outcomes:
+                started = current.claimed_at.get(rollout_id)
+                seconds = time.monotonic() - started if started is not None else None
+                current.outcomes[rollout_id] = Outcome(status, error, seconds)
+                self._lock.notify_all()
+            return True
+
+    def wait_round(self, poll_s: float = 0.5, on_wait=None) -> dict[str, Outcome]:
+        """Block until every attempt of the open round ended (or was lost); its outcomes."""
+        with self._lock:
+            current = self._round
+            assert current is not None, "no round is open"
+            while len(current.outcomes) < len(current.attempts):
+                self._expire_lost(current)
+                if len(current.outcomes) >= len(current.attempts):
+                    break
+                if on_wait is not None:
+                    on_wait(len(current.outcomes), len(current.attempts))
+                self._lock.wait(poll_s)
+            return dict(current.outcomes)
+
+    def _expire_lost(self, current: _Round) -> None:
+        # A grace of 10 s beyond the rollout timeout: the runner enforces the timeout itself
+        # and reports it; this only catches runners that died.
+        deadline = self.rollout_timeout_s + 10.0
+        now = time.monotonic()
+        for rollout_id, started in current.claimed_at.items():
+            if rollout_id not in current.outcomes and now - started > deadline:
+                current.outcomes[rollout_id] = Outcome(
+                    "lost", f"no report from the runner within {deadline:.0f} s", now - started
+                )
+
+    def close(self) -> None:
+        with self._lock:
+            self._finished = True
+            self._lock.notify_all()
