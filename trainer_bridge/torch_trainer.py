@@ -228,11 +228,21 @@ class TorchTrainer:
                       targets.to(self.device), response_mask.to(self.device), rows)
 
     def _token_logprobs(self, model, batch: _Batch) -> torch.Tensor:
-        """``log p(target | prefix)`` of every loss token, ``[B, T]`` float32."""
+        """``log p(target | prefix)`` of every loss token, ``[B, T]`` float32.
+
+        The LM head runs only on the positions that are scored (not on prompt tokens): the
+        decoder's hidden states are gathered first, which saves most of the head's work and
+        memory for large vocabularies.
+        """
+        rows = torch.arange(batch.input_ids.shape[0], device=batch.input_ids.device).unsqueeze(1)
+        decoder, head = _decoder_and_head(model)
         with self._autocast():
-            logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
-        rows = torch.arange(logits.shape[0], device=logits.device).unsqueeze(1)
-        picked = logits[rows, batch.gather_index]  # [B, T, V]: only the positions that are scored
+            if decoder is None:
+                logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
+                picked = logits[rows, batch.gather_index]
+            else:
+                hidden = decoder(input_ids=batch.input_ids, attention_mask=batch.attention_mask).last_hidden_state
+                picked = head(hidden[rows, batch.gather_index])  # [B, T, V]
         return grpo_logprobs(picked, batch.targets)
 
     @staticmethod
@@ -279,13 +289,19 @@ class TorchTrainer:
         agg_kwargs = {"batch_num_tokens": total_tokens, "global_batch_size": total_sequences,
                       "loss_scale_factor": scale_factor}
 
-        old, ref, advantages = [], [], []
+        # Old logprobs: the engine's when given. Missing ones are the current policy's; with a
+        # single epoch the weights do not change before the loss is taken, so they are the
+        # detached logprobs of the training forward pass itself (no extra forward pass).
+        old, missing_rows, ref, advantages = [], [], [], []
+        recompute_up_front = config.ppo_epochs > 1
         self.model.eval()
         with torch.no_grad():
             for batch in batches:
                 lengths = [len(samples[i].response_token_ids) for i in batch.rows]
-                missing = any(samples[i].old_logprobs is None for i in batch.rows)
-                recomputed = self._token_logprobs(self.model, batch) if missing else None
+                missing = torch.tensor([samples[i].old_logprobs is None for i in batch.rows],
+                                       device=self.device).unsqueeze(1)
+                recomputed = (self._token_logprobs(self.model, batch)
+                              if recompute_up_front and bool(missing.any()) else None)
                 old_values = torch.zeros_like(batch.response_mask)
                 adv = torch.zeros_like(batch.response_mask)
                 for b, i in enumerate(batch.rows):
@@ -295,10 +311,11 @@ class TorchTrainer:
                             raise ValueError(f"sample {i}: {len(given)} old logprobs for "
                                              f"{lengths[b]} response tokens")
                         old_values[b, : lengths[b]] = torch.tensor(list(given), dtype=torch.float32)
-                    else:
+                    elif recomputed is not None:
                         old_values[b] = recomputed[b].float()
                     adv[b, : lengths[b]] = float(samples[i].advantage)
                 old.append(old_values * batch.response_mask)
+                missing_rows.append(missing if recomputed is None else torch.zeros_like(missing))
                 advantages.append(adv)
                 if config.kl_coef > 0:
                     ref.append(self._reference_logprobs(batch))
@@ -310,8 +327,10 @@ class TorchTrainer:
             self.optimizer.zero_grad(set_to_none=True)
             for number, batch in enumerate(batches):
                 logprobs = self._token_logprobs(self.model, batch)
+                old_logprobs = torch.where(missing_rows[number], logprobs.detach() * batch.response_mask,
+                                           old[number])
                 pg_loss, metrics = grpo.policy_loss_dual_clip(
-                    old[number], logprobs, advantages[number], batch.response_mask,
+                    old_logprobs, logprobs, advantages[number], batch.response_mask,
                     clip_ratio_low=config.clip_ratio_low, clip_ratio_high=config.clip_ratio_high,
                     clip_ratio_c=config.clip_ratio_c, loss_agg_mode=config.loss_agg_mode, **agg_kwargs)
                 loss = pg_loss
@@ -544,6 +563,22 @@ def grpo_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """
     logits = logits.float()
     return logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+
+
+def _decoder_and_head(model):
+    """The decoder stack and LM head of a plain or PEFT-wrapped HF causal LM, or ``(None, None)``.
+
+    ``(None, None)`` (use the full forward) for models whose logits are post-processed after
+    the head (e.g. Gemma's soft-capping).
+    """
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    if getattr(base.config, "final_logit_softcapping", None):
+        return None, None
+    decoder = getattr(base, "model", None)
+    head = base.get_output_embeddings() if hasattr(base, "get_output_embeddings") else None
+    if decoder is None or head is None or not hasattr(decoder, "forward"):
+        return None, None
+    return decoder, head
 
 
 def list_checkpoints(root: str | Path) -> list[Path]:

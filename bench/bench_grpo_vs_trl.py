@@ -1,0 +1,144 @@
+"""GRPO update throughput: spanrl's TorchTrainer versus TRL's GRPOTrainer, same run, same batch.
+
+Both sides get the same locally created model, the same batch of (prompt, completion,
+advantage) samples, fp32 on the same device, AdamW with the same learning rate, gradient
+clipping at 1.0, no KL, one optimizer step per batch, token-mean loss (TRL ``bnpo``) and
+the whole batch in one pass. Generation is not timed: only the policy update (forward,
+loss, backward, optimizer step). TRL's side runs its own ``GRPOTrainer._compute_loss``.
+
+TRL is not a spanrl dependency; install it beside the venv without touching torch:
+
+    pip install --no-deps --target /tmp/trl_env datasets==5.2.0 dill==0.4.1 \\
+        multiprocess==0.70.19 pandas==3.1.1 pyarrow==26.0.1 trl==1.16.0
+    PYTHONPATH=/tmp/trl_env python bench/bench_grpo_vs_trl.py [--preset tiny --batch 64 --steps 5]
+
+Prints update tokens/s for both and the ratio (goal: spanrl >= 2x TRL).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import random
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+
+def make_batch(tokenizer, count: int, seed: int):
+    """Chat prompts of varied length, random completions ending in <|im_end|>, +-1 advantages."""
+    rng = random.Random(seed)
+    vocab = len(tokenizer)
+    samples = []
+    for index in range(count):
+        words = " ".join(str(rng.randint(1, 999)) for _ in range(rng.randint(2, 30)))
+        text = tokenizer.apply_chat_template([{"role": "user", "content": f"Add these: {words}"}],
+                                             add_generation_prompt=True, tokenize=False)
+        prompt = tokenizer.encode(text, add_special_tokens=False)
+        completion = [rng.randrange(3, vocab) for _ in range(rng.randint(4, 48))] + [tokenizer.eos_token_id]
+        samples.append((prompt, completion, 1.0 if index % 2 else -1.0))
+    return samples
+
+
+def spanrl_side(model_dir, batches, lr):
+    from spanrl.trainer_bridge.torch_trainer import TorchTrainer, TrainerConfig, TrainingSample
+
+    trainer = TorchTrainer(model_dir, TrainerConfig(lr=lr, device="cpu", grad_clip=1.0,
+                                                    loss_agg_mode="token-mean", ))  # default micro-batching: length-sorted, 8192 tokens
+
+    def step(batch):
+        trainer.grpo_step([TrainingSample(p, c, a) for p, c, a in batch])
+    return step
+
+
+def trl_side(model_dir, batches, lr, out_dir):
+    import pyarrow
+    import torch
+    from datasets import Dataset
+    from datasets.table import InMemoryTable
+    from trl import GRPOConfig, GRPOTrainer
+
+    batch_size = len(batches[0])
+    # never read (no generation is timed); built without datasets' dill fingerprinting, which
+    # fails on this Python/pyarrow combination
+    prompts = Dataset(InMemoryTable(pyarrow.table({"prompt": ["hi"] * batch_size})), fingerprint="bench")
+    config = GRPOConfig(
+        output_dir=out_dir, per_device_train_batch_size=batch_size, num_generations=2,
+        max_completion_length=64, learning_rate=lr, max_grad_norm=1.0, beta=0.0, loss_type="bnpo",
+        epsilon=0.2, use_cpu=True, bf16=False, fp16=False, report_to=[], logging_steps=1_000_000,
+        gradient_accumulation_steps=1, num_iterations=1, weight_decay=0.0,
+    )
+    trainer = GRPOTrainer(model=str(model_dir), reward_funcs=lambda completions, **kw: [0.0] * len(completions),
+                          args=config, train_dataset=prompts)
+    trainer.create_optimizer()
+    trainer.current_gradient_accumulation_steps = 1  # set by Trainer.train(), which we bypass
+    model, pad = trainer.model, trainer.processing_class.pad_token_id
+
+    def tensors(batch):
+        prompt_width = max(len(p) for p, _, _ in batch)
+        completion_width = max(len(c) for _, c, _ in batch)
+        prompt_ids = torch.full((len(batch), prompt_width), pad)
+        prompt_mask = torch.zeros_like(prompt_ids)
+        completion_ids = torch.full((len(batch), completion_width), pad)
+        completion_mask = torch.zeros_like(completion_ids)
+        for row, (p, c, _) in enumerate(batch):  # TRL's layout: prompts left-padded, completions right
+            prompt_ids[row, prompt_width - len(p):] = torch.tensor(p)
+            prompt_mask[row, prompt_width - len(p):] = 1
+            completion_ids[row, : len(c)] = torch.tensor(c)
+            completion_mask[row, : len(c)] = 1
+        return {"prompt_ids": prompt_ids, "prompt_mask": prompt_mask, "completion_ids": completion_ids,
+                "completion_mask": completion_mask,
+                "advantages": torch.tensor([a for _, _, a in batch], dtype=torch.float32),
+                "num_items_in_batch": completion_mask.sum()}
+
+    def step(batch):
+        model.train()
+        loss = trainer.compute_loss(model, tensors(batch))
+        trainer.accelerator.backward(loss)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        trainer.optimizer.step()
+        trainer.optimizer.zero_grad(set_to_none=True)
+    return step
+
+
+def timed(step, batches) -> float:
+    step(batches[0])  # warm-up, not timed
+    started = time.perf_counter()
+    for batch in batches[1:]:
+        step(batch)
+    return time.perf_counter() - started
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--preset", default="tiny", choices=["tiny", "small"])
+    parser.add_argument("--model-dir", default=None, help="use this HF model instead of a fresh preset")
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--steps", type=int, default=5, help="timed steps per side (after one warm-up)")
+    parser.add_argument("--lr", type=float, default=1e-5)
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.WARNING)
+    warnings.filterwarnings("ignore")
+    import torch
+    from transformers import AutoTokenizer
+
+    from spanrl.trainer_bridge.model_init import create_model_dir
+
+    with tempfile.TemporaryDirectory() as scratch:
+        model_dir = Path(args.model_dir) if args.model_dir else create_model_dir(
+            Path(scratch) / args.preset, preset=args.preset, seed=0)
+        tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        batches = [make_batch(tokenizer, args.batch, seed) for seed in range(args.steps + 1)]
+        tokens = sum(len(p) + len(c) for batch in batches[1:] for p, c, _ in batch)
+        print(f"model {model_dir.name} ({args.preset}), batch {args.batch}, {args.steps} timed steps, "
+              f"{tokens} tokens, torch threads {torch.get_num_threads()}")
+        ours = timed(spanrl_side(model_dir, batches, args.lr), batches)
+        theirs = timed(trl_side(model_dir, batches, args.lr, str(Path(scratch) / "trl")), batches)
+    print(f"spanrl TorchTrainer.grpo_step : {tokens / ours:10.0f} tokens/s ({ours / args.steps * 1000:.0f} ms/step)")
+    print(f"TRL GRPOTrainer update        : {tokens / theirs:10.0f} tokens/s ({theirs / args.steps * 1000:.0f} ms/step)")
+    print(f"ratio spanrl / TRL: {theirs / ours:.2f}x (goal >= 2x)")
+
+
+if __name__ == "__main__":
+    main()
