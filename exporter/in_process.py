@@ -25,6 +25,7 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from spanrl.exporter import environment_variables as env
 from spanrl.exporter import safe_defaults
 from spanrl.exporter.span_processor import install_identity_processor
+from spanrl.instrumentation.settings import InstrumentationSettings
 
 logger = logging.getLogger(__name__)
 
@@ -71,8 +72,9 @@ def start_tracing(
         export_headers = _headers_with_token(headers)
         provider = _global_sdk_provider(service_name)
         install_identity_processor(provider)
-        safe_defaults.raise_attribute_count_limit(provider)
-        safe_defaults.sample_everything(provider)
+        if InstrumentationSettings.from_env().safe_defaults:
+            safe_defaults.raise_attribute_count_limit(provider)
+            safe_defaults.sample_everything(provider)
         export_processor = BatchSpanProcessor(_span_exporter(endpoint, protocol, export_headers))
         provider.add_span_processor(export_processor)
         instrumentor = _instrument_openai(provider) if instrument_openai else None

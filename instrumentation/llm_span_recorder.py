@@ -34,6 +34,8 @@ class MalformedTokenData(ValueError):
 
 def parse_token_ids(value: Any, where: str) -> tuple[int, ...]:
     """``value`` as a tuple of ints, or MalformedTokenData naming ``where`` it came from."""
+    if type(value) is list and all(type(item) is int for item in value):
+        return tuple(value)  # the usual case, checked fast (bool is not ``int`` here)
     if not isinstance(value, (list, tuple)):
         raise MalformedTokenData(f"{where} should be a list of ints, got {type(value).__name__}")
     for item in value:
@@ -125,29 +127,29 @@ class LLMSpanRecorder:
         response_id = data.get("id")
         if isinstance(response_id, str) and semconv.GENAI_RESPONSE_ID not in self._written:
             self._set_once(semconv.GENAI_RESPONSE_ID, response_id)
-        version = parse_policy_version(data.get(semconv.RESPONSE_POLICY_VERSION))
-        if version is not None and not self._body_policy_version_seen:
-            self._body_policy_version_seen = True  # the body's value wins over the header's
-            self._set(semconv.LLM_POLICY_VERSION, version)
+        if not self._body_policy_version_seen:
+            version = parse_policy_version(data.get(semconv.RESPONSE_POLICY_VERSION))
+            if version is not None:
+                self._body_policy_version_seen = True  # the body's value wins over the header's
+                self._set(semconv.LLM_POLICY_VERSION, version)
         prompt_ids = data.get(semconv.RESPONSE_PROMPT_TOKEN_IDS)
         if prompt_ids is not None:
-            self._guarded(problems, self._set_prompt_ids, prompt_ids, "prompt_token_ids")
+            try:
+                self._set_prompt_ids(prompt_ids, "prompt_token_ids")
+            except MalformedTokenData as exc:
+                problems.append(exc)
         choices = data.get("choices")
         if isinstance(choices, list):
             # every choice is read even when another one is malformed: skipping a stream
             # chunk would silently shorten that choice's concatenated ids
             for position, choice in enumerate(choices):
                 if isinstance(choice, Mapping):
-                    self._guarded(problems, self._observe_choice, position, choice)
+                    try:
+                        self._observe_choice(position, choice)
+                    except MalformedTokenData as exc:
+                        problems.append(exc)
         if problems:
             raise problems[0]
-
-    @staticmethod
-    def _guarded(problems: list[MalformedTokenData], step: Any, *args: Any) -> None:
-        try:
-            step(*args)
-        except MalformedTokenData as exc:
-            problems.append(exc)
 
     def _observe_choice(self, position: int, choice: Mapping[str, Any]) -> None:
         index = choice.get("index", position)
@@ -169,13 +171,14 @@ class LLMSpanRecorder:
                 tokens.has_token_ids = got_new = True
             except MalformedTokenData as exc:
                 tokens.broken_token_ids, problem = True, exc
-        try:
-            logprobs = choice_logprobs(choice)
-            if logprobs is not None:
-                tokens.logprobs.extend(logprobs)
-                tokens.has_logprobs = got_new = True
-        except MalformedTokenData as exc:
-            tokens.broken_logprobs, problem = True, exc
+        if choice.get("logprobs") is not None:
+            try:
+                logprobs = choice_logprobs(choice)
+                if logprobs is not None:
+                    tokens.logprobs.extend(logprobs)
+                    tokens.has_logprobs = got_new = True
+            except MalformedTokenData as exc:
+                tokens.broken_logprobs, problem = True, exc
         finish_reason = choice.get("finish_reason")
         if finish_reason is not None:
             tokens.finished = True

@@ -73,6 +73,8 @@ def test_every_call_kind_carries_the_exact_ids_the_server_sent(
     for span in trace_collector.spans():
         assert {k: span["attributes"].get(k) for k in ROLLOUT} == ROLLOUT, span["name"]
     assert "Traceback" not in result.stderr
+    # spanrl lets openinference's own entry point turn it on: no double-instrument warning
+    assert "already instrumented" not in result.stderr
 
 
 def test_endpoint_ignoring_return_token_ids_still_works(
@@ -110,3 +112,17 @@ def test_agent_runs_when_the_receiver_is_down(vllm_server, run_agent, harness):
     result = run_agent("openai_calls_agent.py", env, "quick", timeout=90)
     assert result.returncode == 0, result.stderr
     assert len(json.loads(result.stdout.strip().splitlines()[-1])) == 4
+
+
+def test_spanrl_turns_openinference_on_when_its_entry_point_is_disabled(
+    trace_collector, vllm_server, run_agent, harness
+):
+    env = harness.agent_environment(trace_collector.endpoint, vllm_server.base_url,
+                                    OTEL_PYTHON_DISABLED_INSTRUMENTATIONS="openai")
+    result = run_agent("openai_calls_agent.py", env, "quick")
+    assert result.returncode == 0, result.stderr
+    made = json.loads(result.stdout.strip().splitlines()[-1])
+    assert harness.wait_for(lambda: len(llm_spans(trace_collector)) >= len(made))
+    spans = llm_spans(trace_collector)
+    assert sorted(s["attributes"][semconv.GENAI_RESPONSE_ID] for s in spans) == sorted(made.values())
+    assert all(s["attributes"][semconv.LLM_PROMPT_TOKEN_IDS] for s in spans)

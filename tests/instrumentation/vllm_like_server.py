@@ -188,6 +188,7 @@ class _QuietHTTPServer(ThreadingHTTPServer):
 class _Handler(BaseHTTPRequestHandler):
     owner: VLLMLikeServer
     protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True  # headers and body go in separate writes
 
     def log_message(self, format: str, *args: Any) -> None:  # quiet
         return
