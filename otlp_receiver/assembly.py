@@ -33,7 +33,7 @@ from spanrl.instrumentation import semconv
 from spanrl.otlp_receiver.air import AirRule
 from spanrl.otlp_receiver.credit import credit_function
 from spanrl.otlp_receiver.retokenize import RetokenizeError, Retokenizer
-from spanrl.otlp_receiver.span_tree import SpanRecord, SpanTree
+from spanrl.otlp_receiver.span_tree import SpanRecord, SpanTree, as_list
 from spanrl.otlp_receiver.transitions import Reward, Rollout, Transition
 
 logger = logging.getLogger(__name__)
@@ -271,8 +271,9 @@ def _transition_steps(
         prompt = attributes.get(semconv.LLM_PROMPT_TOKEN_IDS)
         choices = _response_choices(attributes)
         retokenized = attributes.get(semconv.LLM_RETOKENIZED) is True
-        responses = {i: attributes[semconv.llm_response_token_ids(i)] for i in choices}
-        if prompt is None or not responses:
+        prompt = as_list(prompt, ints=True)
+        responses = {i: as_list(attributes[semconv.llm_response_token_ids(i)], ints=True) for i in choices}
+        if prompt is None or not responses or any(r is None for r in responses.values()):
             if retokenizer is None:
                 problems.append(
                     f"LLM call {call.key} ({call.name!r}) has no engine token ids; skipped"
@@ -288,7 +289,7 @@ def _transition_steps(
             retokenized = True
         version = attributes.get(semconv.LLM_POLICY_VERSION)
         for choice, response_ids in responses.items():
-            logprobs = attributes.get(semconv.llm_response_logprobs(choice))
+            logprobs = as_list(attributes.get(semconv.llm_response_logprobs(choice)))
             steps.append(
                 dict(
                     rollout_id=rollout_id,
@@ -308,9 +309,9 @@ def _transition_steps(
 
 def _variables(tree: SpanTree, problems: list[str]) -> dict[str, Any]:
     """``spanrl.variable.*`` of every span; when two spans set one, the later-ending wins."""
-    found: dict[str, tuple[int, Any]] = {}
     prefix = semconv.VARIABLE_PREFIX
-    for record in tree.order:
+    found: dict[str, tuple[int, str, Any]] = {}
+    for record in tree.by_key.values():  # arrival order (cache-friendly); ties broken by span id
         for key, value in record.attributes.items():
             if not key.startswith(prefix):
                 continue
@@ -319,6 +320,6 @@ def _variables(tree: SpanTree, problems: list[str]) -> dict[str, Any]:
                 problems.append(f"variable {name!r} on span {record.key} is not a scalar; ignored")
                 continue
             previous = found.get(name)
-            if previous is None or record.end_ns >= previous[0]:
-                found[name] = (record.end_ns, value)
-    return {name: value for name, (_, value) in found.items()}
+            if previous is None or (record.end_ns, record.key) >= previous[:2]:
+                found[name] = (record.end_ns, record.key, value)
+    return {name: found[name][2] for name in sorted(found)}

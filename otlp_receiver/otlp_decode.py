@@ -160,7 +160,8 @@ def decode_payload(body: bytes, max_reasons: int = 50) -> DecodedRequest:
     rejected = 0
     for resource_spans in request.resource_spans:
         fallback = [
-            kv for kv in resource_spans.resource.attributes if kv.key in RESOURCE_FALLBACK_KEYS
+            _resource_identity_value(kv)
+            for kv in resource_spans.resource.attributes if kv.key in RESOURCE_FALLBACK_KEYS
         ]
         fallback_problem = next(
             (f"resource {p}" for kv in fallback if (p := attribute_problem(kv.key, kv.value))), None
@@ -181,6 +182,19 @@ def decode_payload(body: bytes, max_reasons: int = 50) -> DecodedRequest:
                     continue
                 rows.append(_row(span, raw, fallback))
     return DecodedRequest(rows, rejected, reasons)
+
+
+def _resource_identity_value(kv):
+    """``OTEL_RESOURCE_ATTRIBUTES`` can only carry strings: a resource ``spanrl.attempt`` of
+    digits is read as the int it names (on spans the contract's int type is required)."""
+    if kv.key == semconv.ATTEMPT and kv.value.WhichOneof("value") == "string_value":
+        text = kv.value.string_value.strip()
+        if text.isdigit():
+            converted = type(kv)()
+            converted.key = kv.key
+            converted.value.int_value = int(text)
+            return converted
+    return kv
 
 
 def _row(span, raw: bytes, fallback: list) -> SpanRow:

@@ -13,6 +13,7 @@ lives in the store, a rollout open when the process died completes after a resta
 
 from __future__ import annotations
 
+import gc
 import logging
 import threading
 import time
@@ -64,20 +65,33 @@ class Assembler:
             idle_timeout_s=self.settings.idle_timeout_s,
             on_rollout_span=self.settings.complete_on_rollout_span,
         ):
-            spans = self.store.rollout_spans(ready.rollout_id)
-            rollout = assemble_rollout(
-                ready.rollout_id, records_from_bodies(s.body for s in spans), ready.end_reason, self.options
-            )
+            rollout, span_count = self.assemble(ready.rollout_id, ready.end_reason)
             saved = self.store.save_assembled(rollout)
             done.append(saved)
             logger.info(
                 "rollout %s assembled (%s): %d spans, %d transitions, total reward %s%s",
-                saved.rollout_id, saved.end_reason, len(spans), len(saved.transitions),
+                saved.rollout_id, saved.end_reason, span_count, len(saved.transitions),
                 saved.total_reward, f", {len(saved.problems)} problem(s)" if saved.problems else "",
             )
             for problem in saved.problems:
                 logger.info("rollout %s: %s", saved.rollout_id, problem)
         return done
+
+    def assemble(self, rollout_id: str, end_reason: str) -> tuple[Rollout, int]:
+        """Read, decode and assemble one rollout (not saved); returns it and its span count."""
+        spans = self.store.rollout_spans(rollout_id)
+        # Building a tree of many small linked objects makes the cyclic garbage collector
+        # rescan them again and again (super-linear for 100k-span rollouts); nothing here
+        # needs it, so it is paused for the duration.
+        gc_was_enabled = gc.isenabled()
+        gc.disable()
+        try:
+            records = records_from_bodies(s.body for s in spans)
+            rollout = assemble_rollout(rollout_id, records, end_reason, self.options)
+        finally:
+            if gc_was_enabled:
+                gc.enable()
+        return rollout, len(spans)
 
     def _run(self) -> None:
         while not self._stop.wait(self.settings.poll_s):

@@ -13,10 +13,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
-from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
+from opentelemetry.proto.common.v1.common_pb2 import ArrayValue, KeyValueList
+from opentelemetry.proto.trace.v1.trace_pb2 import Status
 
 from spanrl.instrumentation import semconv
 from spanrl.otlp_receiver.otlp_decode import any_value_to_python
+from spanrl.otlp_receiver.otlp_shadow import ShadowSpan
 
 OPENINFERENCE_SPAN_KIND = "openinference.span.kind"
 VIRTUAL_ROOT_ID = "virtual-root"
@@ -55,8 +57,66 @@ class SpanRecord:
         return kind.upper() if isinstance(kind, str) else None
 
 
-def record_from_span(span: Span) -> SpanRecord:
-    """Decode one OTLP span (already validated by ``otlp_decode``)."""
+class LazyArray:
+    """An array attribute kept as its serialized ``ArrayValue`` until someone needs the values.
+
+    Token-id arrays are most of a rollout's bytes; keeping them compact while the tree is built
+    and decoding only those of the calls that become transitions keeps assembly linear in
+    practice (100k-span rollouts no longer thrash the CPU caches with millions of int objects).
+    """
+
+    __slots__ = ("raw",)
+
+    def __init__(self, raw: bytes) -> None:
+        self.raw = raw
+
+    def to_list(self) -> list:
+        return [any_value_to_python(v) for v in ArrayValue.FromString(self.raw).values]
+
+    def to_ints(self) -> list[int]:
+        """The values of an array known to hold only ints (token ids, checked at ingest)."""
+        return [v.int_value for v in ArrayValue.FromString(self.raw).values]
+
+    def __eq__(self, other) -> bool:
+        if isinstance(other, LazyArray):
+            return self.raw == other.raw
+        return isinstance(other, list) and self.to_list() == other
+
+    def __repr__(self) -> str:
+        return f"LazyArray({self.to_list()!r})"
+
+
+def as_list(value, ints: bool = False) -> list | None:
+    """An array attribute's values, whether still lazy or already a list (None if not an array).
+
+    ``ints=True`` for arrays that ingest checked to be ints only (token ids): faster."""
+    if isinstance(value, LazyArray):
+        return value.to_ints() if ints else value.to_list()
+    return value if isinstance(value, list) else None
+
+
+def _attribute_value(value):
+    kind = value.WhichOneof("value")
+    if kind == "string_value":
+        return value.string_value
+    if kind == "int_value":
+        return value.int_value
+    if kind == "double_value":
+        return value.double_value
+    if kind == "bool_value":
+        return value.bool_value
+    if kind == "array_value":
+        return LazyArray(value.array_value)
+    if kind == "kvlist_value":
+        return {kv.key: any_value_to_python(kv.value) for kv in KeyValueList.FromString(value.kvlist_value).values}
+    if kind == "bytes_value":
+        return value.bytes_value
+    return None
+
+
+def record_from_body(body: bytes) -> SpanRecord:
+    """Decode one stored span (validated at ingest) through the shadow schema."""
+    span = ShadowSpan.FromString(body)
     return SpanRecord(
         key=span.span_id.hex(),
         trace_id=span.trace_id.hex(),
@@ -66,7 +126,7 @@ def record_from_span(span: Span) -> SpanRecord:
         end_ns=span.end_time_unix_nano,
         status_error=span.status.code == Status.STATUS_CODE_ERROR,
         status_message=span.status.message,
-        attributes={kv.key: any_value_to_python(kv.value) for kv in span.attributes},
+        attributes={kv.key: _attribute_value(kv.value) for kv in span.attributes},
         events=[
             SpanEvent(
                 name=event.name,
@@ -79,13 +139,14 @@ def record_from_span(span: Span) -> SpanRecord:
 
 
 def records_from_bodies(bodies: Iterable[bytes]) -> list[SpanRecord]:
-    return [record_from_span(Span.FromString(body)) for body in bodies]
+    return [record_from_body(body) for body in bodies]
 
 
 class SpanTree:
     """The tree of one rollout's spans, with ``order`` = depth-first (pre-order) list."""
 
     def __init__(self, records: list[SpanRecord]) -> None:
+        self.records = records  # arrival order: cheaper to walk than ``order`` when order is moot
         self.problems: list[str] = []
         by_key: dict[str, SpanRecord] = {}
         for record in records:
@@ -145,21 +206,23 @@ class SpanTree:
 
     def _break_cycles(self, by_key: dict[str, SpanRecord]) -> None:
         """Walk up from every span once; a walk that meets itself found a cycle."""
-        state: dict[int, int] = {id(self.root): 2}  # 1 = on the current walk, 2 = reaches root
+        for record in by_key.values():
+            record.pre = -1  # -1 = not visited yet, -2 = on the current walk, -3 = reaches the root
+        self.root.pre = -3
         for start in by_key.values():
             path = []
             node = start
-            while state.get(id(node)) is None:
-                state[id(node)] = 1
+            while node.pre == -1:
+                node.pre = -2
                 path.append(node)
                 node = node.parent  # type: ignore[assignment]
-            if state[id(node)] == 1:  # ``node`` is on this walk: a cycle through it
+            if node.pre == -2:  # ``node`` is on this walk: a cycle through it
                 self.problems.append(
                     f"parent cycle through span {node.key} ({node.name!r}); it now hangs from the root"
                 )
                 node.parent = self.root
             for visited in path:
-                state[id(visited)] = 2
+                visited.pre = -3
 
     def _number(self) -> None:
         stack: list[tuple[SpanRecord, bool]] = [(self.root, False)]

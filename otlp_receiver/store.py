@@ -320,11 +320,14 @@ class SpanStore:
         """Every span of a rollout: those carrying its id, plus spans without any rollout id
         that share a trace with it (e.g. from a service that did not stamp the identity)."""
         with self._lock:
+            # In start order: decoded in that order, the records lie in memory roughly in the
+            # order the tree walks them, which keeps big rollouts cache-friendly.
             rows = self._db.execute(
-                "SELECT trace_id, span_id, body FROM spans WHERE rollout_id = ?"
-                " UNION ALL SELECT s.trace_id, s.span_id, s.body FROM spans s"
+                "SELECT trace_id, span_id, body FROM (SELECT trace_id, span_id, start_ns, body"
+                " FROM spans WHERE rollout_id = ?"
+                " UNION ALL SELECT s.trace_id, s.span_id, s.start_ns, s.body FROM spans s"
                 " WHERE s.rollout_id IS NULL AND s.trace_id IN"
-                " (SELECT DISTINCT trace_id FROM spans WHERE rollout_id = ?)",
+                " (SELECT DISTINCT trace_id FROM spans WHERE rollout_id = ?)) ORDER BY start_ns",
                 (rollout_id, rollout_id),
             ).fetchall()
         return [StoredSpan(*row) for row in rows]

@@ -97,7 +97,15 @@ def test_resource_identity_is_appended_to_the_stored_span():
     assert (second.rollout_id, second.attempt) == ("from-resource", 3)
     stored = {kv.key: kv.value for kv in Span.FromString(second.body).attributes}
     assert stored[semconv.ROLLOUT_ID].string_value == "from-resource" and stored["x"].int_value == 1
-    bad_resource = Resource(attributes=[KeyValue(key=semconv.ATTEMPT, value=AnyValue(string_value="0"))])
+    # OTEL_RESOURCE_ATTRIBUTES carries only strings: digits are read as the int attempt
+    env_resource = Resource(attributes=[KeyValue(key=semconv.ATTEMPT, value=AnyValue(string_value="2"))])
+    (row,) = decode_request(ExportTraceServiceRequest(
+        resource_spans=[ResourceSpans(resource=env_resource, scope_spans=[ScopeSpans(spans=[plain])])]
+    )).rows
+    assert row.attempt == 2
+    stored = {kv.key: kv.value for kv in Span.FromString(row.body).attributes}
+    assert stored[semconv.ATTEMPT].int_value == 2
+    bad_resource = Resource(attributes=[KeyValue(key=semconv.ATTEMPT, value=AnyValue(string_value="zero"))])
     decoded = decode_request(ExportTraceServiceRequest(
         resource_spans=[ResourceSpans(resource=bad_resource, scope_spans=[ScopeSpans(spans=[plain])])]
     ))
