@@ -149,6 +149,12 @@ def assemble_rollout(
     for call_id in reward_per_call:
         if call_id not in with_transition:
             problems.append(f"rewards attached to call {call_id}, which has no transition")
+    unattached = [r for r in rewards if r.call_span_id is None]
+    if unattached:
+        problems.append(
+            f"{len(unattached)} reward(s) judge no LLM call (the rollout has none);"
+            " they count in total_reward only"
+        )
 
     root = tree.root
     identity = _identity(tree)

@@ -6,7 +6,6 @@ import json
 import random
 
 import pytest
-from opentelemetry import trace
 from opentelemetry.trace import Status, StatusCode
 
 from spanrl.instrumentation import semconv
@@ -130,6 +129,18 @@ def test_missing_token_ids_reported_not_retokenized(memory_tracer, to_records):
     assert any("has no engine token ids; skipped" in p for p in rollout.problems)
 
 
+def test_reward_without_any_call_counts_in_total_only(memory_tracer, to_records):
+    t = memory_tracer.tracer
+    with t.start_as_current_span(semconv.ROLLOUT_SPAN_NAME) as root:
+        root.add_event(semconv.REWARD_EVENT, {semconv.REWARD_VALUE: 0.5})
+        root.add_event(semconv.REWARD_EVENT, {semconv.REWARD_VALUE: "high"})
+    rollout = assemble_rollout("r", to_records(memory_tracer.exporter.get_finished_spans()), "explicit")
+    assert rollout.total_reward == 0.5 and rollout.transitions == ()
+    assert rollout.rewards[0].call_span_id is None
+    assert any("judge no LLM call" in p for p in rollout.problems)
+    assert any("has no numeric value ('high')" in p for p in rollout.problems)
+
+
 def test_retokenize_with_a_named_tokenizer(memory_tracer, to_records, tmp_path):
     from tokenizers import Tokenizer, models, pre_tokenizers
 
@@ -211,7 +222,7 @@ def test_discounted_credit_and_variables_and_failure(memory_tracer, to_records):
     assert rollout.status == "failed" and rollout.error == "agent crashed"
 
 
-def test_several_choices_and_spans_from_another_service(memory_tracer, to_records):
+def test_several_choices_become_several_transitions(memory_tracer, to_records):
     t = memory_tracer.tracer
     with t.start_as_current_span(semconv.ROLLOUT_SPAN_NAME):
         with t.start_as_current_span(
@@ -220,4 +231,4 @@ def test_several_choices_and_spans_from_another_service(memory_tracer, to_record
             pass
     rollout = assemble_rollout("r", to_records(memory_tracer.exporter.get_finished_spans()), "explicit")
     assert [(t.choice_index, t.response_token_ids) for t in rollout.transitions] == [(0, (2,)), (1, (3, 4))]
-    assert trace.get_current_span() is not None
+    assert [t.index for t in rollout.transitions] == [0, 1]
