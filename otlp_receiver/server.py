@@ -65,7 +65,12 @@ class Assembler:
             idle_timeout_s=self.settings.idle_timeout_s,
             on_rollout_span=self.settings.complete_on_rollout_span,
         ):
-            rollout, span_count = self.assemble(ready.rollout_id, ready.end_reason)
+            try:
+                rollout, span_count = self.assemble(ready.rollout_id, ready.end_reason)
+            except Exception as exc:  # a bug must not stall the other rollouts, or loop forever
+                logger.exception("assembly of rollout %s failed; marked broken", ready.rollout_id)
+                self.store.mark_broken(ready.rollout_id, f"{type(exc).__name__}: {exc}")
+                continue
             saved = self.store.save_assembled(rollout)
             done.append(saved)
             logger.info(

@@ -30,6 +30,9 @@ from spanrl.otlp_receiver.transitions import Rollout, rollout_from_dict, rollout
 logger = logging.getLogger(__name__)
 
 SYNC_MODES = ("full", "normal", "extra")
+# An explicit completion for a rollout none of whose spans arrived yet waits this long for them
+# (the agent's exporter may still be flushing) before the rollout is assembled empty.
+EMPTY_ROLLOUT_WAIT_S = 30.0
 BUSY_TIMEOUT_MS = 60_000
 
 SCHEMA = """
@@ -54,7 +57,8 @@ CREATE TABLE IF NOT EXISTS rollouts (
     span_count              INTEGER NOT NULL DEFAULT 0,
     root_seen_at            REAL,           -- the spanrl.rollout span arrived (it has ended)
     completion_requested_at REAL,           -- explicit completion
-    state                   TEXT NOT NULL DEFAULT 'open',   -- open | assembled
+    state                   TEXT NOT NULL DEFAULT 'open',   -- open | assembled | broken
+    broken_reason           TEXT,                           -- why assembly failed
     late_spans              INTEGER NOT NULL DEFAULT 0      -- spans that came after assembly
 );
 CREATE INDEX IF NOT EXISTS rollouts_by_state ON rollouts (state);
@@ -236,13 +240,15 @@ class SpanStore:
         """Open rollouts whose end has been seen and that were quiet for ``grace_s``."""
         with self._lock:
             rows = self._db.execute(
-                "SELECT rollout_id, last_seen, root_seen_at, completion_requested_at"
+                "SELECT rollout_id, last_seen, root_seen_at, completion_requested_at, span_count"
                 " FROM rollouts WHERE state = 'open'"
             ).fetchall()
         ready: list[ReadyRollout] = []
-        for rollout_id, last_seen, root_seen_at, requested_at in rows:
+        for rollout_id, last_seen, root_seen_at, requested_at, span_count in rows:
             triggers = []
             if requested_at is not None:
+                if span_count == 0 and now - requested_at < EMPTY_ROLLOUT_WAIT_S:
+                    continue  # completed before any span arrived: give the exporter time
                 triggers.append((requested_at, "explicit"))
             if on_rollout_span and root_seen_at is not None:
                 triggers.append((root_seen_at, "rollout_span"))
@@ -277,6 +283,14 @@ class SpanStore:
                 (rollout.rollout_id,),
             )
         return saved
+
+    def mark_broken(self, rollout_id: str, reason: str) -> None:
+        """Assembly of ``rollout_id`` failed unexpectedly: stop retrying it, keep its spans."""
+        with self._transaction() as db:
+            db.execute(
+                "UPDATE rollouts SET state = 'broken', broken_reason = ? WHERE rollout_id = ?",
+                (reason, rollout_id),
+            )
 
     # --- reading (the trainer bridge, inspect, the assembler) -------------------------------
 

@@ -114,3 +114,33 @@ def test_receiver_never_imports_torch():
     """)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
+
+
+def test_explicit_completion_before_any_span_waits_for_spans(tmp_path):
+    store = SpanStore(tmp_path / "s.db")
+    store.complete_rollout("early", now=100.0)
+    a = assembler(store, grace_s=0.5)
+    assert a.run_once(now=110.0) == []  # nothing arrived yet: keep waiting
+    store.write_spans(rows(span(1, rollout="early", ids=True)), now=111.0)
+    (rollout,) = a.run_once(now=111.6)
+    assert rollout.end_reason == "explicit" and len(rollout.transitions) == 1
+    store.complete_rollout("never", now=200.0)
+    (empty,) = a.run_once(now=231.0)  # gave up waiting: assembled empty, reported
+    assert empty.rollout_id == "never" and empty.transitions == ()
+    assert any("virtual root" in p for p in empty.problems)
+    store.close()
+
+
+def test_a_rollout_that_cannot_be_assembled_is_marked_broken(tmp_path):
+    from spanrl.otlp_receiver.otlp_decode import SpanRow
+
+    store = SpanStore(tmp_path / "s.db")
+    good = rows(span(1, rollout="fine", name=semconv.ROLLOUT_SPAN_NAME))
+    corrupt = SpanRow(b"\x02" * 16, b"\x03" * 8, "corrupt", None, None, semconv.ROLLOUT_SPAN_NAME, 1, b"\xff\xff")
+    store.write_spans(good + [corrupt], now=100.0)
+    a = assembler(store, grace_s=0)
+    assert [r.rollout_id for r in a.run_once(now=101.0)] == ["fine"]
+    assert a.run_once(now=102.0) == []  # not retried forever
+    states = {s.rollout_id: s.state for s in store.rollout_summaries()}
+    assert states == {"fine": "assembled", "corrupt": "broken"}
+    store.close()
