@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 from opentelemetry.trace import Span
 
@@ -28,14 +28,17 @@ from spanrl.instrumentation import semconv
 logger = logging.getLogger(__name__)
 
 
+_INT_TYPE_ONLY = frozenset((int,))
+
+
 class MalformedTokenData(ValueError):
     """A token-id or logprob field of a response is present but not the documented shape."""
 
 
 def parse_token_ids(value: Any, where: str) -> tuple[int, ...]:
     """``value`` as a tuple of ints, or MalformedTokenData naming ``where`` it came from."""
-    if type(value) is list and all(type(item) is int for item in value):
-        return tuple(value)  # the usual case, checked fast (bool is not ``int`` here)
+    if type(value) is list and _INT_TYPE_ONLY >= set(map(type, value)):
+        return tuple(value)  # the usual case, checked in C (bool is not ``int`` here)
     if not isinstance(value, (list, tuple)):
         raise MalformedTokenData(f"{where} should be a list of ints, got {type(value).__name__}")
     for item in value:
@@ -58,14 +61,14 @@ def parse_policy_version(value: Any) -> int | None:
     return None
 
 
-def choice_logprobs(choice: Mapping[str, Any]) -> tuple[float, ...] | None:
+def choice_logprobs(choice: dict[str, Any]) -> tuple[float, ...] | None:
     """The sampled tokens' logprobs of one choice (chat or completions shape), or None."""
     logprobs = choice.get("logprobs")
-    if not isinstance(logprobs, Mapping):
+    if not isinstance(logprobs, dict):
         return None
     content = logprobs.get("content")
     if isinstance(content, list):  # chat shape
-        values = [entry.get("logprob") if isinstance(entry, Mapping) else None for entry in content]
+        values = [entry.get("logprob") if isinstance(entry, dict) else None for entry in content]
     elif isinstance(logprobs.get("token_logprobs"), list):  # completions shape
         values = list(logprobs["token_logprobs"])
     else:
@@ -115,14 +118,14 @@ class LLMSpanRecorder:
     def observe(self, data: Any) -> None:
         """Read one parsed JSON object: the whole body, or one stream chunk."""
         try:
-            if isinstance(data, Mapping):
+            if isinstance(data, dict):  # parsed JSON: plain dicts and lists
                 self._observe(data)
         except Exception as exc:  # noqa: BLE001 - instrumentation must never break the agent
             if not self._warned:
                 self._warned = True
                 logger.warning("spanrl: could not record token ids of an LLM call: %s", exc)
 
-    def _observe(self, data: Mapping[str, Any]) -> None:
+    def _observe(self, data: dict[str, Any]) -> None:
         problems: list[MalformedTokenData] = []
         response_id = data.get("id")
         if isinstance(response_id, str) and semconv.GENAI_RESPONSE_ID not in self._written:
@@ -143,7 +146,7 @@ class LLMSpanRecorder:
             # every choice is read even when another one is malformed: skipping a stream
             # chunk would silently shorten that choice's concatenated ids
             for position, choice in enumerate(choices):
-                if isinstance(choice, Mapping):
+                if isinstance(choice, dict):
                     try:
                         self._observe_choice(position, choice)
                     except MalformedTokenData as exc:
@@ -151,9 +154,9 @@ class LLMSpanRecorder:
         if problems:
             raise problems[0]
 
-    def _observe_choice(self, position: int, choice: Mapping[str, Any]) -> None:
+    def _observe_choice(self, position: int, choice: dict[str, Any]) -> None:
         index = choice.get("index", position)
-        if not isinstance(index, int) or isinstance(index, bool) or index < 0:
+        if type(index) is not int or index < 0:
             raise MalformedTokenData(f"choice index should be a non-negative int, got {index!r}")
         problem: MalformedTokenData | None = None
         prompt_ids = choice.get(semconv.RESPONSE_PROMPT_TOKEN_IDS)
@@ -162,7 +165,9 @@ class LLMSpanRecorder:
                 self._set_prompt_ids(prompt_ids, f"choices[{index}].prompt_token_ids")
             except MalformedTokenData as exc:
                 problem = exc
-        tokens = self._choices.setdefault(index, _ChoiceTokens())
+        tokens = self._choices.get(index)
+        if tokens is None:
+            tokens = self._choices[index] = _ChoiceTokens()
         got_new = False
         raw_ids = choice.get(semconv.RESPONSE_CHOICE_TOKEN_IDS)
         if raw_ids is not None:

@@ -66,7 +66,16 @@ class SpanrlOpenAIInstrumentor(BaseInstrumentor):  # type: ignore[misc]
         settings = InstrumentationSettings.from_env()
         self._instrumented_openinference = False
         self._originals: dict[tuple[str, str], Any] = {}
-        self._ensure_openinference(kwargs)
+        try:
+            self._ensure_openinference(kwargs)
+            self._patch_sdk(settings)
+        except Exception:  # noqa: BLE001 - an SDK we do not understand must not stop the agent
+            logger.exception("spanrl: could not instrument the OpenAI SDK; token ids are not recorded")
+            self._uninstrument()
+            return
+        logger.debug("spanrl OpenAI instrumentation on (%s)", settings)
+
+    def _patch_sdk(self, settings: InstrumentationSettings) -> None:
         base_client = import_module(_BASE_CLIENT_MODULE)
         recorders: "weakref.WeakKeyDictionary[Any, LLMSpanRecorder]" = weakref.WeakKeyDictionary()
         wrappers: dict[tuple[str, str], Callable[..., Any]] = {
@@ -76,19 +85,18 @@ class SpanrlOpenAIInstrumentor(BaseInstrumentor):  # type: ignore[misc]
             ("BaseClient", "_process_response_data"): _process_response_data_wrapper(recorders),
         }
         for class_name, method_name in _PATCHED_METHODS:
-            cls = getattr(base_client, class_name)
-            self._originals[(class_name, method_name)] = cls.__dict__[method_name]
+            original = getattr(base_client, class_name).__dict__[method_name]
             wrap_function_wrapper(
                 _BASE_CLIENT_MODULE, f"{class_name}.{method_name}", wrappers[(class_name, method_name)]
             )
-        logger.debug("spanrl OpenAI instrumentation on (%s)", settings)
+            self._originals[(class_name, method_name)] = original
 
     def _uninstrument(self, **kwargs: Any) -> None:
         base_client = import_module(_BASE_CLIENT_MODULE)
-        for (class_name, method_name), original in self._originals.items():
+        for (class_name, method_name), original in getattr(self, "_originals", {}).items():
             setattr(getattr(base_client, class_name), method_name, original)
         self._originals = {}
-        if self._instrumented_openinference:
+        if getattr(self, "_instrumented_openinference", False):
             from openinference.instrumentation.openai import OpenAIInstrumentor
 
             OpenAIInstrumentor().uninstrument()

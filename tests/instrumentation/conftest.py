@@ -243,8 +243,14 @@ def private_tracing():
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+    from openinference.instrumentation.openai import OpenAIInstrumentor
+
     from spanrl.instrumentation.openai_instrumentor import SpanrlOpenAIInstrumentor
 
+    for already_on in (OpenAIInstrumentor(), SpanrlOpenAIInstrumentor()):
+        assert not already_on.is_instrumented_by_opentelemetry, (
+            f"{type(already_on).__name__} is already on in this process (left by another test?)"
+        )
     provider = TracerProvider()
     exporter = InMemorySpanExporter()
     provider.add_span_processor(SimpleSpanProcessor(exporter))

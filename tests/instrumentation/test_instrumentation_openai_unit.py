@@ -31,7 +31,7 @@ def llm_attributes(exporter):
 def test_uninstrument_restores_exactly_what_instrument_changed():
     from openinference.instrumentation.openai import OpenAIInstrumentor
 
-    assert not OpenAIInstrumentor().is_instrumented_by_opentelemetry
+    openinference_was_on = OpenAIInstrumentor().is_instrumented_by_opentelemetry
     ours_before = [cls.__dict__[name] for cls, name in PATCHED_BY_SPANRL]
     theirs_before = [getattr(cls, name) for cls, name in PATCHED_BY_OPENINFERENCE]
     instrumentor = SpanrlOpenAIInstrumentor()
@@ -45,7 +45,21 @@ def test_uninstrument_restores_exactly_what_instrument_changed():
     assert [cls.__dict__[name] for cls, name in PATCHED_BY_SPANRL] == ours_before
     # openinference's own uninstrument restores its methods (it leaves an equal attribute)
     assert [getattr(cls, name) for cls, name in PATCHED_BY_OPENINFERENCE] == theirs_before
-    assert not OpenAIInstrumentor().is_instrumented_by_opentelemetry
+    assert OpenAIInstrumentor().is_instrumented_by_opentelemetry == openinference_was_on
+
+
+def test_an_sdk_it_cannot_patch_is_logged_and_left_untouched(monkeypatch, caplog):
+    # an OpenAI SDK without one of the methods spanrl wraps (a future release, say)
+    monkeypatch.delattr(base_client.AsyncAPIClient, "_process_response")
+    before = [cls.__dict__.get(name) for cls, name in PATCHED_BY_SPANRL]
+    instrumentor = SpanrlOpenAIInstrumentor()
+    with caplog.at_level(logging.ERROR, logger="spanrl"):
+        instrumentor.instrument()  # must not raise: opentelemetry-instrument would stop
+    try:
+        assert "could not instrument the OpenAI SDK" in caplog.text
+        assert [cls.__dict__.get(name) for cls, name in PATCHED_BY_SPANRL] == before
+    finally:
+        instrumentor.uninstrument()
 
 
 def test_malformed_ids_are_logged_and_the_call_returns(private_tracing, vllm_server_malformed, caplog):
