@@ -77,9 +77,12 @@ class GrpcExportServer:
             ),
         ]
         self.server.add_generic_rpc_handlers(handlers)
-        self.port = self.server.add_insecure_port(f"{host}:{port}")
+        try:
+            self.port = self.server.add_insecure_port(f"{host}:{port}")
+        except RuntimeError as exc:  # grpcio reports a failed bind this way
+            raise OSError(f"cannot bind OTLP/gRPC on {host}:{port}: address in use? ({exc})") from exc
         if self.port == 0:
-            raise OSError(f"cannot bind OTLP/gRPC on {host}:{port} (in use?)")
+            raise OSError(f"cannot bind OTLP/gRPC on {host}:{port}: address in use?")
 
     @staticmethod
     def _unary(behaviour):

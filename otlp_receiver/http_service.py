@@ -184,7 +184,10 @@ class _Server(ThreadingHTTPServer):
 
 class HttpExportServer:
     def __init__(self, export: ExportService, store: SpanStore, host: str, port: int, max_message_bytes: int) -> None:
-        self.server = _Server((host, port), export, store, max_message_bytes)
+        try:
+            self.server = _Server((host, port), export, store, max_message_bytes)
+        except OSError as exc:
+            raise OSError(f"cannot bind OTLP/HTTP on {host}:{port}: {exc.strerror or exc}") from exc
         self.port = self.server.server_address[1]
         self._thread = threading.Thread(
             target=self.server.serve_forever, kwargs={"poll_interval": 0.2}, name="spanrl-http", daemon=True

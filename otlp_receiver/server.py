@@ -145,6 +145,8 @@ class ReceiverServer:
             self.http = HttpExportServer(self.export, self.read_store, s.host, s.http_port, s.max_message_bytes)
         except Exception:
             self.writer.stop()
+            self.write_store.close()
+            self.read_store.close()
             raise
         self.grpc.start()
         self.http.start()

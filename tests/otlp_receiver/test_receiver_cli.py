@@ -57,3 +57,22 @@ def test_receive_cli_settings_env_shutdown_and_inspect(receiver_process, memory_
     assert detail["assembled"]["variables"] == {"answer": "42"}
     assert len(detail["spans"]) == 6
     assert spanrl_main(["inspect", "rollout", "nope", "--db", str(db)]) == 1
+
+
+def test_receive_cli_reports_a_port_in_use(tmp_path):
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        for flags in (["--grpc-port", str(port), "--http-port", "0"], ["--grpc-port", "0", "--http-port", str(port)]):
+            result = subprocess.run(
+                [sys.executable, "-m", "spanrl", "receive", "--db", str(tmp_path / "x.db"), *flags],
+                capture_output=True, text=True, timeout=60,
+            )
+            assert result.returncode == 2
+            assert "cannot start the receiver: cannot bind OTLP/" in result.stderr
+            assert f"127.0.0.1:{port}" in result.stderr
