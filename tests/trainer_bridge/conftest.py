@@ -20,6 +20,18 @@ def calc_example(rng: random.Random) -> dict:
     ]}
 
 
+@pytest.fixture(autouse=True)
+def one_torch_thread():
+    """One intra-op thread while these tests run: on a shared CI machine (other test processes
+    busy on the same cores) OpenMP's spinning threads make a 2-thread torch ~5x slower."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="session")
 def calc_corpus(tmp_path_factory):
     path = tmp_path_factory.mktemp("corpus") / "demonstrations.jsonl"

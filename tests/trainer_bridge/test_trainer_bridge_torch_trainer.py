@@ -132,7 +132,8 @@ def test_resume_after_a_crash_continues_from_the_same_step_and_version(tiny_mode
                                          for s in batch] for batch in batches]))
     checkpoints = tmp_path / "checkpoints"
     process = subprocess.Popen([sys.executable, "-c", CRASHING_RUN, str(tiny_model_dir), str(checkpoints),
-                                str(samples_file)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+                                str(samples_file)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               env={**os.environ, "OMP_NUM_THREADS": "1"})
     try:
         output, _ = process.communicate(timeout=120)
     finally:
