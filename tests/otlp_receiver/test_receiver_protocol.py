@@ -284,3 +284,38 @@ def test_logs_and_metrics_accepted_on_http_json(start_receiver):
         assert r.status_code == 400
     r = requests.post(f"http://127.0.0.1:{server.http_port}/v1/traces", data=b"x", headers={"Content-Type": "text/plain"})
     assert r.status_code == 415
+
+
+def test_python_exporter_honours_retry_info(start_receiver, grpc_export, memory_tracer, caplog):
+    """The real OTel Python exporter reads our RetryInfo trailer and succeeds once we recover."""
+    import logging
+    import time
+
+    from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.trace.export import SpanExportResult
+
+    server = start_receiver(max_pending_mb=0.000001, retry_after_s=0.3)
+    with memory_tracer.tracer.start_as_current_span("retried", attributes={semconv.ROLLOUT_ID: "r-retry"}):
+        pass
+    blocker = sqlite3.connect(server.settings.db, isolation_level=None, check_same_thread=False)
+    blocker.execute("BEGIN IMMEDIATE")  # the disk is "busy": the first request waits for it
+    export = grpc_export(server)
+    first = threading.Thread(target=lambda: export(request_of(span(1)).SerializeToString()))
+    first.start()
+    deadline = time.monotonic() + 5
+    while server.writer._pending_bytes == 0 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    release = threading.Timer(0.8, lambda: (blocker.execute("ROLLBACK"), blocker.close()))
+    release.start()
+    exporter = OTLPSpanExporter(endpoint=f"127.0.0.1:{server.grpc_port}", insecure=True, timeout=10)
+    try:
+        with caplog.at_level(logging.WARNING, logger="opentelemetry.exporter.otlp.proto.grpc.exporter"):
+            assert exporter.export(memory_tracer.exporter.get_finished_spans()) == SpanExportResult.SUCCESS
+    finally:
+        exporter.shutdown()
+        release.join()
+        first.join(timeout=10)
+    retries = [r.getMessage() for r in caplog.records if "retrying in" in r.getMessage()]
+    assert retries and all("retrying in 0.30s" in m for m in retries), retries
+    with SpanStore(server.settings.db) as store:
+        assert store.span_count() == 2
