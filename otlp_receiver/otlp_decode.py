@@ -173,14 +173,15 @@ def decode_payload(body: bytes, max_reasons: int = 50) -> DecodedRequest:
                 except DecodeError as exc:
                     problem, span = f"not a valid protobuf Span: {exc}", None
                 else:
-                    problem = span_problem(span) or (fallback_problem if fallback else None)
+                    identity: dict = {}
+                    problem = span_problem(span, identity) or (fallback_problem if fallback else None)
                 if problem is not None:
                     rejected += 1
                     if len(reasons) < max_reasons:
                         name = "?" if span is None else f"{span.span_id.hex() or '?'} ({span.name!r})"
                         reasons.append(f"span {name}: {problem}")
                     continue
-                rows.append(_row(span, raw, fallback))
+                rows.append(_row(span, raw, fallback, identity))
     return DecodedRequest(rows, rejected, reasons)
 
 
@@ -197,11 +198,8 @@ def _resource_identity_value(kv):
     return kv
 
 
-def _row(span, raw: bytes, fallback: list) -> SpanRow:
-    identity = {}
-    for kv in span.attributes:
-        if kv.key in RESOURCE_FALLBACK_KEYS:
-            identity[kv.key] = kv.value
+def _row(span, raw: bytes, fallback: list, identity: dict) -> SpanRow:
+    """``identity``: the span's own identity attributes (collected by ``span_problem``)."""
     for kv in fallback:
         if kv.key not in identity:
             # Appending a length-delimited field 9 adds one attribute to the span's bytes.
@@ -235,8 +233,9 @@ def _varint(value: int) -> bytes:
             return bytes(out)
 
 
-def span_problem(span) -> str | None:
-    """Why ``span`` cannot be used, or None when it can."""
+def span_problem(span, identity: dict | None = None) -> str | None:
+    """Why ``span`` cannot be used, or None when it can. Fills ``identity`` (key -> value) with
+    the span's rollout identity attributes on the way (one pass over the attributes)."""
     trace_id, span_id, parent_id = span.trace_id, span.span_id, span.parent_span_id
     if len(trace_id) != 16 or trace_id == _ZERO_TRACE_ID:
         return "trace_id must be 16 bytes and not all zero"
@@ -247,9 +246,12 @@ def span_problem(span) -> str | None:
     for kv in span.attributes:
         key = kv.key
         if key.startswith("spanrl."):
-            problem = attribute_problem(key, kv.value)
+            value = kv.value
+            problem = attribute_problem(key, value)
             if problem is not None:
                 return problem
+            if identity is not None and key in RESOURCE_FALLBACK_KEYS:
+                identity[key] = value
         elif kv.value.WhichOneof("value") in _RAW_KINDS:
             problem = _nested_problem(key, kv.value)
             if problem is not None:
