@@ -10,7 +10,7 @@ from opentelemetry.sdk.trace.export import SpanExportResult
 from spanrl.instrumentation import semconv
 from spanrl.otlp_receiver.store import SpanStore
 
-CALLS = 120
+CALLS = 300
 BATCH = 6
 
 
