@@ -101,15 +101,16 @@ class LLMSpanRecorder:
     """
 
     def __init__(self, span: Span, streaming: bool, header_policy_version: Any = None) -> None:
-        self._span = span
+        # Our keys are not openinference's, so its masking proxy (which would handle them
+        # one by one) is passed by: one SDK set_attributes call per flush.
+        self._target = getattr(span, "__wrapped__", span)
         self._streaming = streaming
         self._choices: dict[int, _ChoiceTokens] = {}
         self._written: set[str] = set()
+        self._pending: dict[str, Any] = {}
         self._warned = False
-        self._body_policy_version_seen = False
-        version = parse_policy_version(header_policy_version)
-        if version is not None:
-            self._set(semconv.LLM_POLICY_VERSION, version)
+        self._policy_version_written = False
+        self._header_policy_version = parse_policy_version(header_policy_version)
 
     @property
     def streaming(self) -> bool:
@@ -124,16 +125,31 @@ class LLMSpanRecorder:
             if not self._warned:
                 self._warned = True
                 logger.warning("spanrl: could not record token ids of an LLM call: %s", exc)
+        finally:
+            self._flush()
+
+    def _flush(self) -> None:
+        if not self._pending:
+            return
+        pending, self._pending = self._pending, {}
+        try:
+            if self._target.is_recording():
+                self._target.set_attributes(pending)
+        except Exception as exc:  # noqa: BLE001
+            logger.warning("spanrl: could not set token-id attributes: %s", exc)
 
     def _observe(self, data: dict[str, Any]) -> None:
         problems: list[MalformedTokenData] = []
         response_id = data.get("id")
         if isinstance(response_id, str) and semconv.GENAI_RESPONSE_ID not in self._written:
             self._set_once(semconv.GENAI_RESPONSE_ID, response_id)
-        if not self._body_policy_version_seen:
+        if not self._policy_version_written:
+            # the body's value wins over the header's, which is the fallback
             version = parse_policy_version(data.get(semconv.RESPONSE_POLICY_VERSION))
+            if version is None:
+                version = self._header_policy_version
             if version is not None:
-                self._body_policy_version_seen = True  # the body's value wins over the header's
+                self._policy_version_written = True
                 self._set(semconv.LLM_POLICY_VERSION, version)
         prompt_ids = data.get(semconv.RESPONSE_PROMPT_TOKEN_IDS)
         if prompt_ids is not None:
@@ -209,5 +225,4 @@ class LLMSpanRecorder:
         self._set(key, value)
 
     def _set(self, key: str, value: Any) -> None:
-        if self._span.is_recording():
-            self._span.set_attribute(key, value)
+        self._pending[key] = value

@@ -108,3 +108,37 @@ def test_a_stream_left_early_still_ends_its_span_without_errors(private_tracing,
     (attributes,) = llm_attributes(private_tracing.exporter)
     assert semconv.LLM_PROMPT_TOKEN_IDS in attributes  # sent in the first chunk
     assert not [r for r in caplog.records if r.name.startswith("spanrl")]
+
+
+def _recorded(streaming, header, *bodies):
+    from opentelemetry.sdk.trace import TracerProvider
+
+    from spanrl.instrumentation.llm_span_recorder import LLMSpanRecorder
+
+    span = TracerProvider().get_tracer("recorder-test").start_span("llm")
+    recorder = LLMSpanRecorder(span, streaming=streaming, header_policy_version=header)
+    for body in bodies:
+        recorder.observe(body)
+    span.end()
+    return dict(span.attributes)
+
+
+def test_policy_version_prefers_the_body_and_falls_back_to_the_header():
+    assert _recorded(False, "12", {"id": "a", "choices": []})[semconv.LLM_POLICY_VERSION] == 12
+    assert _recorded(False, "12", {"policy_version": 3})[semconv.LLM_POLICY_VERSION] == 3
+    assert semconv.LLM_POLICY_VERSION not in _recorded(False, "v2", {"policy_version": True})
+
+
+def test_stream_ids_are_concatenated_per_choice_index_whatever_the_order():
+    chunks = [
+        {"id": "s", "prompt_token_ids": [1, 2], "choices": [{"index": 1, "token_ids": [20]}]},
+        {"id": "s", "choices": [{"index": 0, "token_ids": [10, 11]}, {"index": 1, "token_ids": [21]}]},
+        {"id": "s", "choices": [{"index": 1, "token_ids": [22], "finish_reason": "length"}]},
+        {"id": "s", "choices": [{"index": 0, "token_ids": [12], "finish_reason": "stop"}]},
+        {"id": "s", "choices": [{"index": 0, "token_ids": [13]}]},  # late ids still count
+    ]
+    attributes = _recorded(True, None, *chunks)
+    assert attributes[semconv.LLM_PROMPT_TOKEN_IDS] == (1, 2)
+    assert attributes[semconv.llm_response_token_ids(0)] == (10, 11, 12, 13)
+    assert attributes[semconv.llm_response_token_ids(1)] == (20, 21, 22)
+    assert attributes[semconv.GENAI_RESPONSE_ID] == "s"
