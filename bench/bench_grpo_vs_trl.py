@@ -117,6 +117,8 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--steps", type=int, default=5, help="timed steps per side (after one warm-up)")
     parser.add_argument("--lr", type=float, default=1e-5)
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch intra-op threads for both sides (1 is steadier on a busy machine)")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
     warnings.filterwarnings("ignore")
@@ -124,6 +126,9 @@ def main() -> None:
     from transformers import AutoTokenizer
 
     from spanrl.trainer_bridge.model_init import create_model_dir
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
 
     with tempfile.TemporaryDirectory() as scratch:
         model_dir = Path(args.model_dir) if args.model_dir else create_model_dir(
