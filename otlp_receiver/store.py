@@ -37,17 +37,20 @@ BUSY_TIMEOUT_MS = 60_000
 
 SCHEMA = """
 -- A rowid table (not WITHOUT ROWID): span bodies are kilobytes, too big for index pages.
+-- The unique key leads with the rollout id: a commit's new keys then cluster in a few index
+-- pages instead of one random page per span (trace and span ids are random), which costs
+-- about a third of the write time; it also serves "the spans of rollout X". A retried span
+-- carries the same attributes, hence the same rollout id, so retries stay idempotent.
 CREATE TABLE IF NOT EXISTS spans (
+    rollout_id  TEXT NOT NULL,              -- '' for a span without rollout identity
     trace_id    BLOB NOT NULL,
     span_id     BLOB NOT NULL,
-    rollout_id  TEXT,
     name        TEXT NOT NULL,
     start_ns    INTEGER NOT NULL,
     received_at REAL NOT NULL,
     body        BLOB NOT NULL,              -- serialized opentelemetry.proto.trace.v1.Span
-    UNIQUE (trace_id, span_id)              -- idempotency: a retried span is ignored
+    UNIQUE (rollout_id, trace_id, span_id)
 );
-CREATE INDEX IF NOT EXISTS spans_by_rollout ON spans (rollout_id);
 CREATE TABLE IF NOT EXISTS rollouts (
     rollout_id              TEXT PRIMARY KEY,
     task_id                 TEXT,
@@ -195,7 +198,7 @@ class SpanStore:
                     " (trace_id, span_id, rollout_id, name, start_ns, received_at, body)"
                     " VALUES (?, ?, ?, ?, ?, ?, ?)",
                     [
-                        (r.trace_id, r.span_id, r.rollout_id, r.name, r.start_ns, now, r.body)
+                        (r.trace_id, r.span_id, r.rollout_id or "", r.name, r.start_ns, now, r.body)
                         for r in rows
                     ],
                 )
@@ -340,7 +343,7 @@ class SpanStore:
                 "SELECT trace_id, span_id, body FROM (SELECT trace_id, span_id, start_ns, body"
                 " FROM spans WHERE rollout_id = ?"
                 " UNION ALL SELECT s.trace_id, s.span_id, s.start_ns, s.body FROM spans s"
-                " WHERE s.rollout_id IS NULL AND s.trace_id IN"
+                " WHERE s.rollout_id = '' AND s.trace_id IN"
                 " (SELECT DISTINCT trace_id FROM spans WHERE rollout_id = ?)) ORDER BY start_ns",
                 (rollout_id, rollout_id),
             ).fetchall()
