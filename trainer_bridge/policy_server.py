@@ -313,7 +313,12 @@ def create_app(engine: PolicyEngine, api_token: str | None = None) -> FastAPI:
         top = body.logprobs or 0
         params = _params_from(body, body.max_tokens if body.max_tokens is not None else 16,
                               body.logprobs is not None, top)
-        job, stream = await run_generation(prompt_ids, params)
+        try:
+            job, stream = await run_generation(prompt_ids, params)
+        except EngineError as exc:
+            if exc.param == "messages":
+                exc.param = "prompt"  # the engine speaks of chats; this endpoint takes a prompt
+            raise
         created, rid = int(time.time()), f"cmpl-{uuid.uuid4().hex}"
         if body.stream:
             return await _stream_response(engine, body, job, stream, rid, created, chat=False)

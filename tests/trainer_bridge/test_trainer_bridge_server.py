@@ -139,6 +139,10 @@ def test_error_bodies_and_models(server, engine):
         error = response.json()["error"]
         assert error["message"] and error["type"]
         assert error["param"] == param
+    for body, param in [({"prompt": "7 " * 2000}, "prompt"), ({"prompt": [1, 2, 10**6]}, "prompt"),
+                        ({"prompt": "x", "echo": True}, "echo")]:
+        response = httpx.post(f"{url}/v1/completions", json={"model": engine.model_name, **body})
+        assert response.status_code == 400 and response.json()["error"]["param"] == param, response.text
     with pytest.raises(openai.NotFoundError):
         client(server).chat.completions.create(model="other", messages=MESSAGES)
     models = client(server).models.list()
