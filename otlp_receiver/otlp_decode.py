@@ -2,8 +2,8 @@
 
 Called by the gRPC and HTTP services for every Export request. Parses protobuf or the OTLP
 JSON encoding, checks each span on its own (ids present and well formed, spanrl attributes of
-the right type) and turns the usable ones into ``SpanRow``s: the serialized span plus the few
-columns the store indexes. A bad span is rejected with a reason; the good spans of the same
+the right type) and turns the usable ones into ``SpanRow``s: the span's bytes as they came (read
+through the wire-compatible schema of ``otlp_shadow``) plus the few columns the store indexes. A bad span is rejected with a reason; the good spans of the same
 request are kept. Rollout identity missing on a span is copied from its resource.
 """
 
