@@ -26,15 +26,24 @@ import warnings
 from pathlib import Path
 
 
-def make_batch(tokenizer, count: int, seed: int):
-    """Chat prompts of varied length, random completions ending in <|im_end|>, +-1 advantages."""
+def make_batch(tokenizer, count: int, seed: int, workload: str = "single"):
+    """Chat prompts, random completions ending in <|im_end|>, +-1 advantages.
+
+    ``single``: one-turn prompts of 20-130 tokens. ``agent``: the transitions of multi-turn
+    agent rollouts — the k-th call of a rollout carries the k earlier turns in its prompt, so
+    prompt lengths spread from ~20 to ~600 tokens.
+    """
     rng = random.Random(seed)
     vocab = len(tokenizer)
     samples = []
     for index in range(count):
-        words = " ".join(str(rng.randint(1, 999)) for _ in range(rng.randint(2, 30)))
-        text = tokenizer.apply_chat_template([{"role": "user", "content": f"Add these: {words}"}],
-                                             add_generation_prompt=True, tokenize=False)
+        turns = 1 if workload == "single" else rng.randint(1, 8)
+        messages = []
+        for _ in range(turns):
+            words = " ".join(str(rng.randint(1, 999)) for _ in range(rng.randint(2, 30)))
+            messages += [{"role": "user", "content": f"Add these: {words}"},
+                         {"role": "assistant", "content": f"CALC {words[:40]}"}]
+        text = tokenizer.apply_chat_template(messages[:-1], add_generation_prompt=True, tokenize=False)
         prompt = tokenizer.encode(text, add_special_tokens=False)
         completion = [rng.randrange(3, vocab) for _ in range(rng.randint(4, 48))] + [tokenizer.eos_token_id]
         samples.append((prompt, completion, 1.0 if index % 2 else -1.0))
@@ -115,6 +124,8 @@ def main() -> None:
     parser.add_argument("--preset", default="tiny", choices=["tiny", "small"])
     parser.add_argument("--model-dir", default=None, help="use this HF model instead of a fresh preset")
     parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--workload", choices=["single", "agent"], default="single",
+                        help="single-turn prompts, or multi-turn agent transitions (prompts up to ~600 tokens)")
     parser.add_argument("--steps", type=int, default=5, help="timed steps per side (after one warm-up)")
     parser.add_argument("--lr", type=float, default=1e-5)
     parser.add_argument("--threads", type=int, default=None,
@@ -134,9 +145,10 @@ def main() -> None:
         model_dir = Path(args.model_dir) if args.model_dir else create_model_dir(
             Path(scratch) / args.preset, preset=args.preset, seed=0)
         tokenizer = AutoTokenizer.from_pretrained(model_dir)
-        batches = [make_batch(tokenizer, args.batch, seed) for seed in range(args.steps + 1)]
+        batches = [make_batch(tokenizer, args.batch, seed, args.workload) for seed in range(args.steps + 1)]
         tokens = sum(len(p) + len(c) for batch in batches[1:] for p, c, _ in batch)
-        print(f"model {model_dir.name} ({args.preset}), batch {args.batch}, {args.steps} timed steps, "
+        print(f"model {model_dir.name} ({args.preset}), {args.workload} workload, batch {args.batch}, "
+              f"{args.steps} timed steps, "
               f"{tokens} tokens, torch threads {torch.get_num_threads()}")
         ours = timed(spanrl_side(model_dir, batches, args.lr), batches)
         theirs = timed(trl_side(model_dir, batches, args.lr, str(Path(scratch) / "trl")), batches)
