@@ -87,24 +87,31 @@ def client(base_url: str, calls: int, rounds: int) -> dict:
     modes = _Modes()
     api = openai.OpenAI(base_url=base_url, api_key="bench")
     messages = [{"role": "user", "content": "Compute 37 + 45 and explain each step briefly."}]
-    # Every mode asks for token ids, so the server's answers (and openinference's work on
-    # them) are the same size in all three; what differs is only the instrumentation.
-    ids = {"return_token_ids": True}
-    calls_by_kind = {
-        "chat": lambda: api.chat.completions.create(model="p", messages=messages, extra_body=ids),
+    # The same request bytes in every mode: ``none`` and ``openinference`` ask for token ids
+    # themselves (extra_body), under ``spanrl`` the instrumentation adds the field. So the
+    # server's answers, and openinference's work on them, are the same size in all three.
+    asked = {"return_token_ids": True}
+    body = {"value": asked}
+
+    calls_by_kind = {  # extra_body=None sends nothing extra
+        "chat": lambda: api.chat.completions.create(
+            model="p", messages=messages, extra_body=body["value"]),
         "chat_stream": lambda: [c for c in api.chat.completions.create(
-            model="p", messages=messages, stream=True, extra_body=ids)],
-        "completion": lambda: api.completions.create(model="p", prompt="37 + 45 =", extra_body=ids),
+            model="p", messages=messages, stream=True, extra_body=body["value"])],
+        "completion": lambda: api.completions.create(
+            model="p", prompt="37 + 45 =", extra_body=body["value"]),
     }
     samples = {m: {k: {"cpu": [], "wall": []} for k in KINDS} for m in MODES}
     for mode in MODES:  # warm every code path once
         modes.set(mode)
+        body["value"] = None if mode == "spanrl" else asked
         for call in calls_by_kind.values():
             for _ in range(10):
                 call()
     for _ in tqdm(range(rounds), desc="rounds", file=sys.stderr):
         for mode in MODES:
             modes.set(mode)
+            body["value"] = None if mode == "spanrl" else asked
             for kind, call in calls_by_kind.items():
                 wall = []
                 cpu_start = time.thread_time()  # this thread only: not the server, not export
