@@ -291,3 +291,43 @@ def global_tracing():
         yield SimpleNamespace(provider=provider, exporter=exporter)
     finally:
         processor.shutdown()  # stops exporting to memory; the provider itself stays
+
+
+@pytest.fixture()
+def otlp_http_collector():
+    """A real OTLP/HTTP endpoint (POST /v1/traces, protobuf) keeping requests and headers."""
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+    from types import SimpleNamespace
+
+    received = SimpleNamespace(requests=[], headers=[], endpoint="")
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, format, *args):  # quiet
+            return
+
+        def do_POST(self):  # noqa: N802
+            body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            if self.path != "/v1/traces":
+                self.send_response(404)
+                self.end_headers()
+                return
+            request = trace_service_pb2.ExportTraceServiceRequest()
+            request.ParseFromString(body)
+            received.requests.append(request)
+            received.headers.append({k.lower(): v for k, v in self.headers.items()})
+            payload = trace_service_pb2.ExportTraceServiceResponse().SerializeToString()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/x-protobuf")
+            self.send_header("Content-Length", str(len(payload)))
+            self.end_headers()
+            self.wfile.write(payload)
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    received.endpoint = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        yield received
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -69,3 +69,24 @@ def test_concurrent_rollouts_never_mix(mode, trace_collector, vllm_server, run_a
         assert all(m.get("authorization") == "Bearer secret-token" for m in trace_collector.metadata)
     else:  # opentelemetry-instrument sends OTEL_EXPORTER_OTLP_HEADERS only, and spanrl says so
         assert "OTEL_EXPORTER_OTLP_HEADERS" in result.stderr
+
+
+def test_start_tracing_over_otlp_http(otlp_http_collector, vllm_server, run_agent, harness):
+    env = harness.agent_environment("http://127.0.0.1:9", vllm_server.base_url,
+                                    OTEL_SPANRL_RECEIVER_TOKEN="http-token")
+    result = run_agent("in_process_http_agent.py", env, otlp_http_collector.endpoint, instrument=False)
+    assert result.returncode == 0, result.stderr
+    response_id = result.stdout.strip().splitlines()[-1]
+    # stop_tracing flushed: everything is there when the process ends
+    spans = [span for request in otlp_http_collector.requests for rs in request.resource_spans
+             for ss in rs.scope_spans for span in ss.spans]
+    by_name = {span.name: span for span in spans}
+    assert set(by_name) == {semconv.ROLLOUT_SPAN_NAME, "ChatCompletion"}
+    llm = {kv.key: kv.value for kv in by_name["ChatCompletion"].attributes}
+    assert llm[semconv.ROLLOUT_ID].string_value == "http-rollout"
+    assert llm[semconv.ATTEMPT].int_value == 3
+    assert llm[semconv.GENAI_RESPONSE_ID].string_value == response_id
+    sent = vllm_server.sent[response_id]
+    assert [v.int_value for v in llm[semconv.LLM_PROMPT_TOKEN_IDS].array_value.values] == sent["prompt_token_ids"]
+    assert all(h["authorization"] == "Bearer http-token" and h["x-team"] == "rl"
+               for h in otlp_http_collector.headers)
