@@ -133,7 +133,8 @@ class GenerationRequest:
     def __init__(self, prompt_ids: list[int], params: SamplingParams, max_new_tokens: int,
                  on_token: Callable[[TokenEvent], None] | None,
                  on_start: Callable[[int], None] | None,
-                 on_done: Callable[[], None] | None = None):
+                 on_done: Callable[[], None] | None = None, text_deltas: bool = True):
+        self.text_deltas = text_deltas
         self.prompt_ids = prompt_ids
         self.params = params
         self.max_new_tokens = max_new_tokens
@@ -278,11 +279,13 @@ class PolicyEngine:
     def submit(self, prompt_ids: list[int], params: SamplingParams,
                on_token: Callable[[TokenEvent], None] | None = None,
                on_start: Callable[[int], None] | None = None,
-               on_done: Callable[[], None] | None = None) -> GenerationRequest:
+               on_done: Callable[[], None] | None = None,
+               text_deltas: bool = True) -> GenerationRequest:
         """Queue a request; raises ``EngineError`` for bad params or a prompt that does not fit.
 
         ``on_start(policy_version)`` is called when its batch starts; ``on_token`` for each
         sampled token, ``on_done()`` once it finished or failed, all from the engine thread.
+        ``text_deltas=False``: token events carry no text (it is decoded once at the end).
         """
         params.validate(min(self.max_n, self.max_batch_size))
         if not prompt_ids:
@@ -302,7 +305,7 @@ class PolicyEngine:
         if self._thread is None or self._stopping:
             raise EngineStoppedError("the policy engine is not running")
         request = GenerationRequest(list(prompt_ids), params, params.max_tokens or room, on_token,
-                                    on_start, on_done)
+                                    on_start, on_done, text_deltas)
         self._queue.put(request)
         return request
 
@@ -493,25 +496,33 @@ class PolicyEngine:
 
     def _sample(self, logits: torch.Tensor, rows: list[_Row], temperature: torch.Tensor,
                 top_p: torch.Tensor, top_k: torch.Tensor) -> torch.Tensor:
+        """One token per row: greedy at temperature 0, else from softmax(logits / T) truncated by
+        the row's top-k / top-p. Always sampled in vocabulary order, so a seeded row draws the
+        same token whatever else shares its batch; the sort is paid only by truncating rows."""
         greedy = temperature == 0
         scaled = logits / temperature.clamp(min=1e-5).unsqueeze(1)
-        sorted_logits, sorted_index = scaled.sort(dim=-1, descending=True)
-        rank = torch.arange(scaled.shape[-1], device=scaled.device).unsqueeze(0)
-        remove = (top_k.unsqueeze(1) > 0) & (rank >= top_k.unsqueeze(1))
-        sorted_probs = torch.softmax(sorted_logits.masked_fill(remove, float("-inf")), dim=-1)
-        before = sorted_probs.cumsum(-1) - sorted_probs  # probability mass ranked above each token
-        remove |= (before >= top_p.unsqueeze(1)) & (rank > 0)
-        sorted_probs = torch.softmax(sorted_logits.masked_fill(remove, float("-inf")), dim=-1)
+        probs = torch.softmax(scaled, dim=-1)
+        truncating = ((top_k > 0) | (top_p < 1.0)) & ~greedy
+        if bool(truncating.any()):
+            which = truncating.nonzero().squeeze(1)
+            sorted_logits, sorted_index = scaled[which].sort(dim=-1, descending=True)
+            rank = torch.arange(scaled.shape[-1], device=scaled.device).unsqueeze(0)
+            k = top_k[which].unsqueeze(1)
+            remove = (k > 0) & (rank >= k)
+            sorted_probs = torch.softmax(sorted_logits.masked_fill(remove, float("-inf")), dim=-1)
+            before = sorted_probs.cumsum(-1) - sorted_probs  # probability mass ranked above each token
+            remove |= (before >= top_p[which].unsqueeze(1)) & (rank > 0)
+            sorted_probs = torch.softmax(sorted_logits.masked_fill(remove, float("-inf")), dim=-1)
+            probs[which] = torch.zeros_like(sorted_probs).scatter(1, sorted_index, sorted_probs)
         picks = torch.empty(len(rows), dtype=torch.long, device=scaled.device)
         shared = [i for i, r in enumerate(rows) if r.generator is None]
         if shared:
             index = torch.tensor(shared, device=scaled.device)
-            picks[index] = torch.multinomial(sorted_probs[index], 1, generator=self._default_generator).squeeze(1)
+            picks[index] = torch.multinomial(probs[index], 1, generator=self._default_generator).squeeze(1)
         for i, row in enumerate(rows):
             if row.generator is not None:
-                picks[i] = torch.multinomial(sorted_probs[i], 1, generator=row.generator)[0]
-        sampled = sorted_index.gather(1, picks.unsqueeze(1)).squeeze(1)
-        return torch.where(greedy, logits.argmax(dim=-1), sampled)
+                picks[i] = torch.multinomial(probs[i], 1, generator=row.generator)[0]
+        return torch.where(greedy, logits.argmax(dim=-1), picks)
 
     def _append_token(self, row: _Row, token_id: int, logprob: float, top) -> None:
         params = row.request.params
@@ -527,6 +538,14 @@ class PolicyEngine:
         reason = None
         if token_id in self.eos_ids:
             reason = "stop"
+        if reason is None and len(row.ids) >= row.request.max_new_tokens:
+            reason = "length"
+        if not (params.stop or row.request.text_deltas or reason is not None):
+            # nobody reads text before the end: skip the per-token decode
+            if row.request.on_token is not None:
+                _safe_call(row.request.on_token, TokenEvent(
+                    row.choice, token_id, "", logprob if params.logprobs else None, top_list, None))
+            return
         text = self.tokenizer.decode(row.ids, skip_special_tokens=True)
         if params.stop:
             hits = [text.find(s, max(0, row.emitted_chars - len(s))) for s in params.stop]
@@ -534,8 +553,6 @@ class PolicyEngine:
             if hits:
                 text = text[: min(hits)]
                 reason = "stop"
-        if reason is None and len(row.ids) >= row.request.max_new_tokens:
-            reason = "length"
         row.text = text
         if reason is None:
             holdback = max((len(s) - 1 for s in params.stop), default=0)

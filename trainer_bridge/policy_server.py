@@ -239,10 +239,11 @@ def create_app(engine: PolicyEngine, api_token: str | None = None) -> FastAPI:
         return JSONResponse({"version": engine.version, "model": engine.model_name},
                             headers=version_headers(engine.version))
 
-    async def run_generation(prompt_ids: list[int], params: SamplingParams) -> tuple[GenerationRequest, _Stream]:
+    async def run_generation(prompt_ids: list[int], params: SamplingParams,
+                             streaming: bool) -> tuple[GenerationRequest, _Stream]:
         stream = _Stream(asyncio.get_running_loop())
         job = engine.submit(prompt_ids, params, on_token=stream.on_token, on_start=stream.on_start,
-                            on_done=stream.on_done)
+                            on_done=stream.on_done, text_deltas=streaming)
         return job, stream
 
     async def wait_result(job: GenerationRequest, stream: _Stream):
@@ -267,7 +268,7 @@ def create_app(engine: PolicyEngine, api_token: str | None = None) -> FastAPI:
         max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
         top_logprobs = body.top_logprobs or 0
         params = _params_from(body, max_tokens, body.logprobs or top_logprobs > 0, top_logprobs)
-        job, stream = await run_generation(prompt_ids, params)
+        job, stream = await run_generation(prompt_ids, params, body.stream)
         created, rid = int(time.time()), f"chatcmpl-{uuid.uuid4().hex}"
         if body.stream:
             return await _stream_response(engine, body, job, stream, rid, created, chat=True)
@@ -314,7 +315,7 @@ def create_app(engine: PolicyEngine, api_token: str | None = None) -> FastAPI:
         params = _params_from(body, body.max_tokens if body.max_tokens is not None else 16,
                               body.logprobs is not None, top)
         try:
-            job, stream = await run_generation(prompt_ids, params)
+            job, stream = await run_generation(prompt_ids, params, body.stream)
         except EngineError as exc:
             if exc.param == "messages":
                 exc.param = "prompt"  # the engine speaks of chats; this endpoint takes a prompt
