@@ -35,6 +35,8 @@ def run_command(args: argparse.Namespace) -> int:
     from .settings import RunnerSettings
 
     logger = logging.getLogger("spanrl.runner")
+    for chatty in ("httpx", "httpx2", "openai"):  # one INFO line per agent request otherwise
+        logging.getLogger(chatty).setLevel(logging.WARNING)
     try:
         settings = load_settings(RunnerSettings, "RUN", args.config, args)
     except (SettingError, ValueError) as exc:

@@ -42,7 +42,8 @@ def train_command(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"spanrl train: {exc}")
         return 2
-    print(f"reward {summary['first_reward']:.2f} -> {summary['last_reward']:.2f} "
-          f"over {summary['steps']} steps; policy version {summary['policy_version']}")
+    if summary["steps"]:
+        print(f"reward {summary['first_reward']:.2f} -> {summary['last_reward']:.2f} "
+              f"over {summary['steps']} steps; policy version {summary['policy_version']}")
     print(f"metrics: {summary['metrics']}\nplot: {summary['plot']}\ncheckpoint: {summary['checkpoint']}")
     return 0

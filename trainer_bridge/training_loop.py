@@ -125,7 +125,8 @@ class TrainingLoop:
             if not (waiting.keys() - found.keys()) or time.monotonic() > deadline:
                 break
             time.sleep(STORE_POLL_S)
-        left_out["unassembled"] += len(waiting.keys() - found.keys())
+        if waiting.keys() - found.keys():
+            left_out["unassembled"] += len(waiting.keys() - found.keys())
         scored = []
         for rollout_id, rollout in found.items():
             attempt = waiting[rollout_id]
@@ -256,7 +257,7 @@ def run_training(settings: TrainSettings, show_progress: bool = True) -> dict:
                 engine.swap_weights(trainer.policy_state_dict(), trainer.policy_version)
             scores = [s.score for s in report.scored]
             row = {
-                "step": step,
+                "step": step + 1,  # updates done so far: step k published policy version k
                 "reward_mean": sum(scores) / len(scores) if scores else 0.0,
                 "policy_version": trainer.policy_version,
                 "transitions": len(samples),
@@ -266,8 +267,11 @@ def run_training(settings: TrainSettings, show_progress: bool = True) -> dict:
                 "groups_of_one_dropped": dropped,
                 "rollouts_per_s": len(attempts) / max(rollout_seconds, 1e-9),
                 "seconds": time.monotonic() - started,
-                **{k: float(v) for k, v in stats.items() if isinstance(v, (int, float))},
             }
+            for key, value in stats.items():  # the update's own statistics (loss, kl, ...)
+                key = "update_seconds" if key == "seconds" else key
+                if key not in row and isinstance(value, (int, float)):
+                    row[key] = float(value)
             metrics.append(row)
             metrics.plot()
             if report.left_out:

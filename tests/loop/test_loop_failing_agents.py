@@ -1,0 +1,89 @@
+"""Training goes on when the agent process crashes on some tasks and hangs on others.
+
+The agent is a command run under ``opentelemetry-instrument`` by ``spanrl run``: it exits
+with an error on ``crash`` tasks, sleeps forever on ``hang`` tasks (killed at the rollout
+timeout) and runs the calculator agent on the others. Receiver and runner are real child
+processes; the trainer runs here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+
+from spanrl.trainer_bridge.model_init import create_model_dir
+from spanrl.trainer_bridge.train_settings import TrainSettings
+from spanrl.trainer_bridge.training_loop import run_training
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_for_port(port: int, process: subprocess.Popen) -> None:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        assert process.poll() is None, "the receiver exited while starting"
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.1)
+    raise AssertionError(f"nothing listens on {port}")
+
+
+def test_crashing_and_hanging_agent_processes_are_failed_rollouts(tmp_path):
+    model_dir = create_model_dir(tmp_path / "model", preset="tiny", seed=0)
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text("\n".join(json.dumps(t) for t in [
+        {"id": "fine", "question": "12+30", "answer": 42},
+        {"id": "boom", "question": "1+1", "answer": 2, "behaviour": "crash"},
+        {"id": "stuck", "question": "2+2", "answer": 4, "behaviour": "hang"},
+    ]) + "\n")
+    db = tmp_path / "spanrl.db"
+    grpc_port, http_port, bridge_port = _free_port(), _free_port(), _free_port()
+    receiver = subprocess.Popen(
+        [sys.executable, "-m", "spanrl", "receive", "--db", str(db), "--grpc-port",
+         str(grpc_port), "--http-port", str(http_port), "--grace-s", "0.3"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    runner = None
+    try:
+        _wait_for_port(grpc_port, receiver)
+        env = dict(os.environ, CALC_AGENT_DIR=os.path.join(REPO, "examples", "calc_agent"))
+        runner = subprocess.Popen(
+            [sys.executable, "-m", "spanrl", "run", "--command",
+             json.dumps([sys.executable, os.path.join(HERE, "agents", "flaky_agent.py")]),
+             "--bridge-url", f"http://127.0.0.1:{bridge_port}",
+             "--otlp-endpoint", f"http://127.0.0.1:{grpc_port}", "--concurrency", "6"],
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )
+        settings = TrainSettings(
+            tasks=str(tasks), model=str(model_dir), output_dir=str(tmp_path / "run"),
+            store=str(db), reward="spanrl.examples.calc_agent.reward:reward", group_size=2,
+            tasks_per_step=3, steps=2, rollout_timeout_s=20.0, assembly_wait_s=20.0,
+            policy_port=0, bridge_port=bridge_port, device="cpu", checkpoint_every=0,
+        )
+        summary = run_training(settings, show_progress=False)
+        runner_output, _ = runner.communicate(timeout=60)
+    finally:
+        for process in (runner, receiver):
+            if process is not None and process.poll() is None:
+                process.kill()
+                process.wait()
+
+    assert summary["steps"] == 2 and summary["policy_version"] == 2, summary
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    for row in rows:
+        assert row["rollouts"] == 6
+        assert row["rollouts_left_out"] == {"failed": 2, "timeout": 2}, row
+        assert row["rollouts_used"] == 2 and row["transitions"] >= 2
+    assert "rollouts: failed 4, ok 4, timeout 4" in runner_output, runner_output[-2000:]
