@@ -84,6 +84,9 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=64)
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--max-tokens", type=int, default=24)
+    parser.add_argument("--threads", type=int, default=0,
+                        help="the server's torch threads (0: default; 1 is steadier on a busy machine)")
+    parser.add_argument("--batch-wait-ms", type=float, default=20.0)
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory() as scratch:
@@ -95,7 +98,8 @@ def main() -> None:
         port = free_port()
         url = f"http://127.0.0.1:{port}"
         server = subprocess.Popen([sys.executable, "-m", "spanrl", "--log-level", "WARNING", "serve", model_dir,
-                                   "--port", str(port), "--served-model-name", "bench"],
+                                   "--port", str(port), "--served-model-name", "bench",
+                                   "--threads", str(args.threads), "--batch-wait-ms", str(args.batch_wait_ms)],
                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=dict(os.environ))
         try:
             wait_ready(url, server)

@@ -202,12 +202,14 @@ class PolicyEngine:
     """
 
     def __init__(self, model, tokenizer, model_name: str = "policy", version: int = 0,
-                 max_batch_size: int = 64, max_n: int = 64):
+                 max_batch_size: int = 64, max_n: int = 64, batch_wait_s: float = 0.02):
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.model_name = model_name
         self.version = version
         self.max_batch_size = max_batch_size
+        self.batch_wait_s = batch_wait_s
+        self._last_batch_rows = 0
         self.max_n = max_n
         self.device = next(model.parameters()).device
         config = model.config
@@ -229,7 +231,8 @@ class PolicyEngine:
     @classmethod
     def from_pretrained(cls, model_dir: str | Path, device: str | None = None,
                         dtype: str | None = None, model_name: str | None = None,
-                        version: int = 0, max_batch_size: int = 64) -> "PolicyEngine":
+                        version: int = 0, max_batch_size: int = 64,
+                        batch_wait_s: float = 0.02) -> "PolicyEngine":
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         dev = resolve_device(device)
@@ -237,7 +240,8 @@ class PolicyEngine:
         model.to(dev)
         tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
         name = model_name or Path(str(model_dir)).resolve().name
-        return cls(model, tokenizer, model_name=name, version=version, max_batch_size=max_batch_size)
+        return cls(model, tokenizer, model_name=name, version=version, max_batch_size=max_batch_size,
+                   batch_wait_s=batch_wait_s)
 
     @staticmethod
     def _eos_ids(model, tokenizer) -> set[int]:
@@ -368,6 +372,7 @@ class PolicyEngine:
 
     def _run(self) -> None:
         torch.set_grad_enabled(False)
+        torch.set_num_threads(torch.get_num_threads())  # this thread uses the process's setting
         while not self._stopping:
             self._apply_pending_swap()
             if not self._waiting:
@@ -378,12 +383,14 @@ class PolicyEngine:
                     self._admit(self._queue.get_nowait())
                 except queue.Empty:
                     break
+            self._wait_for_stragglers()
             if self._stopping:
                 break
             self._apply_pending_swap()
             if not self._waiting:
                 continue
             batch = self._take_batch()
+            self._last_batch_rows = len(batch)
             try:
                 self._decode_batch(batch)
             except Exception as exc:  # never let one bad batch kill the server
@@ -400,6 +407,21 @@ class PolicyEngine:
         for row in self._waiting:
             row.request._complete(EngineStoppedError("the policy engine stopped"))
         self._waiting = []
+
+    def _wait_for_stragglers(self) -> None:
+        """Clients that just got their answers send the next request a few ms later: when fewer
+        rows wait than the last batch had, wait up to ``batch_wait_s`` for them, so one early
+        request does not start a batch of one while the rest queue behind it."""
+        deadline = time.monotonic() + self.batch_wait_s
+        while (not self._stopping and len(self._waiting) < min(self._last_batch_rows, self.max_batch_size)
+               and self._pending_swap is None):
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return
+            try:
+                self._admit(self._queue.get(timeout=remaining))
+            except queue.Empty:
+                return
 
     def _take_batch(self) -> list[_Row]:
         """The oldest waiting rows, up to ``max_batch_size``, never splitting a request's choices."""

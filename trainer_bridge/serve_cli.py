@@ -27,6 +27,8 @@ class ServeSettings:
     max_batch_size: int = 64
     served_model_name: str | None = None
     policy_version: int = 0
+    threads: int = 0  # torch intra-op threads; 0 = torch's default
+    batch_wait_ms: float = 20.0
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> "ServeSettings":
@@ -43,6 +45,8 @@ class ServeSettings:
             max_batch_size=pick(args.max_batch_size, "MAX_BATCH_SIZE", cls.max_batch_size),
             served_model_name=pick(args.served_model_name, "MODEL_NAME", None),
             policy_version=pick(args.policy_version, "POLICY_VERSION", cls.policy_version),
+            threads=pick(args.threads, "THREADS", cls.threads),
+            batch_wait_ms=pick(args.batch_wait_ms, "BATCH_WAIT_MS", cls.batch_wait_ms),
         )
 
     def printable(self) -> dict:
@@ -66,13 +70,22 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--served-model-name", default=None,
                         help="the model name clients send (default: the directory's name)")
     parser.add_argument("--policy-version", type=int, default=None, help="initial policy version (default 0)")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch CPU threads (default: torch's choice; 1 is steadier on a busy machine)")
+    parser.add_argument("--batch-wait-ms", type=float, default=None,
+                        help="when fewer requests wait than the last batch had, wait this long for "
+                             "more before starting a batch (default 20)")
     parser.set_defaults(func=_serve)
 
 
 def _serve(args: argparse.Namespace) -> int:
     settings = ServeSettings.from_args(args)
     print(f"spanrl serve: {settings.printable()}")
+    import torch
     import uvicorn
+
+    if settings.threads > 0:
+        torch.set_num_threads(settings.threads)
 
     from spanrl.trainer_bridge.policy_engine import PolicyEngine
     from spanrl.trainer_bridge.policy_server import create_app
@@ -80,7 +93,7 @@ def _serve(args: argparse.Namespace) -> int:
     engine = PolicyEngine.from_pretrained(
         settings.model_dir, device=settings.device, dtype=settings.dtype,
         model_name=settings.served_model_name, version=settings.policy_version,
-        max_batch_size=settings.max_batch_size,
+        max_batch_size=settings.max_batch_size, batch_wait_s=settings.batch_wait_ms / 1000.0,
     ).start()
     print(f"serving model {engine.model_name!r} on http://{settings.host}:{settings.port}/v1")
     try:
