@@ -25,11 +25,23 @@ def bridge():
         api.stop()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture
 def span_exporter():
-    """One SDK provider for the session (the global provider can be set only once)."""
+    """Spans of the global SDK provider, collected in memory for one test.
+
+    The global provider can be set only once per process and other test areas may have set
+    it already: reuse it when it is an SDK provider, else install one.
+    """
+    provider = trace.get_tracer_provider()
+    if not isinstance(provider, TracerProvider):
+        provider = TracerProvider()
+        trace.set_tracer_provider(provider)
+        provider = trace.get_tracer_provider()
+    assert isinstance(provider, TracerProvider), f"global provider is {provider!r}"
     exporter = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    trace.set_tracer_provider(provider)
-    return exporter
+    processor = SimpleSpanProcessor(exporter)
+    provider.add_span_processor(processor)
+    try:
+        yield exporter
+    finally:
+        processor.shutdown()  # a shut-down processor ignores later spans
