@@ -10,34 +10,16 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
-import time
 
+from spanrl.demo import free_port, wait_for_port
 from spanrl.trainer_bridge.model_init import create_model_dir
 from spanrl.trainer_bridge.train_settings import TrainSettings
 from spanrl.trainer_bridge.training_loop import run_training
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _wait_for_port(port: int, process: subprocess.Popen) -> None:
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        assert process.poll() is None, "the receiver exited while starting"
-        with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", port)) == 0:
-                return
-        time.sleep(0.1)
-    raise AssertionError(f"nothing listens on {port}")
 
 
 def test_crashing_and_hanging_agent_processes_are_failed_rollouts(tmp_path):
@@ -49,7 +31,7 @@ def test_crashing_and_hanging_agent_processes_are_failed_rollouts(tmp_path):
         {"id": "stuck", "question": "2+2", "answer": 4, "behaviour": "hang"},
     ]) + "\n")
     db = tmp_path / "spanrl.db"
-    grpc_port, http_port, bridge_port = _free_port(), _free_port(), _free_port()
+    grpc_port, http_port, bridge_port = free_port(), free_port(), free_port()
     receiver = subprocess.Popen(
         [sys.executable, "-m", "spanrl", "receive", "--db", str(db), "--grpc-port",
          str(grpc_port), "--http-port", str(http_port), "--grace-s", "0.3"],
@@ -57,7 +39,7 @@ def test_crashing_and_hanging_agent_processes_are_failed_rollouts(tmp_path):
     )
     runner = None
     try:
-        _wait_for_port(grpc_port, receiver)
+        wait_for_port(grpc_port, receiver, "spanrl receive")
         env = dict(os.environ, CALC_AGENT_DIR=os.path.join(REPO, "examples", "calc_agent"))
         runner = subprocess.Popen(
             [sys.executable, "-m", "spanrl", "run", "--command",
