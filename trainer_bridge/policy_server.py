@@ -21,7 +21,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, Optional, Union
 
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.concurrency import run_in_threadpool
@@ -174,20 +174,22 @@ def _sse(payload: dict) -> str:
 
 def create_app(engine: PolicyEngine, api_token: str | None = None) -> FastAPI:
     """A FastAPI app serving ``engine``; requires ``Authorization: Bearer <api_token>`` if set."""
-    app = FastAPI(title="spanrl policy server", docs_url=None, redoc_url=None)
-    app.state.engine = engine
-
-    @app.middleware("http")
-    async def check_token(request: Request, call_next):
+    async def check_token(request: Request) -> None:
         if api_token and request.url.path != "/health":
             given = request.headers.get("authorization", "")
             if not secrets.compare_digest(given, f"Bearer {api_token}"):
-                return _error_response(HTTPError(401, "missing or wrong bearer token", "authentication_error",
-                                                 code="invalid_api_key"))
-        try:
-            return await call_next(request)
-        except Exception as exc:  # never a crash: every failure becomes an error body
-            return _error_response(exc)
+                raise HTTPError(401, "missing or wrong bearer token", "authentication_error",
+                                code="invalid_api_key")
+
+    # a dependency rather than an HTTP middleware: Starlette's BaseHTTPMiddleware costs every
+    # request an extra task and stream, which shows at small models' request rates
+    app = FastAPI(title="spanrl policy server", docs_url=None, redoc_url=None,
+                  dependencies=[Depends(check_token)])
+    app.state.engine = engine
+
+    @app.exception_handler(Exception)
+    async def _any_error(_request, exc):  # never a crash: every failure becomes an error body
+        return _error_response(exc)
 
     @app.exception_handler(HTTPError)
     async def _http_error(_request, exc):
@@ -229,7 +231,11 @@ def create_app(engine: PolicyEngine, api_token: str | None = None) -> FastAPI:
 
     @app.get("/spanrl/v1/policy")
     async def policy():
-        return JSONResponse({"version": engine.version, "model": engine.model_name},
+        stats = engine.stats
+        return JSONResponse({"version": engine.version, "model": engine.model_name,
+                             "stats": {"batches": stats.batches, "forward_passes": stats.forward_passes,
+                                       "tokens_generated": stats.tokens_generated,
+                                       "max_rows_in_batch": stats.max_rows_in_batch}},
                             headers=version_headers(engine.version))
 
     @app.post("/spanrl/v1/weights")
