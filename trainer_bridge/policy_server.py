@@ -25,6 +25,7 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from spanrl.trainer_bridge.policy_engine import (
     EngineError,
@@ -190,6 +191,10 @@ def create_app(engine: PolicyEngine, api_token: str | None = None) -> FastAPI:
     @app.exception_handler(Exception)
     async def _any_error(_request, exc):  # never a crash: every failure becomes an error body
         return _error_response(exc)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _routing_error(_request, exc):  # unknown route, wrong method
+        return _error_response(HTTPError(exc.status_code, str(exc.detail)))
 
     @app.exception_handler(HTTPError)
     async def _http_error(_request, exc):

@@ -143,6 +143,8 @@ def test_error_bodies_and_models(server, engine):
                         ({"prompt": "x", "echo": True}, "echo")]:
         response = httpx.post(f"{url}/v1/completions", json={"model": engine.model_name, **body})
         assert response.status_code == 400 and response.json()["error"]["param"] == param, response.text
+    missing = httpx.get(f"{url}/v1/nothing-here")
+    assert missing.status_code == 404 and missing.json()["error"]["message"]
     with pytest.raises(openai.NotFoundError):
         client(server).chat.completions.create(model="other", messages=MESSAGES)
     models = client(server).models.list()
