@@ -95,6 +95,7 @@ class Runner:
                 claim = self.client.claim()
                 unreachable_since = None
             except TrainingFinished:
+                self._stop.set()  # one worker hearing it is enough: the bridge goes away next
                 return
             except BridgeUnavailable as exc:
                 now = time.monotonic()

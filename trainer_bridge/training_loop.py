@@ -204,6 +204,9 @@ def run_training(settings: TrainSettings, show_progress: bool = True) -> dict:
     from .policy_server import serve_in_thread
     from .torch_trainer import TorchTrainer, TrainerConfig, list_checkpoints
 
+    if not os.path.isfile(os.path.join(settings.model, "config.json")):
+        raise ValueError(f"model {settings.model!r} is not a Hugging Face model directory "
+                         "(no config.json); create one with `spanrl model init DIR`")
     loop = TrainingLoop(settings)
     checkpoints = os.path.join(settings.output_dir, "checkpoints")
     config = TrainerConfig(
@@ -290,7 +293,7 @@ def run_training(settings: TrainSettings, show_progress: bool = True) -> dict:
     finally:
         bar.close()
         loop.dispatcher.close()
-        time.sleep(0.3)  # let runners hear "training finished" (410) before the API goes away
+        time.sleep(1.0)  # let runners hear "training finished" (410) before the API goes away
         api.stop()
         server.stop()
     rewards = [r["reward_mean"] for r in metrics.rows]
