@@ -145,6 +145,9 @@ def demo_command(args: argparse.Namespace) -> int:
             policy_port=policy_port, bridge_port=bridge_port, device="cpu", seed=args.seed,
         )
         summary = run_training(settings)
+    except RuntimeError as exc:  # a component did not start: say where its log is
+        print(f"spanrl demo: {exc}; see the logs in {out}")
+        return 1
     finally:
         for child in reversed(children):
             if child.poll() is None:
