@@ -9,7 +9,9 @@ Steps: build the tree (``span_tree``); find the LLM calls (OpenInference kind ``
 spanrl token-id attributes); drop duplicates (one call seen by two instrumentors, e.g. a
 LangChain LLM span with the OpenAI span under it: an LLM span with LLM spans below it is a
 wrapper and is dropped, unless it alone carries token ids, then the spans below it are the
-duplicates); attach rewards and AIR rewards to calls by structure, never by timing; one
+duplicates; a framework LLM span that is not an ancestor of the SDK span of the same call, as
+openinference's LangChain tracer makes them, is merged into it when the SDK span lies in its
+time window with the same output text); attach rewards and AIR rewards to calls by structure, never by timing; one
 transition per call and choice, in call start order; credit assignment; variables.
 
 Which call a span's reward (or AIR signal) judges, ``call_for_span``:
@@ -29,6 +31,8 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
+from openinference.semconv.trace import MessageAttributes, SpanAttributes
+
 from spanrl.instrumentation import semconv
 from spanrl.otlp_receiver.air import AirRule
 from spanrl.otlp_receiver.credit import credit_function
@@ -39,6 +43,8 @@ from spanrl.otlp_receiver.transitions import Reward, Rollout, Transition
 logger = logging.getLogger(__name__)
 
 VARIABLE_TYPES = (str, int, float, bool)
+# Recorded by openinference's instrumentors (OpenAI and LangChain alike) on LLM spans.
+OUTPUT_TEXT_KEY = f"{SpanAttributes.LLM_OUTPUT_MESSAGES}.0.{MessageAttributes.MESSAGE_CONTENT}"
 
 
 @dataclass(frozen=True)
@@ -93,7 +99,12 @@ class _Calls:
                 suppressed_until = record.post
             else:
                 self.duplicates += 1  # a wrapper of the calls below it
-        self.kept = kept
+        # Positions for call_for_span include merged framework spans, so a signal that lands
+        # on or after one of them is routed to the SDK call it merged into.
+        self.merged_into = self._unnested_duplicates(kept)
+        self.duplicates += len(self.merged_into)
+        self.kept = [r for r in kept if r.key not in self.merged_into]
+        self._index = kept
         self._pre = [r.pre for r in kept]
         self.by_response_id: dict[str, SpanRecord] = {}
         for i, record in enumerate(order):
@@ -103,18 +114,60 @@ class _Calls:
                 if call is not None:
                     self.by_response_id.setdefault(response_id, call)
 
+    @staticmethod
+    def _unnested_duplicates(kept: list[SpanRecord]) -> dict[str, SpanRecord]:
+        """Framework LLM spans (no token ids) that recorded the same call as an SDK span
+        (with ids) without being its ancestor: key of the framework span -> the SDK span.
+
+        openinference's LangChain tracer does not make its span current, so the OpenAI SDK
+        span of the same call is not below it (often in another trace). The SDK span is the
+        same call when it lies within the framework span's time window and both recorded the
+        same output text. Timing only pairs the two records of one call here; it never
+        decides which call a reward judges.
+        """
+        with_ids = sorted((r for r in kept if has_token_ids(r)), key=lambda r: r.start_ns)
+        if not with_ids or len(with_ids) == len(kept):
+            return {}
+        starts = [r.start_ns for r in with_ids]
+        merged: dict[str, SpanRecord] = {}
+        claimed: set[str] = set()
+        for record in kept:
+            text = _output_text(record)
+            if text is None or has_token_ids(record):
+                continue
+            position = bisect.bisect_left(starts, record.start_ns)
+            while position < len(with_ids) and starts[position] <= record.end_ns:
+                candidate = with_ids[position]
+                if (candidate.key not in claimed and candidate.end_ns <= record.end_ns
+                        and _output_text(candidate) == text):
+                    merged[record.key] = candidate
+                    claimed.add(candidate.key)
+                    break
+                position += 1
+        return merged
+
     def call_for_span(self, record: SpanRecord) -> SpanRecord | None:
+        found = self._positional_call(record)
+        return None if found is None else self.merged_into.get(found.key, found)
+
+    def _positional_call(self, record: SpanRecord) -> SpanRecord | None:
         pre = self._pre
         if not pre:
             return None
         last_inside = bisect.bisect_left(pre, record.post) - 1
         if last_inside >= 0 and pre[last_inside] >= record.pre:
-            return self.kept[last_inside]  # rules 1 and 2
+            return self._index[last_inside]  # rules 1 and 2
         before = bisect.bisect_left(pre, record.pre) - 1
         if before >= 0:
-            return self.kept[before]  # rule 3
+            return self._index[before]  # rule 3
         after = bisect.bisect_left(pre, record.pre)
-        return self.kept[after] if after < len(pre) else None  # rule 4
+        return self._index[after] if after < len(pre) else None  # rule 4
+
+
+def _output_text(record: SpanRecord) -> str | None:
+    """The first output message's text an instrumentor recorded on an LLM span, if any."""
+    text = record.attributes.get(OUTPUT_TEXT_KEY)
+    return text if isinstance(text, str) else None
 
 
 def assemble_rollout(

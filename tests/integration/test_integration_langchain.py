@@ -197,6 +197,10 @@ def test_langchain_agent_calls_become_one_transition_each(tmp_path, policy_serve
     # the engine's own ids (a doubled, shifted or re-tokenized transition fails here).
     assert rollout.task_id == TASK_ID and rollout.attempt == ATTEMPT
     assert rollout.end_reason == "explicit"
+    # Each LangChain span was merged into its SDK span, not skipped as a call without ids.
+    assert f"{len(jobs)} LLM span(s) recorded the same call as another span and were merged" \
+        in rollout.problems, rollout.problems
+    assert not any("no engine token ids" in p for p in rollout.problems), rollout.problems
     assert [(t.prompt_token_ids, t.response_token_ids) for t in rollout.transitions] == served
     assert [t.index for t in rollout.transitions] == list(range(len(served)))
     assert [t.span_id for t in rollout.transitions] == [s.span_id.hex() for s in sdk_spans]

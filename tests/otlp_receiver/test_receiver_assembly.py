@@ -85,6 +85,31 @@ def test_duplicate_call_from_two_instrumentors_kept_once(memory_tracer, to_recor
     assert not any("no engine token ids" in p for p in rollout.problems)
 
 
+def test_unnested_framework_span_of_the_same_call_is_merged(memory_tracer, to_records):
+    """openinference's LangChain span is not the current span, so the OpenAI SDK span of the
+    same call is not below it (here: another trace). Same output text inside its time window
+    = the same call; signals on the framework span go to the SDK call."""
+    t = memory_tracer.tracer
+    out = "llm.output_messages.0.message.content"
+    with t.start_as_current_span(semconv.ROLLOUT_SPAN_NAME):
+        with t.start_as_current_span("chain"):
+            for number, (prompt, reply) in enumerate([([1], "CALC 2+2"), ([1, 5], "ANSWER 4")]):
+                framework = t.start_span("ChatOpenAI", attributes={**LLM, out: reply})
+                with t.start_as_current_span("ChatCompletion", context=None,
+                                             attributes={**LLM, out: reply,
+                                                         **ids(prompt, [10 + number])}):
+                    pass
+                framework.add_event(semconv.REWARD_EVENT, {semconv.REWARD_VALUE: 0.25 * (number + 1)})
+                framework.end()
+            with t.start_as_current_span("unrelated-llm", attributes={**LLM, out: "other"}):
+                pass  # no SDK twin with the same text: stays a call (and is reported)
+    rollout = assemble_rollout("r", to_records(memory_tracer.exporter.get_finished_spans()), "explicit")
+    assert [t.response_token_ids for t in rollout.transitions] == [(10,), (11,)]
+    assert [t.reward for t in rollout.transitions] == [0.25, 0.5]
+    assert any("2 LLM span(s) recorded the same call" in p for p in rollout.problems)
+    assert sum("no engine token ids" in p for p in rollout.problems) == 1  # the unrelated one
+
+
 def test_out_of_order_orphans_and_virtual_root(memory_tracer, to_records):
     t = memory_tracer.tracer
     with t.start_as_current_span(semconv.ROLLOUT_SPAN_NAME):

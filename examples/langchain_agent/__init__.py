@@ -1,0 +1,1 @@
+"""A LangChain agent for spanrl (an ordinary LangChain agent: no spanrl import)."""
