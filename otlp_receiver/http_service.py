@@ -105,10 +105,15 @@ class _Handler(BaseHTTPRequestHandler):
         if (self.headers.get("Transfer-Encoding") or "").lower() == "chunked":
             raw = self._read_chunked(limit)
         else:
+            header = self.headers.get("Content-Length") or "0"
             try:
-                length = int(self.headers.get("Content-Length") or 0)
+                length = int(header)
             except ValueError:
-                raise PayloadError("Content-Length is not a number") from None
+                length = -1
+            if length < 0:
+                # rfile.read(-1) would read until the client closes, with no limit
+                self.close_connection = True  # where the body ends is unknown
+                raise PayloadError(f"Content-Length must be a non-negative integer, got {header!r}")
             if length > limit:
                 raise TooLarge(f"request body of {length} bytes exceeds the limit of {limit} bytes")
             raw = self.rfile.read(length)
@@ -134,7 +139,10 @@ class _Handler(BaseHTTPRequestHandler):
             try:
                 size = int(line.split(b";")[0].strip(), 16)
             except ValueError:
-                raise PayloadError("malformed chunked transfer encoding") from None
+                size = -1
+            if size < 0:  # a negative size would make rfile.read() read until the client closes
+                self.close_connection = True
+                raise PayloadError(f"malformed chunked transfer encoding: chunk size line {line[:40]!r}")
             if size == 0:
                 while self.rfile.readline(1024) not in (b"\r\n", b"\n", b""):
                     pass

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import sqlite3
 import threading
 import time
 
@@ -26,7 +27,7 @@ from spanrl.otlp_receiver.http_service import HttpExportServer
 from spanrl.otlp_receiver.ingest import IngestWriter
 from spanrl.otlp_receiver.settings import ReceiverSettings
 from spanrl.otlp_receiver.span_tree import records_from_bodies
-from spanrl.otlp_receiver.store import SpanStore
+from spanrl.otlp_receiver.store import SpanStore, StoreError, StoredSpan
 from spanrl.otlp_receiver.transitions import Rollout
 
 logger = logging.getLogger(__name__)
@@ -66,7 +67,13 @@ class Assembler:
             on_rollout_span=self.settings.complete_on_rollout_span,
         ):
             try:
-                rollout, span_count = self.assemble(ready.rollout_id, ready.end_reason)
+                spans = self.store.rollout_spans(ready.rollout_id)
+            except (sqlite3.Error, StoreError) as exc:  # busy/locked passes: retry next poll
+                logger.warning("cannot read the spans of rollout %s (%s); retrying on the next poll",
+                               ready.rollout_id, exc)
+                continue
+            try:
+                rollout, span_count = self.assemble_spans(ready.rollout_id, ready.end_reason, spans)
             except Exception as exc:  # a bug must not stall the other rollouts, or loop forever
                 logger.exception("assembly of rollout %s failed; marked broken", ready.rollout_id)
                 self.store.mark_broken(ready.rollout_id, f"{type(exc).__name__}: {exc}")
@@ -84,7 +91,10 @@ class Assembler:
 
     def assemble(self, rollout_id: str, end_reason: str) -> tuple[Rollout, int]:
         """Read, decode and assemble one rollout (not saved); returns it and its span count."""
-        spans = self.store.rollout_spans(rollout_id)
+        return self.assemble_spans(rollout_id, end_reason, self.store.rollout_spans(rollout_id))
+
+    def assemble_spans(self, rollout_id: str, end_reason: str, spans: list[StoredSpan]) -> tuple[Rollout, int]:
+        """Decode and assemble one rollout from its stored ``spans``; returns it and their count."""
         # Building a tree of many small linked objects makes the cyclic garbage collector
         # rescan them again and again (super-linear for 100k-span rollouts); nothing here
         # needs it, so it is paused for the duration.

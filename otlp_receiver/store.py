@@ -179,59 +179,64 @@ class SpanStore:
         if not rows:
             return
         now = time.time() if now is None else now
-        per_rollout: dict[str, list] = {}
+        # Rows grouped by rollout: ``INSERT OR IGNORE`` skips spans already stored (exporter
+        # retries), so each group's inserted count is read from the connection's change
+        # counter and only spans actually inserted count towards the rollout's bookkeeping
+        # (span_count, late_spans, last_seen; a retry must not restart the grace delay).
+        per_rollout: dict[str, list[SpanRow]] = {}
         for row in rows:
-            if row.rollout_id is not None:
-                entry = per_rollout.get(row.rollout_id)
-                if entry is None:
-                    entry = per_rollout[row.rollout_id] = [row.task_id, row.attempt, 0, False]
-                entry[2] += 1
-                entry[3] = entry[3] or row.is_rollout_root
-                if entry[0] is None:
-                    entry[0] = row.task_id
-                if entry[1] is None:
-                    entry[1] = row.attempt
+            per_rollout.setdefault(row.rollout_id or "", []).append(row)
         try:
             with self._transaction() as db:
-                db.executemany(
-                    "INSERT OR IGNORE INTO spans"
-                    " (trace_id, span_id, rollout_id, name, start_ns, received_at, body)"
-                    " VALUES (?, ?, ?, ?, ?, ?, ?)",
-                    [
-                        (r.trace_id, r.span_id, r.rollout_id or "", r.name, r.start_ns, now, r.body)
-                        for r in rows
-                    ],
-                )
-                db.executemany(
-                    "INSERT INTO rollouts (rollout_id, task_id, attempt, first_seen, last_seen,"
-                    " span_count, root_seen_at) VALUES (?, ?, ?, ?, ?, ?, ?)"
-                    " ON CONFLICT (rollout_id) DO UPDATE SET"
-                    " task_id = coalesce(rollouts.task_id, excluded.task_id),"
-                    " attempt = coalesce(rollouts.attempt, excluded.attempt),"
-                    " last_seen = excluded.last_seen,"
-                    " span_count = rollouts.span_count + excluded.span_count,"
-                    " root_seen_at = coalesce(rollouts.root_seen_at, excluded.root_seen_at),"
-                    " late_spans = rollouts.late_spans"
-                    "   + (CASE WHEN rollouts.state = 'assembled' THEN excluded.span_count ELSE 0 END)",
-                    [
-                        (rid, task, attempt, now, now, count, now if root else None)
-                        for rid, (task, attempt, count, root) in per_rollout.items()
-                    ],
-                )
+                for rollout_id, group in per_rollout.items():
+                    changes_before = db.total_changes
+                    db.executemany(
+                        "INSERT OR IGNORE INTO spans"
+                        " (trace_id, span_id, rollout_id, name, start_ns, received_at, body)"
+                        " VALUES (?, ?, ?, ?, ?, ?, ?)",
+                        [(r.trace_id, r.span_id, rollout_id, r.name, r.start_ns, now, r.body) for r in group],
+                    )
+                    inserted = db.total_changes - changes_before
+                    if rollout_id and inserted:
+                        self._count_new_spans(db, rollout_id, group, inserted, now)
         except sqlite3.Error as exc:
             raise StoreError(f"cannot write {len(rows)} spans to {self.path}: {exc}") from exc
+
+    @staticmethod
+    def _count_new_spans(db, rollout_id: str, group: Sequence[SpanRow], inserted: int, now: float) -> None:
+        """Record ``inserted`` new spans of ``rollout_id`` (rows of ``group``) in ``rollouts``."""
+        task_id = next((r.task_id for r in group if r.task_id is not None), None)
+        attempt = next((r.attempt for r in group if r.attempt is not None), None)
+        # A root span that was a duplicate already set root_seen_at when first stored.
+        root_seen_at = now if any(r.is_rollout_root for r in group) else None
+        db.execute(
+            "INSERT INTO rollouts (rollout_id, task_id, attempt, first_seen, last_seen,"
+            " span_count, root_seen_at) VALUES (?, ?, ?, ?, ?, ?, ?)"
+            " ON CONFLICT (rollout_id) DO UPDATE SET"
+            " task_id = coalesce(rollouts.task_id, excluded.task_id),"
+            " attempt = coalesce(rollouts.attempt, excluded.attempt),"
+            " last_seen = excluded.last_seen,"
+            " span_count = rollouts.span_count + excluded.span_count,"
+            " root_seen_at = coalesce(rollouts.root_seen_at, excluded.root_seen_at),"
+            " late_spans = rollouts.late_spans"
+            "   + (CASE WHEN rollouts.state = 'assembled' THEN excluded.span_count ELSE 0 END)",
+            (rollout_id, task_id, attempt, now, now, inserted, root_seen_at),
+        )
 
     def complete_rollout(self, rollout_id: str, now: float | None = None) -> None:
         """Ask for ``rollout_id`` to be assembled (after the grace delay) by the receiver."""
         now = time.time() if now is None else now
-        with self._transaction() as db:
-            db.execute(
-                "INSERT INTO rollouts (rollout_id, first_seen, last_seen, completion_requested_at)"
-                " VALUES (?, ?, ?, ?) ON CONFLICT (rollout_id) DO UPDATE SET"
-                " completion_requested_at = coalesce(rollouts.completion_requested_at,"
-                " excluded.completion_requested_at)",
-                (rollout_id, now, now, now),
-            )
+        try:
+            with self._transaction() as db:
+                db.execute(
+                    "INSERT INTO rollouts (rollout_id, first_seen, last_seen, completion_requested_at)"
+                    " VALUES (?, ?, ?, ?) ON CONFLICT (rollout_id) DO UPDATE SET"
+                    " completion_requested_at = coalesce(rollouts.completion_requested_at,"
+                    " excluded.completion_requested_at)",
+                    (rollout_id, now, now, now),
+                )
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot record completion of rollout {rollout_id!r} in {self.path}: {exc}") from exc
 
     def rollouts_ready(
         self,

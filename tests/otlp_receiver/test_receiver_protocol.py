@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import socket
 import sqlite3
 import threading
 
@@ -155,6 +156,34 @@ def test_oversize_messages_refused_on_both_transports(start_receiver, grpc_expor
     assert r.status_code == 413
     small = request_of(span(2)).SerializeToString()
     assert not grpc_export(server)(small).HasField("partial_success")
+    assert requests.post(url, data=small, headers={"Content-Type": "application/x-protobuf"}).status_code == 200
+
+
+@pytest.mark.parametrize(
+    "framing",
+    ["Content-Length: -1\r\n\r\n", "Transfer-Encoding: chunked\r\n\r\n-5\r\nxxxxx\r\n"],
+    ids=["negative-content-length", "negative-chunk-size"],
+)
+def test_negative_body_sizes_are_refused_at_once(start_receiver, framing):
+    """A negative size must not make the server read until the client hangs up."""
+    server = start_receiver()
+    with socket.create_connection(("127.0.0.1", server.http_port), timeout=5) as conn:
+        conn.sendall(
+            b"POST /v1/traces HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-protobuf\r\n"
+            + framing.encode()
+        )  # the connection stays open: the answer must come without it closing
+        response = conn.makefile("rb")
+        status_line = response.readline()
+        assert status_line.startswith(b"HTTP/1.1 400"), status_line
+        headers = {}
+        while (line := response.readline()) not in (b"\r\n", b""):
+            key, _, value = line.decode().partition(":")
+            headers[key.strip().lower()] = value.strip()
+        assert headers["connection"] == "close"
+        message = status_pb2.Status.FromString(response.read(int(headers["content-length"]))).message
+        assert "Content-Length" in message or "chunk" in message
+    small = request_of(span(2)).SerializeToString()
+    url = f"http://127.0.0.1:{server.http_port}/v1/traces"
     assert requests.post(url, data=small, headers={"Content-Type": "application/x-protobuf"}).status_code == 200
 
 

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import logging
+import sqlite3
 import subprocess
 import sys
 import textwrap
 from dataclasses import replace
+
+import pytest
 
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
@@ -16,7 +20,7 @@ from spanrl.otlp_receiver.assembly import AssemblyOptions
 from spanrl.otlp_receiver.otlp_decode import decode_request
 from spanrl.otlp_receiver.server import Assembler
 from spanrl.otlp_receiver.settings import ReceiverSettings
-from spanrl.otlp_receiver.store import SpanStore
+from spanrl.otlp_receiver.store import SpanStore, StoreError
 
 
 def rows(*spans):
@@ -143,4 +147,69 @@ def test_a_rollout_that_cannot_be_assembled_is_marked_broken(tmp_path):
     assert a.run_once(now=102.0) == []  # not retried forever
     states = {s.rollout_id: s.state for s in store.rollout_summaries()}
     assert states == {"fine": "assembled", "corrupt": "broken"}
+    store.close()
+
+
+def test_retried_spans_do_not_count_twice_or_delay_assembly(tmp_path):
+    """An exporter retry re-sends spans already stored: they are ignored, bookkeeping included."""
+    store = SpanStore(tmp_path / "s.db")
+    batch = rows(span(1, name=semconv.ROLLOUT_SPAN_NAME), span(2, parent=1, ids=True))
+    store.write_spans(batch, now=100.0)
+    store.write_spans(batch, now=100.8)  # retries of the same batch
+    store.write_spans(batch + rows(span(2, parent=1, ids=True)), now=100.9)
+    (summary,) = store.rollout_summaries()
+    assert (summary.span_count, summary.last_seen, summary.late_spans) == (2, 100.0, 0)
+    (done,) = assembler(store).run_once(now=101.1)  # grace counted from the first arrival
+    assert done.rollout_id == "r1" and len(done.transitions) == 1
+    store.write_spans(batch, now=110.0)  # a retry after assembly is not a late span
+    (summary,) = store.rollout_summaries()
+    assert (summary.span_count, summary.last_seen, summary.late_spans) == (2, 100.0, 0)
+    # a genuinely new span after assembly still counts, even in a batch with duplicates
+    store.write_spans(batch + rows(span(3, parent=1)), now=111.0)
+    (summary,) = store.rollout_summaries()
+    assert (summary.span_count, summary.last_seen, summary.late_spans) == (3, 111.0, 1)
+    assert store.span_count() == 3
+    store.close()
+
+
+def test_complete_rollout_on_a_locked_store_raises_store_error(tmp_path):
+    store = SpanStore(tmp_path / "s.db")
+    store._db.execute("PRAGMA busy_timeout=0")  # fail at once instead of waiting a minute
+    other = sqlite3.connect(str(tmp_path / "s.db"), isolation_level=None)
+    try:
+        other.execute("BEGIN IMMEDIATE")  # another process holds the write lock
+        with pytest.raises(StoreError, match="r-locked.*locked"):
+            store.complete_rollout("r-locked", now=100.0)
+        other.execute("ROLLBACK")
+        store.complete_rollout("r-locked", now=100.0)  # the store is usable afterwards
+        assert list(store.iter_rollout_ids()) == ["r-locked"]
+    finally:
+        other.close()
+        store.close()
+
+
+class _StoreBusyOnce(SpanStore):
+    """A real store whose first read of a rollout's spans meets a busy database, as it can when
+    another process holds a lock (not reproducible on demand for a WAL reader)."""
+
+    busy_reads = 1
+
+    def rollout_spans(self, rollout_id):
+        if self.busy_reads:
+            self.busy_reads -= 1
+            raise sqlite3.OperationalError("database is locked")
+        return super().rollout_spans(rollout_id)
+
+
+def test_store_error_while_reading_spans_is_retried_not_broken(tmp_path, caplog):
+    store = _StoreBusyOnce(tmp_path / "s.db")
+    store.write_spans(rows(span(1, name=semconv.ROLLOUT_SPAN_NAME), span(2, parent=1, ids=True)), now=100.0)
+    a = assembler(store)
+    with caplog.at_level(logging.WARNING, logger="spanrl.otlp_receiver.server"):
+        assert a.run_once(now=102.0) == []
+    assert "database is locked" in caplog.text and "retrying" in caplog.text
+    assert list(store.iter_rollout_ids(state="open")) == ["r1"]  # not marked broken
+    (done,) = a.run_once(now=103.0)  # the next poll assembles it
+    assert done.rollout_id == "r1" and len(done.transitions) == 1
+    assert list(store.iter_rollout_ids(state="assembled")) == ["r1"]
     store.close()
