@@ -324,11 +324,20 @@ class PolicyEngine:
         Applied by the engine thread between batches (immediately when idle): no sequence ever
         sees two weight sets. Blocks until applied, so the caller may change its tensors after.
         A PEFT state dict must be merged first (``TorchTrainer.policy_state_dict()``).
+        A second call before the first was applied supersedes it: only the newest weights
+        are loaded, and the earlier caller gets ``EngineError`` ("superseded by version N")
+        at once instead of waiting.
         """
         done = threading.Event()
         outcome: list = []
         with self._swap_lock:
-            self._pending_swap = (state_dict, int(version), done, outcome)
+            superseded, self._pending_swap = self._pending_swap, (state_dict, int(version), done, outcome)
+        if superseded is not None:
+            _, old_version, old_done, old_outcome = superseded
+            old_outcome.append(EngineError(
+                f"the weight swap to version {old_version} was superseded by version {int(version)} "
+                f"before it was applied"))
+            old_done.set()
         if self._thread is None:
             self._apply_pending_swap()
         else:

@@ -116,7 +116,7 @@ class TorchTrainer:
     """GRPO + SFT on a Hugging Face causal LM (see the module docstring)."""
 
     def __init__(self, model_dir: str | Path, config: TrainerConfig | None = None,
-                 _adapter_dir: str | Path | None = None):
+                 _adapter_dir: str | Path | None = None, _reference_dir: str | Path | None = None):
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         self.config = config or TrainerConfig()
@@ -131,7 +131,17 @@ class TorchTrainer:
             model.config.use_cache = False
         self.reference = None
         if self.config.kl_coef > 0 and not self.config.lora_rank:
-            self.reference = copy.deepcopy(model).eval().requires_grad_(False)
+            # KL is to the initial policy: a resumed full fine-tune (``_reference_dir``: the
+            # base model) must not take the checkpoint it starts from as its reference.
+            if _reference_dir is not None:
+                if not (Path(_reference_dir) / "config.json").is_file():
+                    raise FileNotFoundError(
+                        f"the KL reference (the base model the checkpoint was trained from) is not "
+                        f"a model directory: {str(_reference_dir)!r}")
+                reference = AutoModelForCausalLM.from_pretrained(str(_reference_dir), dtype=torch.float32)
+                self.reference = reference.to(self.device).eval().requires_grad_(False)
+            else:
+                self.reference = copy.deepcopy(model).eval().requires_grad_(False)
         if self.config.lora_rank:
             from peft import LoraConfig, PeftModel, get_peft_model
 
@@ -292,24 +302,22 @@ class TorchTrainer:
         # Old logprobs: the engine's when given. Missing ones are the current policy's; with a
         # single epoch the weights do not change before the loss is taken, so they are the
         # detached logprobs of the training forward pass itself (no extra forward pass).
+        given_old = self._usable_old_logprobs(samples)
         old, missing_rows, ref, advantages = [], [], [], []
         recompute_up_front = config.ppo_epochs > 1
         self.model.eval()
         with torch.no_grad():
             for batch in batches:
                 lengths = [len(samples[i].response_token_ids) for i in batch.rows]
-                missing = torch.tensor([samples[i].old_logprobs is None for i in batch.rows],
+                missing = torch.tensor([given_old[i] is None for i in batch.rows],
                                        device=self.device).unsqueeze(1)
                 recomputed = (self._token_logprobs(self.model, batch)
                               if recompute_up_front and bool(missing.any()) else None)
                 old_values = torch.zeros_like(batch.response_mask)
                 adv = torch.zeros_like(batch.response_mask)
                 for b, i in enumerate(batch.rows):
-                    given = samples[i].old_logprobs
+                    given = given_old[i]
                     if given is not None:
-                        if len(given) != lengths[b]:
-                            raise ValueError(f"sample {i}: {len(given)} old logprobs for "
-                                             f"{lengths[b]} response tokens")
                         old_values[b, : lengths[b]] = torch.tensor(list(given), dtype=torch.float32)
                     elif recomputed is not None:
                         old_values[b] = recomputed[b].float()
@@ -366,6 +374,25 @@ class TorchTrainer:
         if config.checkpoint_every and self.step % config.checkpoint_every == 0:
             self._periodic_checkpoint()
         return stats
+
+    @staticmethod
+    def _usable_old_logprobs(samples: Sequence[TrainingSample]) -> list[Sequence[float] | None]:
+        """Each sample's given old logprobs, or ``None`` (recompute) where their count does not
+        match its response: agent data from another engine must not stop training."""
+        usable: list[Sequence[float] | None] = []
+        mismatched: list[str] = []
+        for number, sample in enumerate(samples):
+            given = sample.old_logprobs
+            if given is not None and len(given) != len(sample.response_token_ids):
+                mismatched.append(f"sample {number}: {len(given)} for {len(sample.response_token_ids)} tokens")
+                given = None
+            usable.append(given)
+        if mismatched:
+            logger.warning("%d of %d samples have a different number of old logprobs than response "
+                           "tokens (%s%s): their old logprobs are recomputed with the current weights",
+                           len(mismatched), len(samples), "; ".join(mismatched[:3]),
+                           ", ..." if len(mismatched) > 3 else "")
+        return usable
 
     def _reference_logprobs(self, batch: _Batch) -> torch.Tensor:
         if self.reference is not None:
@@ -539,14 +566,16 @@ class TorchTrainer:
         if state.get("lora"):
             trainer = cls(state["base_model_dir"], config, _adapter_dir=path / ADAPTER_DIR)
         else:
-            trainer = cls(path, config)
+            trainer = cls(path, config, _reference_dir=state["base_model_dir"])
         trainer._base_dir = state["base_model_dir"]
         saved_optim = torch.load(path / OPTIMIZER_FILE, map_location=trainer.device, weights_only=False)
         trainer.optimizer.load_state_dict(saved_optim["optimizer"])
         if saved_optim.get("sft_optimizer") is not None:
             trainer._sft_optimizer = trainer._new_optimizer(config.sft_lr)
             trainer._sft_optimizer.load_state_dict(saved_optim["sft_optimizer"])
-        torch.set_rng_state(saved_optim["torch_rng"])
+        # map_location put the RNG state on the trainer's device; set_rng_state takes only a
+        # CPU ByteTensor (on CUDA it raised "RNG state must be a torch.ByteTensor").
+        torch.set_rng_state(saved_optim["torch_rng"].cpu())
         trainer.step = int(state["step"])
         trainer.policy_version = int(state["policy_version"])
         logger.info("resumed from %s: step %d, policy version %d", path, trainer.step, trainer.policy_version)

@@ -184,3 +184,56 @@ def test_lora_with_kl_trains_serves_and_resumes(tiny_model_dir, engine, tmp_path
     assert (resumed.step, resumed.policy_version) == (2, 2)
     torch.testing.assert_close(resumed.policy_state_dict()["model.layers.1.mlp.up_proj.weight"],
                                merged["model.layers.1.mlp.up_proj.weight"])
+
+
+def test_mismatched_old_logprobs_are_recomputed_with_one_warning(tiny_model_dir, caplog):
+    trainer = TorchTrainer(tiny_model_dir, TrainerConfig(device="cpu"))
+    samples = fixed_samples(3)
+    current = trainer.sequence_logprobs(samples)
+    given = [TrainingSample(s.prompt_token_ids, s.response_token_ids, s.advantage, [v + 1.0 for v in lp])
+             for s, lp in zip(samples, current)]
+    bad = [0, 5]  # one logprob too many / too few: as from an engine that counts differently
+    given[0] = TrainingSample(given[0].prompt_token_ids, given[0].response_token_ids, given[0].advantage,
+                              list(given[0].old_logprobs) + [0.0])
+    given[5] = TrainingSample(given[5].prompt_token_ids, given[5].response_token_ids, given[5].advantage,
+                              list(given[5].old_logprobs)[:-1])
+    with caplog.at_level("WARNING", logger="spanrl.trainer_bridge.torch_trainer"):
+        stats = trainer.grpo_step(given)
+    warnings = [r for r in caplog.records if "old logprobs" in r.getMessage()]
+    assert len(warnings) == 1 and "sample 0" in warnings[0].getMessage() and "sample 5" in warnings[0].getMessage()
+    # good samples keep their given logprobs (old - new = +1); the bad ones are recomputed (0)
+    total = sum(len(s.response_token_ids) for s in samples)
+    recomputed = sum(len(samples[i].response_token_ids) for i in bad)
+    assert stats["ppo_kl"] == pytest.approx((total - recomputed) / total, abs=1e-3)
+
+
+def test_resume_restores_the_torch_rng_state(tiny_model_dir, tmp_path):
+    # The bug was on CUDA: the state was loaded onto the GPU and set_rng_state refused it; on
+    # CPU this checks the state still round-trips through the checkpoint.
+    trainer = TorchTrainer(tiny_model_dir, TrainerConfig(device="cpu"))
+    torch.manual_seed(1234)
+    torch.rand(5)
+    saved = trainer.save_checkpoint(tmp_path / "ckpt")
+    expected = torch.rand(4)
+    torch.manual_seed(0)
+    TorchTrainer.resume(saved)
+    assert torch.equal(torch.rand(4), expected)
+
+
+def test_resumed_full_fine_tune_keeps_kl_to_the_base_model(tiny_model_dir, tmp_path):
+    config = TrainerConfig(device="cpu", kl_coef=0.1, lr=1e-2)
+    trainer = TorchTrainer(tiny_model_dir, config)
+    samples = fixed_samples(7)
+    assert trainer.grpo_step(samples)["kl_loss"] == pytest.approx(0.0, abs=1e-7)
+    saved = trainer.save_checkpoint(tmp_path / "ckpt")
+
+    resumed = TorchTrainer.resume(saved)
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir).state_dict()
+    checkpoint = resumed.model.state_dict()
+    reference = resumed.reference.state_dict()
+    key = "model.layers.0.self_attn.q_proj.weight"
+    assert not torch.equal(checkpoint[key], base[key])  # the step really moved the weights
+    for name, value in base.items():
+        torch.testing.assert_close(reference[name], value, rtol=0, atol=0, msg=name)
+    assert not any(p.requires_grad for p in resumed.reference.parameters())
+    assert resumed.grpo_step(samples)["kl_loss"] > 0  # the checkpoint as reference would give 0

@@ -102,3 +102,50 @@ def test_every_response_is_entirely_from_one_policy_version(server, engine):
         # the other weight set would have given different logprobs: a mix would be caught
         differs = (forward_logprobs(other, result["prompt"], result["ids"]) - served).abs()
         assert float(differs.max()) > 1e-2
+
+
+def test_a_superseded_swap_fails_at_once_and_only_the_newest_weights_are_loaded(engine):
+    from spanrl.trainer_bridge.policy_engine import EngineError, SamplingParams
+
+    key = "model.layers.0.self_attn.q_proj.weight"
+    weights_1 = {k: v.clone() for k, v in engine.model.state_dict().items()}
+    weights_2 = {k: v + 0.1 if v.dim() > 1 else v.clone() for k, v in weights_1.items()}
+    busy, release = threading.Event(), threading.Event()
+
+    def hold_the_engine_thread(_event) -> None:  # on_token runs on the engine thread
+        busy.set()
+        release.wait(30)
+
+    outcomes: dict[int, object] = {}
+
+    def swap(weights, version: int) -> None:
+        try:
+            engine.swap_weights(weights, version, timeout=30)
+            outcomes[version] = "applied"
+        except BaseException as exc:  # checked by the test
+            outcomes[version] = exc
+
+    request = engine.submit(engine.encode_text("hello"), SamplingParams(max_tokens=2), on_token=hold_the_engine_thread)
+    first = threading.Thread(target=swap, args=(weights_1, 1))
+    second = threading.Thread(target=swap, args=(weights_2, 2))
+    try:
+        assert busy.wait(30)
+        first.start()
+        deadline = time.monotonic() + 10
+        while engine._pending_swap is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert engine._pending_swap is not None and engine._pending_swap[1] == 1
+        second.start()
+        first.join(10)
+        assert not first.is_alive(), "the superseded caller still waits"
+        assert isinstance(outcomes[1], EngineError), outcomes
+        assert "superseded by version 2" in str(outcomes[1])
+        assert engine.version == 0 and second.is_alive()  # the engine is still busy
+    finally:
+        release.set()
+        for thread in (first, second):
+            if thread.ident is not None:
+                thread.join(30)
+    request.wait(30)
+    assert outcomes[2] == "applied" and engine.version == 2
+    assert torch.equal(engine.model.state_dict()[key], weights_2[key])
