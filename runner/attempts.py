@@ -13,6 +13,7 @@ import asyncio
 import importlib
 import inspect
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -21,10 +22,15 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from spanrl.instrumentation import rollout, set_variable
-from spanrl.instrumentation import semconv
+from opentelemetry import baggage, trace
+from opentelemetry import context as otel_context
+from opentelemetry.trace import Status, StatusCode
+
+from spanrl.instrumentation import rollout, semconv, set_variable
 
 from .bridge_client import Claim
+
+logger = logging.getLogger(__name__)
 
 OUTPUT_VARIABLE = "output"
 STDERR_TAIL_CHARS = 2000
@@ -61,29 +67,67 @@ def load_callable(spec: str) -> Callable[[dict], Any]:
 
 
 def run_callable_attempt(agent: Callable[[dict], Any], claim: Claim) -> AttemptResult:
-    """Call ``agent(task)`` in its own thread; a hung agent is abandoned at the timeout."""
+    """Call ``agent(task)`` in its own thread inside the rollout's span.
+
+    The span is ended here, not by the agent's thread: an agent that hangs past the timeout
+    is abandoned (a thread cannot be killed) but its rollout still ends, with status ERROR.
+    """
+    span, rollout_context = _start_rollout_span(claim)
     outcome: dict[str, Any] = {}
     done = threading.Event()
 
     def body() -> None:
+        token = otel_context.attach(rollout_context)
         try:
-            with rollout(claim.task_id, attempt=claim.attempt, rollout_id=claim.rollout_id):
-                result = agent(claim.task)
-                if inspect.isawaitable(result):
-                    result = asyncio.run(_await(result))
-                outcome["output"] = "" if result is None else str(result)
+            result = agent(claim.task)
+            if inspect.isawaitable(result):
+                result = asyncio.run(_await(result))
+            outcome["output"] = "" if result is None else str(result)
+            if not done.is_set():
                 set_variable(OUTPUT_VARIABLE, outcome["output"])
         except BaseException as exc:  # the agent's failure is the rollout's, never the runner's
-            outcome["error"] = f"{type(exc).__name__}: {exc}"
+            outcome["exception"] = exc
         finally:
+            otel_context.detach(token)
             done.set()
 
-    threading.Thread(target=body, name=f"agent-{claim.rollout_id}", daemon=True).start()
-    if not done.wait(claim.rollout_timeout_s):
-        return AttemptResult("timeout", f"agent did not finish within {claim.rollout_timeout_s:g} s")
-    if "error" in outcome:
-        return AttemptResult("failed", outcome["error"])
+    thread = threading.Thread(target=body, name=f"agent-{claim.rollout_id}", daemon=True)
+    thread.start()
+    finished = done.wait(claim.rollout_timeout_s)
+    done.set()  # from here on, a late agent no longer writes to the span
+    if not finished:
+        error = f"agent did not finish within {claim.rollout_timeout_s:g} s (abandoned)"
+        _end_rollout_span(span, error)
+        abandoned = sum(t.name.startswith("agent-") and t.is_alive() for t in threading.enumerate())
+        logger.warning("%s; %d abandoned agent thread(s) still running", error, abandoned)
+        return AttemptResult("timeout", error)
+    if "exception" in outcome:
+        exc = outcome["exception"]
+        span.record_exception(exc)
+        error = f"{type(exc).__name__}: {exc}"
+        _end_rollout_span(span, error)
+        return AttemptResult("failed", error)
+    _end_rollout_span(span, None)
     return AttemptResult("ok", output=outcome.get("output"))
+
+
+def _start_rollout_span(claim: Claim):
+    """The ``spanrl.rollout`` span of an attempt and a context that carries it and the rollout
+    identity (as W3C baggage, which spanrl's span processor stamps on every span)."""
+    identity = {semconv.ROLLOUT_ID: claim.rollout_id, semconv.TASK_ID: claim.task_id,
+                semconv.ATTEMPT: claim.attempt}
+    span = trace.get_tracer(__name__).start_span(
+        semconv.ROLLOUT_SPAN_NAME, context=otel_context.Context(), attributes=identity)
+    rollout_context = trace.set_span_in_context(span, otel_context.Context())
+    for key, value in identity.items():
+        rollout_context = baggage.set_baggage(key, str(value), rollout_context)
+    return span, rollout_context
+
+
+def _end_rollout_span(span, error: str | None) -> None:
+    if error is not None:
+        span.set_status(Status(StatusCode.ERROR, error))
+    span.end()
 
 
 async def _await(awaitable: Any) -> Any:

@@ -62,4 +62,7 @@ def run_command(args: argparse.Namespace) -> int:
     finally:
         stop_tracing()
     print("rollouts: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
+    if runner.gave_up:
+        print(f"spanrl run: the bridge at {settings.bridge_url} stayed unreachable; stopped")
+        return 1
     return 0

@@ -31,6 +31,7 @@ class Runner:
         self.counts: Counter[str] = Counter()
         self._counts_lock = threading.Lock()
         self._stop = threading.Event()
+        self.gave_up = False  # a worker stopped because the bridge stayed unreachable
         self._run_attempt: Callable[[Claim], AttemptResult] = self._prepare_agent()
 
     def _prepare_agent(self) -> Callable[[Claim], AttemptResult]:
@@ -102,13 +103,18 @@ class Runner:
                 unreachable_since = unreachable_since or now
                 if now - unreachable_since > self.settings.bridge_wait_s:
                     logger.error("giving up: %s", exc)
+                    self.gave_up = True
                     return
                 time.sleep(0.5)
                 continue
             if claim is None:
                 time.sleep(IDLE_POLL_S)
                 continue
-            result = self._run_attempt(claim)
+            try:
+                result = self._run_attempt(claim)
+            except Exception as exc:  # a runner bug must not silently kill this worker
+                logger.exception("running rollout %s failed", claim.rollout_id)
+                result = AttemptResult("failed", f"runner error: {type(exc).__name__}: {exc}")
             self._count(result.status)
             if result.status != "ok":
                 logger.warning("rollout %s %s: %s", claim.rollout_id, result.status, result.error)

@@ -39,5 +39,7 @@ class RunnerSettings:
             raise ValueError("set exactly one of 'agent' (module:function) or 'command'")
         if self.agent is not None and ":" not in self.agent:
             raise ValueError(f"agent must look like 'module:function', got {self.agent!r}")
+        if self.command is not None and not self.command:
+            raise ValueError("command is empty: give the program to run, e.g. [\"python\", \"agent.py\"]")
         if self.concurrency < 1:
             raise ValueError(f"concurrency must be at least 1, got {self.concurrency}")

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -111,6 +112,7 @@ def demo_command(args: argparse.Namespace) -> int:
         for task in make_tasks(1000, seed=args.seed + 1):
             f.write(json.dumps(task) + "\n")
 
+    shutil.rmtree(os.path.join(out, "run"), ignore_errors=True)  # the demo starts afresh
     db = os.path.join(out, "spanrl.db")
     for suffix in ("", "-wal", "-shm"):
         if os.path.exists(db + suffix):

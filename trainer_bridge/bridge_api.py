@@ -23,6 +23,8 @@ from .task_dispatch import TaskDispatcher, TrainingFinished
 
 logger = logging.getLogger(__name__)
 
+MAX_BODY_BYTES = 1 << 20  # runners send small JSON objects
+
 
 @dataclass(frozen=True)
 class PolicyInfo:
@@ -56,8 +58,7 @@ class _Handler(BaseHTTPRequestHandler):
         try:
             if route is None:
                 raise BridgeAPIError(404, f"no such endpoint: {self.command} {self.path}")
-            length = int(self.headers.get("Content-Length") or 0)
-            raw = self.rfile.read(length) if length else b""
+            raw = self._read_body()
             try:
                 body = json.loads(raw) if raw.strip() else {}
             except json.JSONDecodeError as exc:
@@ -74,11 +75,24 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_response(status)
         if status == 204:
             self.send_header("Retry-After", "0.2")
+        if status >= 400:  # the body may not have been read: do not reuse the connection
+            self.send_header("Connection", "close")
+            self.close_connection = True
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
         if data:
             self.wfile.write(data)
+
+
+    def _read_body(self) -> bytes:
+        try:
+            length = int(self.headers.get("Content-Length") or 0)
+        except ValueError as exc:
+            raise BridgeAPIError(400, "Content-Length is not a number") from exc
+        if not 0 <= length <= MAX_BODY_BYTES:
+            raise BridgeAPIError(400, f"Content-Length must be 0..{MAX_BODY_BYTES}, got {length}")
+        return self.rfile.read(length) if length else b""
 
 
 class _BridgeHTTPServer(ThreadingHTTPServer):

@@ -18,6 +18,15 @@ class MetricsLog:
             with open(self.path, encoding="utf-8") as f:
                 self.rows = [json.loads(line) for line in f if line.strip()]
 
+    def keep_up_to_version(self, policy_version: int) -> None:
+        """Drop rows after ``policy_version`` (a resumed run redoes the steps after its
+        checkpoint, so they must not appear twice)."""
+        kept = [r for r in self.rows if r.get("policy_version", 0) <= policy_version]
+        if len(kept) != len(self.rows):
+            self.rows = kept
+            with open(self.path, "w", encoding="utf-8") as f:
+                f.writelines(json.dumps(r) + "\n" for r in kept)
+
     def append(self, row: dict) -> None:
         self.rows.append(row)
         with open(self.path, "a", encoding="utf-8") as f:

@@ -8,13 +8,17 @@ counted as ``lost``: a crashed runner never stalls training. Stdlib only.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 import uuid
 from collections import deque
 from dataclasses import dataclass, field
 
+logger = logging.getLogger(__name__)
+
 OUTCOMES = ("ok", "failed", "timeout", "lost")
+REPORTABLE = ("ok", "failed", "timeout")  # what a runner may report; "lost" is the bridge's
 
 
 class TrainingFinished(Exception):
@@ -43,6 +47,7 @@ class Outcome:
 class _Round:
     step: int
     attempts: dict[str, Attempt]
+    opened_at: float = field(default_factory=time.monotonic)
     unclaimed: deque = field(default_factory=deque)
     claimed_at: dict[str, float] = field(default_factory=dict)
     outcomes: dict[str, Outcome] = field(default_factory=dict)
@@ -69,7 +74,7 @@ class TaskDispatcher:
                 rollout_id = f"s{step}-{task_id}-a{attempt}-{uuid.uuid4().hex[:8]}"
                 attempts[rollout_id] = Attempt(rollout_id, task_id, attempt, task, step)
         with self._lock:
-            self._round = _Round(step, attempts, deque(attempts))
+            self._round = _Round(step, attempts, unclaimed=deque(attempts))
             self._lock.notify_all()
         return list(attempts.values())
 
@@ -87,8 +92,8 @@ class TaskDispatcher:
 
     def finish(self, rollout_id: str, status: str, error: str | None = None) -> bool:
         """Record a runner's report; False when the rollout is not part of the open round."""
-        if status not in OUTCOMES:
-            raise ValueError(f"status must be one of {OUTCOMES}, got {status!r}")
+        if status not in REPORTABLE:
+            raise ValueError(f"status must be one of {REPORTABLE}, got {status!r}")
         with self._lock:
             current = self._round
             if current is None or rollout_id not in current.attempts:
@@ -105,8 +110,15 @@ class TaskDispatcher:
         with self._lock:
             current = self._round
             assert current is not None, "no round is open"
+            warned_at = current.opened_at
             while len(current.outcomes) < len(current.attempts):
                 self._expire_lost(current)
+                now = time.monotonic()
+                if current.unclaimed and now - warned_at > max(self.rollout_timeout_s, 30.0):
+                    warned_at = now
+                    logger.warning("%d attempts of step %d are still unclaimed after %.0f s: is "
+                                   "`spanrl run` running and pointed at this bridge?",
+                                   len(current.unclaimed), current.step, now - current.opened_at)
                 if len(current.outcomes) >= len(current.attempts):
                     break
                 if on_wait is not None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import random
 import sys
@@ -149,12 +150,18 @@ class TrainingLoop:
 
     def score(self, attempt: Attempt, rollout: Any) -> float | None:
         if self.reward_fn is None:
-            return rollout.total_reward
+            total = rollout.total_reward
+            return total if total is not None and math.isfinite(total) else None
         try:
-            return float(self.reward_fn(attempt.task, dict(rollout.variables)))
+            score = float(self.reward_fn(attempt.task, dict(rollout.variables)))
         except Exception:  # a broken reward function must not kill training: skip the rollout
             logger.exception("reward function failed on rollout %s", rollout.rollout_id)
             return None
+        if not math.isfinite(score):
+            logger.warning("reward function gave %r for rollout %s: left out", score,
+                           rollout.rollout_id)
+            return None
+        return score
 
 
 def training_samples(scored: list[ScoredRollout], level: str, norm_adv_by_std: bool,
@@ -194,55 +201,100 @@ def training_samples(scored: list[ScoredRollout], level: str, norm_adv_by_std: b
     return samples, dropped
 
 
+def _prepare_output(settings: TrainSettings, checkpoints: str) -> None:
+    """A new run never mixes with an old one in the same folder; a resumed run continues it."""
+    if settings.resume:
+        return
+    old = [p for p in (os.path.join(settings.output_dir, "metrics.jsonl"), checkpoints)
+           if os.path.exists(p) and (os.path.isfile(p) or os.listdir(p))]
+    if old:
+        raise ValueError(f"output_dir {settings.output_dir!r} already holds a training run "
+                         f"({', '.join(old)}); pass --resume to continue it, or choose "
+                         "another --output-dir")
+
+
+def _start_trainer(settings: TrainSettings, checkpoints: str):
+    """The torch trainer (resumed from the newest checkpoint with --resume) and the model
+    directory the policy server should load."""
+    from .torch_trainer import TorchTrainer, TrainerConfig, list_checkpoints
+
+    config = TrainerConfig(
+        lr=settings.learning_rate, loss_agg_mode=settings.loss_agg_mode,
+        kl_coef=settings.kl_coef, device=settings.device, seed=settings.seed,
+        checkpoint_every=settings.checkpoint_every, checkpoint_dir=checkpoints,
+    )
+    if settings.resume and list_checkpoints(checkpoints):
+        trainer = TorchTrainer.resume(checkpoints, config)
+        return trainer, str(list_checkpoints(checkpoints)[-1])
+    return TorchTrainer(settings.model, config), settings.model
+
+
+def _step_row(step: int, trainer, attempts, report: StepReport, samples, dropped: int,
+              stats: dict, rollout_seconds: float, started: float) -> dict:
+    """One line of metrics.jsonl."""
+    scores = [s.score for s in report.scored]
+    row = {
+        "step": step + 1,  # updates done so far: step k published policy version k
+        "reward_mean": sum(scores) / len(scores) if scores else 0.0,
+        "policy_version": trainer.policy_version,
+        "transitions": len(samples),
+        "rollouts": len(attempts),
+        "rollouts_used": len(report.scored) - dropped,
+        "rollouts_left_out": dict(report.left_out),
+        "groups_of_one_dropped": dropped,
+        "rollouts_per_s": len(attempts) / max(rollout_seconds, 1e-9),
+        "seconds": time.monotonic() - started,
+    }
+    for key, value in stats.items():  # the update's own statistics (loss, kl, ...)
+        key = "update_seconds" if key == "seconds" else key
+        if key not in row and isinstance(value, (int, float)):
+            row[key] = float(value)
+    return row
+
+
 def run_training(settings: TrainSettings, show_progress: bool = True) -> dict:
     """Run ``spanrl train``: returns a summary (first/last reward, versions, paths)."""
+    from contextlib import ExitStack
+
     from tqdm import tqdm
 
     from .bridge_api import BridgeAPI, PolicyInfo
     from .metrics import MetricsLog
     from .policy_engine import PolicyEngine
     from .policy_server import serve_in_thread
-    from .torch_trainer import TorchTrainer, TrainerConfig, list_checkpoints
 
     if not os.path.isfile(os.path.join(settings.model, "config.json")):
         raise ValueError(f"model {settings.model!r} is not a Hugging Face model directory "
                          "(no config.json); create one with `spanrl model init DIR`")
-    loop = TrainingLoop(settings)
     checkpoints = os.path.join(settings.output_dir, "checkpoints")
-    config = TrainerConfig(
-        lr=settings.learning_rate,
-        loss_agg_mode=settings.loss_agg_mode,
-        kl_coef=settings.kl_coef,
-        device=settings.device,
-        seed=settings.seed,
-        checkpoint_every=settings.checkpoint_every,
-        checkpoint_dir=checkpoints,
-    )
-    serving_dir = settings.model
-    if settings.resume and list_checkpoints(checkpoints):
-        trainer = TorchTrainer.resume(checkpoints, config)
-        serving_dir = str(list_checkpoints(checkpoints)[-1])
-        logger.info("resumed from %s: step %d, policy version %d",
-                    serving_dir, trainer.step, trainer.policy_version)
-    else:
-        trainer = TorchTrainer(settings.model, config)
-    engine = PolicyEngine.from_pretrained(
-        serving_dir, device=settings.device, model_name=settings.policy_model_name,
-        version=trainer.policy_version,
-    )
-    server = serve_in_thread(engine, settings.policy_host, settings.policy_port)
-    api = BridgeAPI(
-        loop.dispatcher, PolicyInfo(server.base_url, settings.policy_model_name),
-        lambda: trainer.policy_version, settings.bridge_host, settings.bridge_port,
-    ).start()
+    _prepare_output(settings, checkpoints)
+    loop = TrainingLoop(settings)
+    trainer, serving_dir = _start_trainer(settings, checkpoints)
     metrics = MetricsLog(settings.output_dir)
-    logger.info("policy endpoint %s/v1, task API %s, output %s",
-                server.url, api.url, settings.output_dir)
-    first_step = len(metrics.rows) if settings.resume else 0
-    good_steps = 0
-    bar = tqdm(total=settings.steps, initial=first_step, disable=not show_progress,
-               desc="spanrl train", unit="step", dynamic_ncols=True)
-    try:
+    # A resumed run continues from its checkpoint: later rows of metrics.jsonl are redone.
+    metrics.keep_up_to_version(trainer.policy_version)
+    with ExitStack() as cleanup:  # whatever started is stopped, also when start-up fails
+        engine = PolicyEngine.from_pretrained(
+            serving_dir, device=settings.device, model_name=settings.policy_model_name,
+            version=trainer.policy_version,
+        )
+        server = serve_in_thread(engine, settings.policy_host, settings.policy_port)
+        cleanup.callback(server.stop)
+        api = BridgeAPI(
+            loop.dispatcher, PolicyInfo(server.base_url, settings.policy_model_name),
+            lambda: trainer.policy_version, settings.bridge_host, settings.bridge_port,
+        ).start()
+        cleanup.callback(api.stop)
+        # let runners hear "training finished" (410) before the API goes away
+        cleanup.callback(time.sleep, 1.0)
+        cleanup.callback(loop.dispatcher.close)
+        logger.info("policy endpoint %s, task API %s, output %s",
+                    server.base_url, api.url, settings.output_dir)
+        first_step = len(metrics.rows)
+        bar = tqdm(total=settings.steps, initial=first_step, disable=not show_progress,
+                   desc="spanrl train", unit="step", dynamic_ncols=True)
+        cleanup.callback(bar.close)
+        good_steps = 0
         for step in range(first_step, settings.steps):
             started = time.monotonic()
             attempts = loop.dispatcher.open_round(step, loop.next_tasks(), settings.group_size)
@@ -258,44 +310,22 @@ def run_training(settings: TrainSettings, show_progress: bool = True) -> dict:
             stats = trainer.grpo_step(samples) if samples else {}
             if samples:
                 engine.swap_weights(trainer.policy_state_dict(), trainer.policy_version)
-            scores = [s.score for s in report.scored]
-            row = {
-                "step": step + 1,  # updates done so far: step k published policy version k
-                "reward_mean": sum(scores) / len(scores) if scores else 0.0,
-                "policy_version": trainer.policy_version,
-                "transitions": len(samples),
-                "rollouts": len(attempts),
-                "rollouts_used": len(report.scored) - dropped,
-                "rollouts_left_out": dict(report.left_out),
-                "groups_of_one_dropped": dropped,
-                "rollouts_per_s": len(attempts) / max(rollout_seconds, 1e-9),
-                "seconds": time.monotonic() - started,
-            }
-            for key, value in stats.items():  # the update's own statistics (loss, kl, ...)
-                key = "update_seconds" if key == "seconds" else key
-                if key not in row and isinstance(value, (int, float)):
-                    row[key] = float(value)
+            row = _step_row(step, trainer, attempts, report, samples, dropped, stats,
+                            rollout_seconds, started)
             metrics.append(row)
             metrics.plot()
             if report.left_out:
-                logger.warning("step %d left out rollouts: %s", step, dict(report.left_out))
+                logger.warning("step %d left out rollouts: %s", step + 1, dict(report.left_out))
             bar.update(1)
             bar.set_postfix(reward=f"{row['reward_mean']:.2f}", version=trainer.policy_version,
                             rps=f"{row['rollouts_per_s']:.1f}")
-            good_steps = good_steps + 1 if (
-                settings.stop_at_reward is not None and row["reward_mean"] >= settings.stop_at_reward
-            ) else 0
+            reached = settings.stop_at_reward is not None and row["reward_mean"] >= settings.stop_at_reward
+            good_steps = good_steps + 1 if reached else 0
             if good_steps >= 2:
                 logger.info("reward_mean reached %.2f for 2 steps: stopping", settings.stop_at_reward)
                 break
         final_checkpoint = trainer.save_checkpoint(
             os.path.join(checkpoints, f"step-{trainer.step:06d}"))
-    finally:
-        bar.close()
-        loop.dispatcher.close()
-        time.sleep(1.0)  # let runners hear "training finished" (410) before the API goes away
-        api.stop()
-        server.stop()
     rewards = [r["reward_mean"] for r in metrics.rows]
     return {
         "steps": len(metrics.rows),

@@ -73,3 +73,25 @@ def test_bad_requests_get_clear_errors_and_the_server_keeps_serving(bridge):
     status, body = _post(api.url + "/v1/nowhere", b"{}")
     assert status == 404
     assert BridgeClient(api.url).info()["policy_version"] == 3
+
+
+def test_a_negative_or_bogus_content_length_is_refused_at_once(bridge):
+    import http.client
+
+    _, api = bridge
+    host, port = api.url.removeprefix("http://").split(":")
+    for length in ("-1", "lots"):
+        connection = http.client.HTTPConnection(host, int(port), timeout=5)
+        connection.putrequest("POST", "/v1/finish")
+        connection.putheader("Content-Length", length)
+        connection.endheaders()
+        response = connection.getresponse()
+        assert response.status == 400 and "Content-Length" in json.loads(response.read())["error"]
+        connection.close()
+
+
+def test_runner_may_not_report_lost():
+    dispatcher = TaskDispatcher(rollout_timeout_s=5)
+    (attempt,) = dispatcher.open_round(0, [("t", {})], group_size=1)
+    with pytest.raises(ValueError, match="status must be one of"):
+        dispatcher.finish(attempt.rollout_id, "lost")

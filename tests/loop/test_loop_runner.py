@@ -55,3 +55,7 @@ def test_crash_and_hang_are_failed_rollouts_and_the_runner_goes_on(bridge, span_
             assert span.attributes[semconv.ATTEMPT] == attempt.attempt
         elif attempt.task_id == "boom":
             assert by_id[attempt.rollout_id].status.status_code == StatusCode.ERROR
+            assert "crashed on purpose" in by_id[attempt.rollout_id].status.description
+        else:  # the hung agent is abandoned, but its rollout span still ends, as ERROR
+            assert by_id[attempt.rollout_id].status.status_code == StatusCode.ERROR
+            assert "did not finish" in by_id[attempt.rollout_id].status.description

@@ -56,3 +56,27 @@ def test_runner_needs_exactly_one_way_to_run_the_agent(monkeypatch):
     args = _parse(RunnerSettings, "RUN", ["--command", '["python", "a.py"]', "--concurrency", "3"])
     settings = load_settings(RunnerSettings, "RUN", None, args)
     assert settings.command == ["python", "a.py"] and settings.concurrency == 3
+
+
+def test_a_new_run_refuses_an_output_dir_holding_an_old_run(tmp_path):
+    from spanrl.trainer_bridge.training_loop import _prepare_output
+
+    out = tmp_path / "run"
+    out.mkdir()
+    settings = TrainSettings(tasks="t.jsonl", model="m", output_dir=str(out))
+    _prepare_output(settings, str(out / "checkpoints"))  # empty: fine
+    (out / "metrics.jsonl").write_text('{"step": 1}\n')
+    with pytest.raises(ValueError, match="--resume"):
+        _prepare_output(settings, str(out / "checkpoints"))
+    settings.resume = True
+    _prepare_output(settings, str(out / "checkpoints"))  # resuming continues it
+
+
+def test_resume_drops_metrics_rows_after_the_checkpoint(tmp_path):
+    from spanrl.trainer_bridge.metrics import MetricsLog
+
+    log = MetricsLog(str(tmp_path))
+    for version in (1, 2, 3, 4):
+        log.append({"step": version, "reward_mean": 0.5, "policy_version": version})
+    log.keep_up_to_version(2)
+    assert [r["step"] for r in MetricsLog(str(tmp_path)).rows] == [1, 2]
