@@ -258,10 +258,12 @@ def create_app(engine: PolicyEngine, api_token: str | None = None) -> FastAPI:
         return job, stream
 
     async def wait_result(job: GenerationRequest, stream: _Stream):
-        while True:
-            item = await stream.queue.get()
-            if item is None:
-                break
+        try:
+            while await stream.queue.get() is not None:
+                pass
+        except asyncio.CancelledError:  # the client went away: stop generating for it
+            job.cancel()
+            raise
         if job.error is not None:
             raise job.error
         return job.result
@@ -283,11 +285,7 @@ def create_app(engine: PolicyEngine, api_token: str | None = None) -> FastAPI:
         created, rid = int(time.time()), f"chatcmpl-{uuid.uuid4().hex}"
         if body.stream:
             return await _stream_response(engine, body, job, stream, rid, created, chat=True)
-        try:
-            result = await wait_result(job, stream)
-        except asyncio.CancelledError:
-            job.cancel()
-            raise
+        result = await wait_result(job, stream)
         choices = []
         for choice in result.choices:
             item: dict[str, Any] = {
@@ -334,11 +332,7 @@ def create_app(engine: PolicyEngine, api_token: str | None = None) -> FastAPI:
         created, rid = int(time.time()), f"cmpl-{uuid.uuid4().hex}"
         if body.stream:
             return await _stream_response(engine, body, job, stream, rid, created, chat=False)
-        try:
-            result = await wait_result(job, stream)
-        except asyncio.CancelledError:
-            job.cancel()
-            raise
+        result = await wait_result(job, stream)
         choices = []
         for choice in result.choices:
             item: dict[str, Any] = {"index": choice.index, "text": choice.text, "logprobs": None,
