@@ -6,6 +6,7 @@ import json
 import random
 
 import pytest
+import torch
 
 
 def calc_example(rng: random.Random) -> dict:
@@ -70,3 +71,18 @@ def server(engine):
     handle = serve_in_thread(engine, "127.0.0.1", 0)
     yield handle
     handle.stop()
+
+
+@pytest.fixture(scope="session")
+def forward_logprobs():
+    """log p(response token | prefix) by one forward pass: the reference the server's
+    logprobs and weight versions are checked against."""
+
+    def compute(model, prompt_ids, response_ids):
+        ids = torch.tensor([list(prompt_ids) + list(response_ids)])
+        with torch.no_grad():
+            logits = model(ids).logits[0].float()
+        logprobs = torch.log_softmax(logits, dim=-1)[len(prompt_ids) - 1 : -1]
+        return logprobs.gather(1, torch.tensor(response_ids).unsqueeze(1)).squeeze(1)
+
+    return compute

@@ -13,20 +13,11 @@ import torch
 MESSAGES = [{"role": "user", "content": "What is 37 + 45?"}]
 
 
-def forward_logprobs(model, prompt_ids, response_ids):
-    """log p(response token | prefix) by one forward pass of the model."""
-    ids = torch.tensor([list(prompt_ids) + list(response_ids)])
-    with torch.no_grad():
-        logits = model(ids).logits[0].float()
-    logprobs = torch.log_softmax(logits, dim=-1)[len(prompt_ids) - 1 : -1]
-    return logprobs.gather(1, torch.tensor(response_ids).unsqueeze(1)).squeeze(1)
-
-
 def client(server, **kwargs):
     return openai.OpenAI(base_url=server.base_url, api_key="unused", max_retries=0, **kwargs)
 
 
-def test_chat_n_token_ids_logprobs_match_a_forward_pass(server, engine):
+def test_chat_n_token_ids_logprobs_match_a_forward_pass(server, engine, forward_logprobs):
     raw = client(server).chat.completions.with_raw_response.create(
         model=engine.model_name, messages=MESSAGES, n=3, max_tokens=12, logprobs=True,
         extra_body={"return_token_ids": True, "top_k": 0})
@@ -98,7 +89,7 @@ def test_async_client_concurrent_requests_share_batches(server, engine):
     assert engine.stats.batches < 12
 
 
-def test_completions_endpoint_with_logprobs_seed_and_stop(server, engine):
+def test_completions_endpoint_with_logprobs_seed_and_stop(server, engine, forward_logprobs):
     api = client(server)
     first = api.completions.create(model=engine.model_name, prompt="CALC 12+", max_tokens=8, seed=7,
                                    logprobs=2, extra_body={"return_token_ids": True, "top_k": 0})

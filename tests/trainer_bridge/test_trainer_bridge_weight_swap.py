@@ -16,15 +16,7 @@ import torch
 MESSAGES = [{"role": "user", "content": "What is 12 + 7?"}]
 
 
-def forward_logprobs(model, prompt_ids, response_ids):
-    ids = torch.tensor([list(prompt_ids) + list(response_ids)])
-    with torch.no_grad():
-        logits = model(ids).logits[0].float()
-    logprobs = torch.log_softmax(logits, dim=-1)[len(prompt_ids) - 1 : -1]
-    return logprobs.gather(1, torch.tensor(response_ids).unsqueeze(1)).squeeze(1)
-
-
-def test_every_response_is_entirely_from_one_policy_version(server, engine):
+def test_every_response_is_entirely_from_one_policy_version(server, engine, forward_logprobs):
     from transformers import AutoModelForCausalLM
 
     weights_a = {k: v.clone() for k, v in engine.model.state_dict().items()}
