@@ -10,7 +10,6 @@ semantic variable ``output``, and a crash or a timeout ends the span with status
 from __future__ import annotations
 
 import asyncio
-import importlib
 import inspect
 import json
 import logging
@@ -49,21 +48,6 @@ class AgentFailed(Exception):
 
 class AgentTimedOut(Exception):
     """The agent did not finish within the rollout timeout."""
-
-
-def load_callable(spec: str) -> Callable[[dict], Any]:
-    module_name, _, attribute = spec.partition(":")
-    try:
-        target: Any = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ValueError(f"cannot import the agent module {module_name!r}: {exc}") from exc
-    for part in attribute.split("."):
-        if not hasattr(target, part):
-            raise ValueError(f"module {module_name!r} has no attribute {attribute!r}")
-        target = getattr(target, part)
-    if not callable(target):
-        raise ValueError(f"{spec!r} is not callable")
-    return target
 
 
 def run_callable_attempt(agent: Callable[[dict], Any], claim: Claim) -> AttemptResult:

@@ -15,7 +15,9 @@ import time
 from collections import Counter
 from typing import Callable
 
-from .attempts import AttemptResult, load_callable, run_callable_attempt, run_command_attempt
+from spanrl.import_path import load_callable
+
+from .attempts import AttemptResult, run_callable_attempt, run_command_attempt
 from .bridge_client import BridgeClient, BridgeUnavailable, Claim, TrainingFinished
 from .settings import RunnerSettings
 

@@ -57,7 +57,7 @@ def load_reward_function(spec: str, python_path: list) -> Callable[[dict, dict],
     for folder in python_path:
         if os.path.abspath(folder) not in sys.path:
             sys.path.insert(0, os.path.abspath(folder))
-    from spanrl.runner.attempts import load_callable  # stdlib-only helper, shared
+    from spanrl.import_path import load_callable
 
     return load_callable(spec)
 
