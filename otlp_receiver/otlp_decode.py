@@ -3,8 +3,14 @@
 Called by the gRPC and HTTP services for every Export request. Parses protobuf or the OTLP
 JSON encoding, checks each span on its own (ids present and well formed, spanrl attributes of
 the right type) and turns the usable ones into ``SpanRow``s: the span's bytes as they came (read
-through the wire-compatible schema of ``otlp_shadow``) plus the few columns the store indexes. A bad span is rejected with a reason; the good spans of the same
-request are kept. Rollout identity missing on a span is copied from its resource.
+through the wire-compatible schema of ``otlp_shadow``) plus the few columns the store indexes.
+A bad span is rejected with a reason; the good spans of the same request are kept. Rollout
+identity missing on a span is copied from its resource.
+
+Two paths, one result: the C scanner ``_span_scan`` (built at install when a compiler is
+there) accepts the spans it can prove valid in one pass over their bytes; every other span,
+and every span when the scanner is not built, goes through the exact Python checks below
+(``span_problem``), which also word the rejections.
 """
 
 from __future__ import annotations
@@ -24,6 +30,13 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, ArrayValue, KeyVa
 
 from spanrl.instrumentation import semconv
 from spanrl.otlp_receiver.otlp_shadow import ShadowExportRequest, ShadowSpan
+
+try:  # optional C accelerator (otlp_receiver/_span_scan.c); the Python path gives the same result
+    from spanrl.otlp_receiver import _span_scan
+except ImportError:  # pragma: no cover - depends on the install having had a C compiler
+    _span_scan = None
+
+NATIVE_SCANNER = _span_scan is not None
 
 # Keys copied from the resource onto a span that lacks them (one process per rollout may set
 # them through OTEL_RESOURCE_ATTRIBUTES).
@@ -148,13 +161,16 @@ def decode_request(request: ExportTraceServiceRequest) -> DecodedRequest:
     return decode_payload(request.SerializeToString())
 
 
-def decode_payload(body: bytes, max_reasons: int = 50) -> DecodedRequest:
+def decode_payload(body: bytes, max_reasons: int = 50, native: bool = True) -> DecodedRequest:
     """Validate every span of a protobuf Export request; return the rows to store and the
-    rejections. Spans are kept as the bytes that came (see ``otlp_shadow``)."""
+    rejections. Spans are kept as the bytes that came (see ``otlp_shadow``).
+
+    ``native=False`` skips the C scanner (tests compare both paths)."""
     try:
         request = ShadowExportRequest.FromString(body)
     except DecodeError as exc:
         raise PayloadError(f"body is not a valid ExportTraceServiceRequest protobuf: {exc}") from exc
+    scan = _span_scan.scan_span if native and _span_scan is not None else None
     rows: list[SpanRow] = []
     reasons: list[str] = []
     rejected = 0
@@ -166,8 +182,15 @@ def decode_payload(body: bytes, max_reasons: int = 50) -> DecodedRequest:
         fallback_problem = next(
             (f"resource {p}" for kv in fallback if (p := attribute_problem(kv.key, kv.value))), None
         )
+        # A resource with ill-typed identity rejects its spans: the exact path says so.
+        fast_fallback = None if scan is None or fallback_problem else [_ResourceIdentity(kv) for kv in fallback]
         for scope_spans in resource_spans.scope_spans:
             for raw in scope_spans.spans:
+                if fast_fallback is not None:
+                    scanned = scan(raw)
+                    if scanned is not None:
+                        rows.append(_row_from_scan(scanned, raw, fast_fallback))
+                        continue
                 try:
                     span = ShadowSpan.FromString(raw)
                 except DecodeError as exc:
@@ -196,6 +219,48 @@ def _resource_identity_value(kv):
             converted.value.int_value = int(text)
             return converted
     return kv
+
+
+class _ResourceIdentity:
+    """One identity attribute of a resource, ready to append to spans that lack it."""
+
+    __slots__ = ("key", "present_bit", "encoded", "value")
+
+    def __init__(self, kv) -> None:
+        self.key = kv.key
+        self.present_bit = _PRESENT_BITS[kv.key]
+        encoded = kv.SerializeToString()
+        self.encoded = _ATTRIBUTE_TAG + _varint(len(encoded)) + encoded
+        kind = kv.value.WhichOneof("value")
+        self.value = getattr(kv.value, kind) if kind else None
+
+
+_PRESENT_BITS = (
+    {
+        semconv.ROLLOUT_ID: _span_scan.HAS_ROLLOUT_ID,
+        semconv.TASK_ID: _span_scan.HAS_TASK_ID,
+        semconv.ATTEMPT: _span_scan.HAS_ATTEMPT,
+        semconv.AGENT_NAME: _span_scan.HAS_AGENT_NAME,
+    }
+    if _span_scan is not None
+    else {}
+)
+
+
+def _row_from_scan(scanned: tuple, raw: bytes, fallback: list[_ResourceIdentity]) -> SpanRow:
+    """A row from what ``_span_scan.scan_span`` read, with the resource's identity appended."""
+    trace_id, span_id, name, start_ns, rollout, task, attempt, present = scanned
+    for item in fallback:
+        if not present & item.present_bit:
+            raw += item.encoded  # appending a field 9 adds one attribute to the span's bytes
+            present |= item.present_bit
+            if item.key == semconv.ROLLOUT_ID:
+                rollout = item.value
+            elif item.key == semconv.TASK_ID:
+                task = item.value
+            elif item.key == semconv.ATTEMPT:
+                attempt = item.value
+    return SpanRow(trace_id, span_id, rollout or None, task, attempt, name, start_ns, raw)
 
 
 def _row(span, raw: bytes, fallback: list, identity: dict) -> SpanRow:
