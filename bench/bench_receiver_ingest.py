@@ -5,7 +5,8 @@ Builds realistic agent payloads (LLM spans with a few hundred prompt token ids, 
 measures ``ExportTraceServiceRequest.FromString`` over them (the baseline), then sends the
 same bytes over OTLP/gRPC on loopback to a ``spanrl receive`` process, each request
 acknowledged only after its SQLite commit, and prints spans/s and the ratio (goal >= 50 %).
-Also measures the ingest path in one thread without the network (decode + validate + commit).
+Also measures, in one thread without the network, validation alone (with the C span scanner
+and with the Python path it falls back to) and validation + commit, to show where time goes.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span
 
 from spanrl.instrumentation import semconv
-from spanrl.otlp_receiver.otlp_decode import decode_payload
+from spanrl.otlp_receiver.otlp_decode import NATIVE_SCANNER, decode_payload
 from spanrl.otlp_receiver.store import SpanStore
 
 EXPORT = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
@@ -138,6 +139,16 @@ def grpc_ingest_rate(payloads: list[bytes], spans: int, clients: int, sync: str)
     return spans / elapsed
 
 
+def validate_rate(payloads: list[bytes], spans: int, native: bool, repeat: int = 3) -> float:
+    best = float("inf")
+    for _ in range(repeat):
+        start = time.perf_counter()
+        for payload in payloads:
+            decode_payload(payload, native=native)
+        best = min(best, time.perf_counter() - start)
+    return spans / best
+
+
 def direct_ingest_rate(payloads: list[bytes], spans: int, sync: str) -> float:
     with tempfile.TemporaryDirectory() as tmp:
         store = SpanStore(os.path.join(tmp, "direct.db"), sync=sync)
@@ -162,6 +173,10 @@ def main() -> None:
     print(f"payloads: {args.requests} requests x {args.spans} spans = {spans} spans, {size_mb:.1f} MB")
     parse = parse_rate(payloads, spans, repeat=3 * args.repeat)
     print(f"baseline  raw protobuf parse:                 {parse:>10.0f} spans/s")
+    paths = [("C scanner", True)] if NATIVE_SCANNER else []
+    for label, native in paths + [("Python", False)]:
+        rate = validate_rate(payloads, spans, native, repeat=3 * args.repeat)
+        print(f"validate  only, {label:<10}                   {rate:>10.0f} spans/s  ratio {rate / parse:6.1%}")
     for sync in ("full", "normal"):
         direct = max(direct_ingest_rate(payloads, spans, sync) for _ in range(args.repeat))
         print(f"ingest    decode+validate+commit, sync={sync:<6}  {direct:>10.0f} spans/s  ratio {direct / parse:6.1%}")
