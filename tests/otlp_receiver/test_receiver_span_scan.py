@@ -128,8 +128,8 @@ def mutated_spans(seed: int, count: int) -> list[bytes]:
                 data.insert(pos, rng.randrange(256))
             else:
                 del data[pos:]
-                if not data:
-                    data.append(0)
+            if not data:
+                data.append(0)
         out.append(bytes(data))
     return out
 
