@@ -73,8 +73,8 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--threads", type=int, default=None,
                         help="torch CPU threads (default: torch's choice; 1 is steadier on a busy machine)")
     parser.add_argument("--batch-wait-ms", type=float, default=None,
-                        help="when fewer requests wait than the last batch had, wait this long for "
-                             "more before starting a batch (default 20)")
+                        help="while a batch decodes, newcomers gather until they are a quarter of it, "
+                             "but join after waiting this long at most (default 20)")
     parser.set_defaults(func=_serve)
 
 

@@ -89,6 +89,29 @@ def test_async_client_concurrent_requests_share_batches(server, engine):
     assert engine.stats.batches < 12
 
 
+def test_concurrent_requests_joining_one_batch_each_match_a_forward_pass(server, engine, forward_logprobs):
+    """Requests of different lengths and settings arrive while others decode (continuous
+    batching): every response is still exactly what a forward pass of its own tokens says."""
+    async def one(aclient, i: int):
+        raw = await aclient.chat.completions.with_raw_response.create(
+            model=engine.model_name, messages=[{"role": "user", "content": f"What is {i} + {i * 7}?" * (1 + i % 3)}],
+            max_tokens=4 + 3 * (i % 5), n=1 + i % 2, logprobs=True, temperature=[1.0, 0.0, 0.7][i % 3],
+            stream=False, extra_body={"return_token_ids": True})
+        return json.loads(raw.text)
+
+    async def run():
+        async with openai.AsyncOpenAI(base_url=server.base_url, api_key="x", max_retries=0) as aclient:
+            return await asyncio.gather(*(one(aclient, i) for i in range(14)))
+
+    bodies = asyncio.run(run())
+    assert engine.stats.max_rows_in_batch > 1
+    for body in bodies:
+        for choice in body["choices"]:
+            served = torch.tensor([entry["logprob"] for entry in choice["logprobs"]["content"]])
+            expected = forward_logprobs(engine.model, body["prompt_token_ids"], choice["token_ids"])
+            assert torch.allclose(served, expected, atol=1e-4)
+
+
 def test_completions_endpoint_with_logprobs_seed_and_stop(server, engine, forward_logprobs):
     api = client(server)
     first = api.completions.create(model=engine.model_name, prompt="CALC 12+", max_tokens=8, seed=7,
@@ -101,7 +124,16 @@ def test_completions_endpoint_with_logprobs_seed_and_stop(server, engine, forwar
     assert choice["token_ids"] == data_again["choices"][0]["token_ids"]  # same seed, same sample
     expected = forward_logprobs(engine.model, choice["prompt_token_ids"], choice["token_ids"])
     assert torch.allclose(torch.tensor(choice["logprobs"]["token_logprobs"]), expected, atol=1e-4)
-    assert all(len(top) == 2 for top in choice["logprobs"]["top_logprobs"])
+    # the two most likely tokens at each step, keyed by their text as OpenAI does (two byte
+    # tokens that both print as U+FFFD share one key)
+    ids = torch.tensor([choice["prompt_token_ids"] + choice["token_ids"]])
+    with torch.no_grad():
+        logprobs = torch.log_softmax(engine.model(ids).logits[0].float(), dim=-1)
+    for position, served_top in enumerate(choice["logprobs"]["top_logprobs"]):
+        values, indices = logprobs[len(choice["prompt_token_ids"]) - 1 + position].topk(2)
+        expected_top = {engine.tokenizer.decode([int(t)]): float(v) for v, t in zip(values, indices)}
+        assert served_top.keys() == expected_top.keys()
+        assert all(abs(served_top[k] - expected_top[k]) < 1e-4 for k in expected_top)
     # a stop string cuts the text before it and ends the choice with finish_reason "stop"
     stop_at = engine.tokenizer.decode(choice["token_ids"][2:4], skip_special_tokens=True)
     if stop_at:
