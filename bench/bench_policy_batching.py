@@ -3,9 +3,15 @@
 Starts ``spanrl serve`` on a locally created model in a subprocess (the real HTTP server,
 batching concurrent requests into shared forward passes), then sends the same number of
 chat requests with the real ``openai`` client: first one at a time, then from 16 concurrent
-async clients. Prints requests/s and generated tokens/s for both and the ratio (goal >= 6x).
+async clients. Prints requests/s and generated tokens/s for both and the ratio (goal >= 6x),
+plus the CPU each request cost the client process and the server process, and the load average
+(other processes on a small machine change the numbers; ``--repeat`` measures the ratio again).
 
-    python bench/bench_policy_batching.py [--requests 64 --concurrency 16 --max-tokens 24]
+Both modes use the same server, model, requests and max_tokens; their clients are created
+before the clock starts (an ``AsyncOpenAI`` builds an SSL context, ~20 ms, which is not
+request throughput), one per concurrent caller as 16 separate agents would have.
+
+    python bench/bench_policy_batching.py [--requests 64 --concurrency 16 --max-tokens 24 --repeat 1]
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -48,10 +55,6 @@ def messages(number: int) -> list[dict]:
     return [{"role": "user", "content": f"What is {number % 90 + 10} + {number % 7 + 2}?"}]
 
 
-def sequential(base_url: str, model: str, count: int, max_tokens: int, kind: str) -> tuple[float, int]:
-    return asyncio.run(concurrent(base_url, model, count, max_tokens, 1, kind))
-
-
 async def _ask(client, kind: str, model: str, number: int, max_tokens: int) -> int:
     """One chat request; returns its completion tokens."""
     if kind == "openai":
@@ -69,24 +72,76 @@ def _client(base_url: str, kind: str):
     return httpx.AsyncClient(base_url=base_url, timeout=120)
 
 
-async def concurrent(base_url: str, model: str, count: int, max_tokens: int, clients: int,
-                     kind: str) -> tuple[float, int]:
-    tokens = 0
-    queue: asyncio.Queue = asyncio.Queue()
-    for number in range(count):
-        queue.put_nowait(number)
+def run_clients(base_url: str, model: str, count: int, max_tokens: int, clients: int,
+                kind: str) -> tuple[float, int, float]:
+    """``count`` requests from ``clients`` concurrent callers (1: one at a time). Returns
+    (seconds, completion tokens, this process's CPU seconds); clients are made before the clock starts."""
 
-    async def worker():
-        nonlocal tokens
-        async with _client(base_url, kind) as client:
+    async def main() -> tuple[float, int, float]:
+        tokens = 0
+        queue: asyncio.Queue = asyncio.Queue()
+        for number in range(count):
+            queue.put_nowait(number)
+        made = [_client(base_url, kind) for _ in range(clients)]
+
+        async def worker(client):
+            nonlocal tokens
             while not queue.empty():
                 number = queue.get_nowait()
                 got = await _ask(client, kind, model, number, max_tokens)
                 tokens += got  # not `tokens += await ...`: that reads tokens before awaiting
 
-    started = time.perf_counter()
-    await asyncio.gather(*(worker() for _ in range(clients)))
-    return time.perf_counter() - started, tokens
+        try:
+            started, cpu_started = time.perf_counter(), time.process_time()
+            await asyncio.gather(*(worker(client) for client in made))
+            return time.perf_counter() - started, tokens, time.process_time() - cpu_started
+        finally:
+            for client in made:
+                await (client.close() if kind == "openai" else client.aclose())
+
+    return asyncio.run(main())
+
+
+def process_cpu_s(pid: int) -> float | None:
+    """User + system CPU seconds of a process (Linux /proc), None elsewhere."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+@dataclass
+class Measured:
+    seconds: float
+    tokens: int
+    client_cpu_s: float
+    server_cpu_s: float | None
+    prefills: int  # prefill passes: groups of requests admitted together
+    forward_passes: int  # prefill and decode passes
+
+
+def engine_stats(url: str) -> dict:
+    return httpx.get(f"{url}/spanrl/v1/policy").json()["stats"]
+
+
+def measure(url: str, server_pid: int, count: int, max_tokens: int, clients: int, kind: str) -> Measured:
+    before = engine_stats(url)
+    server_before = process_cpu_s(server_pid)
+    seconds, tokens, client_cpu = run_clients(f"{url}/v1", "bench", count, max_tokens, clients, kind)
+    server_after = process_cpu_s(server_pid)
+    after = engine_stats(url)
+    server_cpu = None if server_before is None else server_after - server_before
+    return Measured(seconds, tokens, client_cpu, server_cpu, after["batches"] - before["batches"],
+                    after["forward_passes"] - before["forward_passes"])
+
+
+def describe(label: str, run: Measured, count: int) -> str:
+    server = "?" if run.server_cpu_s is None else f"{1000 * run.server_cpu_s / count:.1f}"
+    return (f"{label:22s}: {count / run.seconds:7.1f} req/s {run.tokens / run.seconds:8.0f} tokens/s | "
+            f"CPU per request: client {1000 * run.client_cpu_s / count:.1f} ms, server {server} ms | "
+            f"{run.prefills} prefill passes, {run.tokens / max(run.forward_passes, 1):.1f} tokens per pass")
 
 
 def engine_only(model_dir: str, count: int, clients: int, max_tokens: int, threads: int) -> tuple[float, float]:
@@ -124,9 +179,13 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=64)
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--max-tokens", type=int, default=24)
-    parser.add_argument("--threads", type=int, default=0,
-                        help="the server's torch threads (0: default; 1 is steadier on a busy machine)")
-    parser.add_argument("--batch-wait-ms", type=float, default=20.0)
+    parser.add_argument("--threads", type=int, default=1,
+                        help="the server's torch threads, for both modes (0: torch's default, one per core). "
+                             "1 by default: on a small machine the clients need a core, and a tiny model gains "
+                             "nothing from a second thread; with 2 threads on 2 cores both modes are slower")
+    parser.add_argument("--batch-wait-ms", type=float, default=20.0,
+                        help="the server's --batch-wait-ms (the longest a newcomer waits to join a running batch)")
+    parser.add_argument("--repeat", type=int, default=1, help="measure both modes this many times")
     parser.add_argument("--client", choices=["openai", "httpx"], default="openai",
                         help="the real openai client, or bare httpx (less client CPU on a small machine)")
     args = parser.parse_args()
@@ -145,14 +204,12 @@ def main() -> None:
                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=dict(os.environ))
         try:
             wait_ready(url, server)
-            base_url = f"{url}/v1"
-            sequential(base_url, "bench", 4, args.max_tokens, args.client)  # warm-up
-            one_time, one_tokens = sequential(base_url, "bench", args.requests, args.max_tokens, args.client)
-            before = httpx.get(f"{url}/spanrl/v1/policy").json()["stats"]
-            many_time, many_tokens = asyncio.run(
-                concurrent(base_url, "bench", args.requests, args.max_tokens, args.concurrency, args.client))
-            after = httpx.get(f"{url}/spanrl/v1/policy").json()["stats"]
-            batches = after["batches"] - before["batches"]
+            run_clients(f"{url}/v1", "bench", 4, args.max_tokens, 1, args.client)  # warm-up
+            rounds = []
+            for _ in range(args.repeat):
+                one = measure(url, server.pid, args.requests, args.max_tokens, 1, args.client)
+                many = measure(url, server.pid, args.requests, args.max_tokens, args.concurrency, args.client)
+                rounds.append((one, many, os.getloadavg()[0]))
             engine_one, engine_many = engine_only(model_dir, args.requests, args.concurrency, args.max_tokens,
                                                   args.threads)
         finally:
@@ -163,13 +220,19 @@ def main() -> None:
                 server.kill()
                 server.wait()
     print(f"{args.requests} chat requests, max_tokens {args.max_tokens}, {args.client} client, "
-          f"server threads {args.threads or 'default'}")
-    print(f"one at a time      : {args.requests / one_time:7.1f} req/s {one_tokens / one_time:8.0f} tokens/s")
-    print(f"{args.concurrency:2d} concurrent clients: {args.requests / many_time:7.1f} req/s "
-          f"{many_tokens / many_time:8.0f} tokens/s ({batches} batches, "
-          f"{args.requests / max(batches, 1):.1f} requests each)")
-    print(f"ratio: {one_time / many_time:.2f}x requests/s, "
-          f"{(many_tokens / many_time) / (one_tokens / one_time):.2f}x tokens/s (goal >= 6x)")
+          f"server threads {args.threads or 'default'}, batch wait {args.batch_wait_ms} ms")
+    for number, (one, many, load) in enumerate(rounds, 1):
+        print(f"run {number} (load average {load:.2f})")
+        print("  " + describe("one at a time", one, args.requests))
+        print("  " + describe(f"{args.concurrency} concurrent clients", many, args.requests))
+        print(f"  ratio: {one.seconds / many.seconds:.2f}x requests/s, "
+              f"{(many.tokens / many.seconds) / (one.tokens / one.seconds):.2f}x tokens/s (goal >= 6x)")
+    if len(rounds) > 1:  # the runs together: drift of a shared machine hits both modes alike
+        one_s, many_s = sum(one.seconds for one, _, _ in rounds), sum(many.seconds for _, many, _ in rounds)
+        ratios = sorted(one.seconds / many.seconds for one, many, _ in rounds)
+        print(f"all {len(rounds)} runs: one at a time {len(rounds) * args.requests / one_s:.1f} req/s, "
+              f"{args.concurrency} concurrent {len(rounds) * args.requests / many_s:.1f} req/s, "
+              f"ratio {one_s / many_s:.2f}x (median of runs {ratios[len(ratios) // 2]:.2f}x)")
     print(f"engine alone, no HTTP (same requests, waves of {args.concurrency}): one at a time "
           f"{args.requests / engine_one:.1f} req/s, batched {args.requests / engine_many:.1f} req/s, "
           f"ratio {engine_one / engine_many:.2f}x")
