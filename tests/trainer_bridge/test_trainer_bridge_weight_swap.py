@@ -7,6 +7,7 @@ that produced it: a response that switched weights mid-way would match neither s
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 
@@ -143,6 +144,34 @@ def test_a_superseded_swap_fails_at_once_and_only_the_newest_weights_are_loaded(
     assert torch.equal(engine.model.state_dict()[key], weights_2[key])
 
 
+@contextlib.contextmanager
+def swap_pending_mid_batch(engine, weights: dict, version: int, prompt: str, params):
+    """Holds the engine thread inside a running batch (in a token callback), asks for a weight
+    swap and yields (the running request, the swap's outcome list) once the swap is pending;
+    on exit lets the batch go on and waits for the swap."""
+    busy, release = threading.Event(), threading.Event()
+
+    def hold_the_engine_thread(_event) -> None:  # on_token runs on the engine thread
+        busy.set()
+        release.wait(30)
+
+    running = engine.submit(engine.encode_text(prompt), params, on_token=hold_the_engine_thread)
+    swapped: list = []
+    swapper = threading.Thread(target=lambda: swapped.append(engine.swap_weights(weights, version, timeout=30)))
+    try:
+        assert busy.wait(30)
+        swapper.start()
+        deadline = time.monotonic() + 10
+        while engine._pending_swap is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert engine._pending_swap is not None
+        yield running, swapped
+    finally:
+        release.set()
+    running.wait(60)
+    swapper.join(30)
+
+
 def test_a_swap_asked_for_mid_batch_waits_for_the_batch_and_newcomers_get_the_new_weights(engine, forward_logprobs):
     """Continuous batching: while a swap is pending no row joins; the running rows finish on the
     old weights, then the swap is applied (with nothing else queued), then the newcomers start."""
@@ -154,28 +183,10 @@ def test_a_swap_asked_for_mid_batch_waits_for_the_batch_and_newcomers_get_the_ne
     torch.manual_seed(2)
     new_weights = {k: v + 0.3 * torch.randn_like(v) if v.dim() > 1 else v.clone()
                    for k, v in engine.model.state_dict().items()}
-    busy, release = threading.Event(), threading.Event()
-
-    def hold_the_engine_thread(_event) -> None:  # on_token runs on the engine thread
-        busy.set()
-        release.wait(30)
-
     params = SamplingParams(max_tokens=6, logprobs=True)
-    running = engine.submit(engine.encode_text("CALC 12+"), params, on_token=hold_the_engine_thread)
-    swapped: list = []
-    swapper = threading.Thread(target=lambda: swapped.append(engine.swap_weights(new_weights, 1, timeout=30)))
-    try:
-        assert busy.wait(30)
-        swapper.start()
-        deadline = time.monotonic() + 10
-        while engine._pending_swap is None and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert engine._pending_swap is not None
+    with swap_pending_mid_batch(engine, new_weights, 1, "CALC 12+", params) as (running, swapped):
         newcomer = engine.submit(engine.encode_text("RESULT 19"), params)
-    finally:
-        release.set()
     old_result, new_result = running.wait(60), newcomer.wait(60)
-    swapper.join(30)
     assert swapped and engine.version == 1
     assert old_result.policy_version == 0 and new_result.policy_version == 1
     for result, model in ((old_result, old_model), (new_result, engine.model)):
@@ -188,23 +199,6 @@ def test_a_swap_asked_for_mid_batch_is_applied_when_the_batch_ends_with_nothing_
     from spanrl.trainer_bridge.policy_engine import SamplingParams
 
     weights = {k: v.clone() for k, v in engine.model.state_dict().items()}
-    busy, release = threading.Event(), threading.Event()
-
-    def hold_the_engine_thread(_event) -> None:
-        busy.set()
-        release.wait(30)
-
-    job = engine.submit(engine.encode_text("hello"), SamplingParams(max_tokens=3), on_token=hold_the_engine_thread)
-    applied: list = []
-    swapper = threading.Thread(target=lambda: applied.append(engine.swap_weights(weights, 7, timeout=30)))
-    try:
-        assert busy.wait(30)
-        swapper.start()
-        deadline = time.monotonic() + 10
-        while engine._pending_swap is None and time.monotonic() < deadline:
-            time.sleep(0.01)
-    finally:
-        release.set()
-    job.wait(60)
-    swapper.join(30)
+    with swap_pending_mid_batch(engine, weights, 7, "hello", SamplingParams(max_tokens=3)) as (_job, applied):
+        pass
     assert applied and engine.version == 7
