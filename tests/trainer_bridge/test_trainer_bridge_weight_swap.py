@@ -124,9 +124,7 @@ def test_a_superseded_swap_fails_at_once_and_only_the_newest_weights_are_loaded(
     try:
         assert busy.wait(30)
         first.start()
-        deadline = time.monotonic() + 10
-        while engine._pending_swap is None and time.monotonic() < deadline:
-            time.sleep(0.01)
+        wait_until_a_swap_is_pending(engine)
         assert engine._pending_swap is not None and engine._pending_swap[1] == 1
         second.start()
         first.join(10)
@@ -142,6 +140,13 @@ def test_a_superseded_swap_fails_at_once_and_only_the_newest_weights_are_loaded(
     request.wait(30)
     assert outcomes[2] == "applied" and engine.version == 2
     assert torch.equal(engine.model.state_dict()[key], weights_2[key])
+
+
+def wait_until_a_swap_is_pending(engine, timeout_s: float = 10.0) -> None:
+    """Polls until the engine holds a pending weight swap (or the timeout passes)."""
+    deadline = time.monotonic() + timeout_s
+    while engine._pending_swap is None and time.monotonic() < deadline:
+        time.sleep(0.01)
 
 
 @contextlib.contextmanager
@@ -161,9 +166,7 @@ def swap_pending_mid_batch(engine, weights: dict, version: int, prompt: str, par
     try:
         assert busy.wait(30)
         swapper.start()
-        deadline = time.monotonic() + 10
-        while engine._pending_swap is None and time.monotonic() < deadline:
-            time.sleep(0.01)
+        wait_until_a_swap_is_pending(engine)
         assert engine._pending_swap is not None
         yield running, swapped
     finally:
