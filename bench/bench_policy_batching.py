@@ -103,13 +103,17 @@ def run_clients(base_url: str, model: str, count: int, max_tokens: int, clients:
 
 
 def process_cpu_s(pid: int) -> float | None:
-    """User + system CPU seconds of a process (Linux /proc), None elsewhere."""
+    """User + system CPU seconds of a process and its children (the HTTP front end runs in
+    one), from Linux /proc; None elsewhere."""
     try:
         with open(f"/proc/{pid}/stat") as stat:
             fields = stat.read().rsplit(")", 1)[1].split()
+        with open(f"/proc/{pid}/task/{pid}/children") as children:
+            child_pids = [int(child) for child in children.read().split()]
     except OSError:
         return None
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    own = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return own + sum(process_cpu_s(child) or 0.0 for child in child_pids)
 
 
 @dataclass
@@ -185,6 +189,9 @@ def main() -> None:
                              "nothing from a second thread; with 2 threads on 2 cores both modes are slower")
     parser.add_argument("--batch-wait-ms", type=float, default=20.0,
                         help="the server's --batch-wait-ms (the longest a newcomer waits to join a running batch)")
+    parser.add_argument("--single-process", action="store_true",
+                        help="serve HTTP from the engine's process (`spanrl serve --single-process`) instead of "
+                             "the default HTTP front-end process")
     parser.add_argument("--repeat", type=int, default=1, help="measure both modes this many times")
     parser.add_argument("--client", choices=["openai", "httpx"], default="openai",
                         help="the real openai client, or bare httpx (less client CPU on a small machine)")
@@ -200,7 +207,8 @@ def main() -> None:
         url = f"http://127.0.0.1:{port}"
         server = subprocess.Popen([sys.executable, "-m", "spanrl", "--log-level", "WARNING", "serve", model_dir,
                                    "--port", str(port), "--served-model-name", "bench",
-                                   "--threads", str(args.threads), "--batch-wait-ms", str(args.batch_wait_ms)],
+                                   "--threads", str(args.threads), "--batch-wait-ms", str(args.batch_wait_ms),
+                                   *(["--single-process"] if args.single_process else [])],
                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=dict(os.environ))
         try:
             wait_ready(url, server)
@@ -220,7 +228,8 @@ def main() -> None:
                 server.kill()
                 server.wait()
     print(f"{args.requests} chat requests, max_tokens {args.max_tokens}, {args.client} client, "
-          f"server threads {args.threads or 'default'}, batch wait {args.batch_wait_ms} ms")
+          f"server threads {args.threads or 'default'}, batch wait {args.batch_wait_ms} ms, "
+          f"HTTP {'in the engine process' if args.single_process else 'in its own process'}")
     for number, (one, many, load) in enumerate(rounds, 1):
         print(f"run {number} (load average {load:.2f})")
         print("  " + describe("one at a time", one, args.requests))

@@ -19,7 +19,7 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any, Optional, Union
+from typing import TYPE_CHECKING, Any, Optional, Union
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
@@ -27,13 +27,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from spanrl.trainer_bridge.policy_engine import (
-    EngineError,
-    GenerationRequest,
-    PolicyEngine,
-    SamplingParams,
-    TokenEvent,
-)
+from spanrl.trainer_bridge.generation_types import EngineError, SamplingParams, TokenEvent
+
+if TYPE_CHECKING:  # this module runs in the torch-free API process too (api_process.py)
+    from spanrl.trainer_bridge.policy_engine import GenerationRequest, PolicyEngine
 
 logger = logging.getLogger(__name__)
 
@@ -256,12 +253,8 @@ def create_app(engine: PolicyEngine, api_token: str | None = None) -> FastAPI:
 
     @app.get("/spanrl/v1/policy")
     async def policy():
-        stats = engine.stats
-        return JSONResponse({"version": engine.version, "model": engine.model_name,
-                             "stats": {"batches": stats.batches, "forward_passes": stats.forward_passes,
-                                       "tokens_generated": stats.tokens_generated,
-                                       "max_rows_in_batch": stats.max_rows_in_batch}},
-                            headers=version_headers(engine.version))
+        described = await run_in_threadpool(engine.describe)  # a round trip to another process, maybe
+        return JSONResponse(described, headers=version_headers(described["version"]))
 
     @app.post("/spanrl/v1/weights")
     async def weights(request: Request):

@@ -2,7 +2,8 @@
 
 Registered by ``spanrl/cli.py``. Settings come from flags, then ``OTEL_SPANRL_SERVE_*``
 environment variables, then defaults (``ServeSettings``); they are printed at start-up.
-The engine is ``policy_engine.PolicyEngine``, the HTTP app ``policy_server.create_app``.
+The engine is ``policy_engine.PolicyEngine``, the HTTP app ``policy_server.create_app``; the
+app runs in a child process (``api_process.py``) unless ``--single-process`` is given.
 Imports nothing heavy at module level.
 """
 
@@ -29,6 +30,7 @@ class ServeSettings:
     policy_version: int = 0
     threads: int = 0  # torch intra-op threads; 0 = torch's default
     batch_wait_ms: float = 20.0
+    single_process: bool = False  # HTTP in the engine's process (one GIL for both; slower under load)
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> "ServeSettings":
@@ -47,6 +49,7 @@ class ServeSettings:
             policy_version=pick(args.policy_version, "POLICY_VERSION", cls.policy_version),
             threads=pick(args.threads, "THREADS", cls.threads),
             batch_wait_ms=pick(args.batch_wait_ms, "BATCH_WAIT_MS", cls.batch_wait_ms),
+            single_process=pick(args.single_process, "SINGLE_PROCESS", cls.single_process),
         )
 
     def printable(self) -> dict:
@@ -75,6 +78,9 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--batch-wait-ms", type=float, default=None,
                         help="while a batch decodes, newcomers gather until they are a quarter of it, "
                              "but join after waiting this long at most (default 20)")
+    parser.add_argument("--single-process", action="store_true", default=None,
+                        help="serve HTTP from the engine's own process instead of a child process "
+                             "(one process; under concurrent load both then share one GIL and it is slower)")
     parser.set_defaults(func=_serve)
 
 
@@ -95,10 +101,23 @@ def _serve(args: argparse.Namespace) -> int:
         model_name=settings.served_model_name, version=settings.policy_version,
         max_batch_size=settings.max_batch_size, batch_wait_s=settings.batch_wait_ms / 1000.0,
     ).start()
-    print(f"serving model {engine.model_name!r} on http://{settings.host}:{settings.port}/v1")
+    if settings.single_process:
+        print(f"serving model {engine.model_name!r} on http://{settings.host}:{settings.port}/v1")
+        try:
+            uvicorn.run(create_app(engine, settings.token), host=settings.host, port=settings.port,
+                        log_level="info", access_log=False)
+        finally:
+            engine.stop()
+        return 0
+    from spanrl.trainer_bridge.api_process import serve_in_process
+
+    handle = serve_in_process(engine, settings.host, settings.port, settings.token, log_level="info")
+    print(f"serving model {engine.model_name!r} on {handle.base_url} (HTTP in process {handle.process.pid})")
     try:
-        uvicorn.run(create_app(engine, settings.token), host=settings.host, port=settings.port,
-                    log_level="info", access_log=False)
+        status = handle.wait()  # Ctrl-C reaches both processes; the front end shuts down cleanly
+    except KeyboardInterrupt:
+        status = 0
     finally:
+        handle.stop()
         engine.stop()
-    return 0
+    return 0 if status in (0, -2, 130) else 1

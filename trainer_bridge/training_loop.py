@@ -260,8 +260,8 @@ def run_training(settings: TrainSettings, show_progress: bool = True) -> dict:
 
     from .bridge_api import BridgeAPI, PolicyInfo
     from .metrics import MetricsLog
+    from .api_process import serve_in_process
     from .policy_engine import PolicyEngine
-    from .policy_server import serve_in_thread
 
     if not os.path.isfile(os.path.join(settings.model, "config.json")):
         raise ValueError(f"model {settings.model!r} is not a Hugging Face model directory "
@@ -278,7 +278,8 @@ def run_training(settings: TrainSettings, show_progress: bool = True) -> dict:
             serving_dir, device=settings.device, model_name=settings.policy_model_name,
             version=trainer.policy_version,
         )
-        server = serve_in_thread(engine, settings.policy_host, settings.policy_port)
+        # HTTP in its own process: agents' requests are not held up by this process's training steps
+        server = serve_in_process(engine, settings.policy_host, settings.policy_port)
         cleanup.callback(server.stop)
         api = BridgeAPI(
             loop.dispatcher, PolicyInfo(server.base_url, settings.policy_model_name),

@@ -63,12 +63,15 @@ def engine(tiny_model_dir):
     engine.stop()
 
 
-@pytest.fixture
-def server(engine):
-    """The policy server on a free loopback port, stopped after the test."""
+@pytest.fixture(params=["api_process", "in_thread"])
+def server(engine, request):
+    """The policy server on a free loopback port, stopped after the test: its HTTP front end in
+    a child process (what `spanrl serve` and the training loop run), or in a thread of this one."""
+    from spanrl.trainer_bridge.api_process import serve_in_process
     from spanrl.trainer_bridge.policy_server import serve_in_thread
 
-    handle = serve_in_thread(engine, "127.0.0.1", 0)
+    serve = serve_in_process if request.param == "api_process" else serve_in_thread
+    handle = serve(engine, "127.0.0.1", 0)
     yield handle
     handle.stop()
 

@@ -11,7 +11,8 @@ import random
 
 import torch
 
-from spanrl.trainer_bridge.policy_engine import SamplingParams, _render_chatml
+from spanrl.trainer_bridge.generation_types import render_chatml
+from spanrl.trainer_bridge.policy_engine import SamplingParams
 
 GREEDY = dict(temperature=0.0)
 
@@ -153,7 +154,10 @@ def test_newcomers_gather_before_joining_a_big_batch_unless_they_waited_long_eno
 
 
 def test_chatml_fast_path_equals_the_chat_template(engine):
-    assert engine._plain_chatml  # `spanrl model init` wrote the template this path replaces
+    from spanrl.trainer_bridge.model_init import CHAT_TEMPLATE
+
+    # `spanrl model init` wrote the template this path replaces
+    assert engine.tokenizer.chat_template == CHAT_TEMPLATE
     rng = random.Random(0)
     pieces = ["", " ", "\n", "What is 37 + 45?", "CALC 12*3", "RESULT 36", "ANSWER 7", "  two  spaces ",
               "<|im_start|>", "<|im_end|>", "{{ not jinja }}", "{% raw %}", "ünïcödé ✓ 数字", "\t\r\n", "'\"\\"]
@@ -164,12 +168,12 @@ def test_chatml_fast_path_equals_the_chat_template(engine):
         if rng.random() < 0.2:
             messages[0]["name"] = "extra keys are ignored"
         expected = engine.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-        assert _render_chatml(messages) == expected, messages
+        assert render_chatml(messages) == expected, messages
         assert engine.encode_chat(messages) == list(engine.tokenizer.encode(expected, add_special_tokens=False))
     # content parts and empty chats are not the fast path's: the template renders or rejects them
-    assert _render_chatml([]) is None
+    assert render_chatml([]) is None
     parts = [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]
-    assert _render_chatml(parts) is None
+    assert render_chatml(parts) is None
     expected = engine.tokenizer.apply_chat_template(parts, add_generation_prompt=True, tokenize=False)
     assert engine.encode_chat(parts) == list(engine.tokenizer.encode(expected, add_special_tokens=False))
 

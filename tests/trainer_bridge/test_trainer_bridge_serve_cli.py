@@ -28,3 +28,58 @@ def test_flags_beat_environment_beats_defaults(monkeypatch):
     monkeypatch.setenv("OTEL_SPANRL_SERVE_PORT", "eighty")
     with pytest.raises(SettingError, match="OTEL_SPANRL_SERVE_PORT"):
         parse(["m"])
+
+
+
+def process_alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            return "\nState:\tZ" not in status.read()  # a zombie has exited
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.parametrize("interrupted", ["engine process", "both (Ctrl-C in a terminal)"])
+def test_spanrl_serve_answers_and_sigint_stops_both_processes(tiny_model_dir, interrupted):
+    import os
+    import signal
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    import httpx
+    import openai
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = subprocess.Popen([sys.executable, "-m", "spanrl", "serve", str(tiny_model_dir), "--port", str(port),
+                               "--threads", "1", "--served-model-name", "tiny"],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert server.poll() is None and time.monotonic() < deadline, "spanrl serve did not come up"
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health").status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.1)
+        with open(f"/proc/{server.pid}/task/{server.pid}/children") as children:
+            (front_end,) = [int(pid) for pid in children.read().split()]  # the HTTP front end
+        api = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x", max_retries=0)
+        reply = api.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=3)
+        assert reply.usage.completion_tokens >= 1
+        os.kill(server.pid, signal.SIGINT)
+        if interrupted.startswith("both"):
+            os.kill(front_end, signal.SIGINT)
+        assert server.wait(30) == 0, server.stdout.read()
+        deadline = time.monotonic() + 10
+        while process_alive(front_end):
+            assert time.monotonic() < deadline, "the HTTP front end outlived spanrl serve"
+            time.sleep(0.05)
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait()

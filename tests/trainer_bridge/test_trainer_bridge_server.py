@@ -176,10 +176,13 @@ def test_error_bodies_and_models(server, engine):
     assert client(server).chat.completions.create(model=engine.model_name, messages=MESSAGES, max_tokens=2)
 
 
-def test_bearer_token(engine):
+@pytest.mark.parametrize("mode", ["api_process", "in_thread"])
+def test_bearer_token(engine, mode):
+    from spanrl.trainer_bridge.api_process import serve_in_process
     from spanrl.trainer_bridge.policy_server import serve_in_thread
 
-    handle = serve_in_thread(engine, "127.0.0.1", 0, api_token="s3cret")
+    serve = serve_in_process if mode == "api_process" else serve_in_thread
+    handle = serve(engine, "127.0.0.1", 0, api_token="s3cret")
     try:
         with pytest.raises(openai.AuthenticationError):
             openai.OpenAI(base_url=handle.base_url, api_key="wrong", max_retries=0).models.list()

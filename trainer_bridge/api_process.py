@@ -1,0 +1,137 @@
+"""The policy server's HTTP front end in a process of its own, and how the engine's side starts it.
+
+``serve_in_process(engine, host, port)`` (in the process that owns the model: ``spanrl serve``,
+the training loop) binds the listening socket, starts ``python -m
+spanrl.trainer_bridge.api_process`` with that socket and one end of a socketpair, and serves
+the child's requests from ``engine`` through an ``EngineHost`` (``engine_link.py``). The child
+runs the same FastAPI app as ``serve_in_thread`` (``policy_server.create_app``) over a
+``RemoteEngine``; it never imports torch. Weight swaps, versions and cancellation work as
+in one process: the engine stays where the weights are.
+
+The child exits when the engine's side closes the link (``handle.stop()``, or its process
+died); the engine's side sees the child's exit as the link closing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+
+from spanrl.trainer_bridge.engine_link import EngineHost, FrameChannel, RemoteEngine
+
+logger = logging.getLogger(__name__)
+
+TOKEN_ENV = "SPANRL_API_PROCESS_TOKEN"  # the bearer token reaches the child here, not in its argv
+
+
+@dataclass
+class ProcessServerHandle:
+    """A server whose HTTP front end runs in a child process: ``url``, ``base_url``, ``stop()``."""
+
+    url: str
+    host: str
+    port: int
+    process: subprocess.Popen
+    engine_host: EngineHost
+    engine: object
+    owns_engine: bool
+
+    @property
+    def base_url(self) -> str:
+        """The OpenAI client's ``base_url`` (``.../v1``)."""
+        return f"{self.url}/v1"
+
+    def wait(self, timeout: float | None = None) -> int:
+        """Until the front end exits (its exit status)."""
+        return self.process.wait(timeout)
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self.engine_host.channel.close()  # the child's link closes: it shuts its server down
+        try:
+            self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        if self.owns_engine:
+            self.engine.stop()
+
+
+def serve_in_process(engine, host: str = "127.0.0.1", port: int = 0, api_token: str | None = None,
+                     log_level: str = "warning", startup_timeout: float = 60.0) -> ProcessServerHandle:
+    """Serve ``engine`` over HTTP from a child process; ``port=0`` picks a free one.
+
+    Starts the engine if it is not running (and then stops it in ``handle.stop()``). Raises
+    ``OSError`` when the address cannot be bound, ``RuntimeError`` when the child fails to start.
+    """
+    listener = socket.create_server((host, port), backlog=1024)
+    bound_port = listener.getsockname()[1]
+    ours, theirs = socket.socketpair()
+    owns_engine = engine._thread is None
+    engine.start()
+    env = dict(os.environ)
+    env.pop(TOKEN_ENV, None)
+    if api_token:
+        env[TOKEN_ENV] = api_token
+    command = [sys.executable, "-m", "spanrl.trainer_bridge.api_process", "--engine-fd", str(theirs.fileno()),
+               "--listen-fd", str(listener.fileno()), "--log-level", log_level]
+    try:
+        process = subprocess.Popen(command, pass_fds=(theirs.fileno(), listener.fileno()), env=env)
+    finally:
+        theirs.close()
+        listener.close()  # the child holds its own copy: the port stays bound while it lives
+    engine_host = EngineHost(engine, FrameChannel(ours)).start()
+    handle = ProcessServerHandle(f"http://{host}:{bound_port}", host, bound_port, process, engine_host, engine,
+                                 owns_engine)
+    deadline = time.monotonic() + startup_timeout
+    while not engine_host.ready.wait(0.05):
+        if process.poll() is not None or engine_host.closed.is_set() or time.monotonic() > deadline:
+            handle.stop()
+            raise RuntimeError(f"the policy server's API process did not start on {host}:{bound_port} "
+                               f"(exit status {process.poll()}; its errors are above)")
+    logger.info("policy server listening on %s (model %s, version %d; HTTP in process %d)",
+                handle.url, engine.model_name, engine.version, process.pid)
+    return handle
+
+
+def _run_front_end(engine_fd: int, listen_fd: int, log_level: str) -> int:
+    import uvicorn
+
+    from spanrl.trainer_bridge.policy_server import create_app
+
+    channel = FrameChannel(socket.socket(fileno=engine_fd))
+    engine = RemoteEngine(channel)
+    listener = socket.socket(fileno=listen_fd)
+    config = uvicorn.Config(create_app(engine, os.environ.get(TOKEN_ENV) or None), log_level=log_level,
+                            access_log=False, lifespan="off")
+    server = uvicorn.Server(config)
+
+    def engine_gone() -> None:
+        server.should_exit = True
+
+    engine.on_lost = engine_gone
+    if engine.lost:  # lost before the callback was set
+        return 1
+    channel.send(("ready",))
+    server.run(sockets=[listener])
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="spanrl policy server: the HTTP front end (started by "
+                                                 "`spanrl serve` and the training loop, not by hand)")
+    parser.add_argument("--engine-fd", type=int, required=True, help="socket to the engine's process")
+    parser.add_argument("--listen-fd", type=int, required=True, help="bound, listening HTTP socket")
+    parser.add_argument("--log-level", default="warning")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+    return _run_front_end(args.engine_fd, args.listen_fd, args.log_level)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
