@@ -1,17 +1,18 @@
 """Policy server throughput: 16 concurrent clients versus one client at a time, same run.
 
 Starts ``spanrl serve`` on a locally created model in a subprocess (the real HTTP server,
-batching concurrent requests into shared forward passes), then sends the same number of
+batching concurrent requests into shared forward passes; its HTTP front end in a child process
+unless ``--single-process``), then sends the same number of
 chat requests with the real ``openai`` client: first one at a time, then from 16 concurrent
 async clients. Prints requests/s and generated tokens/s for both and the ratio (goal >= 6x),
-plus the CPU each request cost the client process and the server process, and the load average
+plus the CPU each request cost the client process and the server (engine and HTTP front-end processes), and the load average
 (other processes on a small machine change the numbers; ``--repeat`` measures the ratio again).
 
 Both modes use the same server, model, requests and max_tokens; their clients are created
 before the clock starts (an ``AsyncOpenAI`` builds an SSL context, ~20 ms, which is not
 request throughput), one per concurrent caller as 16 separate agents would have.
 
-    python bench/bench_policy_batching.py [--requests 64 --concurrency 16 --max-tokens 24 --repeat 1]
+    python bench/bench_policy_batching.py [--requests 128 --concurrency 16 --max-tokens 24 --repeat 1]
 """
 
 from __future__ import annotations
@@ -180,7 +181,9 @@ def engine_only(model_dir: str, count: int, clients: int, max_tokens: int, threa
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model-dir", default=None, help="serve this model (default: a fresh tiny one)")
-    parser.add_argument("--requests", type=int, default=64)
+    parser.add_argument("--requests", type=int, default=128,
+                        help="requests per mode (16 clients take ~0.7 s for 128; with fewer, the start, when all "
+                             "arrive at once, and the drain, when the last few decode alone, weigh more)")
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--max-tokens", type=int, default=24)
     parser.add_argument("--threads", type=int, default=1,

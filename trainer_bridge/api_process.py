@@ -68,13 +68,22 @@ def serve_in_process(engine, host: str = "127.0.0.1", port: int = 0, api_token: 
 
     Starts the engine if it is not running (and then stops it in ``handle.stop()``). Raises
     ``OSError`` when the address cannot be bound, ``RuntimeError`` when the child fails to start.
+    Where there are no Unix sockets to hand over (Windows), serves from a thread instead.
     """
+    if os.name != "posix":
+        from spanrl.trainer_bridge.policy_server import serve_in_thread
+
+        logger.warning("no Unix socketpair here: the policy server's HTTP runs in this process")
+        return serve_in_thread(engine, host, port, api_token, log_level)
     listener = socket.create_server((host, port), backlog=1024)
     bound_port = listener.getsockname()[1]
     ours, theirs = socket.socketpair()
     owns_engine = engine._thread is None
     engine.start()
     env = dict(os.environ)
+    # the child finds spanrl where this process does, also on a path added at run time
+    # (sys.path already holds this process's PYTHONPATH)
+    env["PYTHONPATH"] = os.pathsep.join(entry for entry in sys.path if entry)
     env.pop(TOKEN_ENV, None)
     if api_token:
         env[TOKEN_ENV] = api_token

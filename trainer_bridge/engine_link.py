@@ -160,7 +160,9 @@ class EngineHost:
                 job.cancel()  # nobody is left to read their tokens
 
     def _submit(self, request_id: int, prompt_ids: list[int], params: SamplingParams, wants_tokens: bool,
-                text_deltas: bool) -> None:
+                wants_start: bool, text_deltas: bool) -> None:
+        """Submit one request; only the messages the front end asked for cross back (a
+        non-streaming request gets just its ``done``)."""
         send = self.channel.send
 
         def on_done() -> None:
@@ -171,7 +173,7 @@ class EngineHost:
         try:
             job = self.engine.new_request(
                 prompt_ids, params, text_deltas=text_deltas, on_done=on_done,
-                on_start=lambda version: send(("start", request_id, version)),
+                on_start=(lambda version: send(("start", request_id, version))) if wants_start else None,
                 on_token=(lambda event: send(("token", request_id, event))) if wants_tokens else None)
             self._jobs[request_id] = job  # filed before it is queued: on_done finds it
             self.engine.enqueue(job)
@@ -276,7 +278,7 @@ class RemoteEngine:
                 raise EngineStoppedError("the policy engine's process is gone")
             self._requests[request.request_id] = request
         if not self.channel.send(("submit", request.request_id, request.prompt_ids, params,
-                                  on_token is not None, text_deltas)):
+                                  on_token is not None, on_start is not None, text_deltas)):
             self._fail_all()
         return request
 
