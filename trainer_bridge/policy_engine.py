@@ -251,11 +251,13 @@ class PolicyEngine:
         self.context_length = int(getattr(config, "max_position_embeddings", 2048) or 2048)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
         self.eos_ids = self._eos_ids(model, tokenizer)
-        # our own 4D masks for the attention kinds that take an additive one: transformers builds
-        # a padded batch's mask in Python each pass (~0.1-0.3 ms at 16 rows; nothing at 1 row)
-        self._own_masks = getattr(config, "_attn_implementation", None) in ("sdpa", "eager")
+        # our own 4D masks where attention takes one: transformers builds a padded batch's mask
+        # in Python each pass (~0.1-0.3 ms at 16 rows; nothing at 1 row). sdpa takes a boolean
+        # mask (True: attend; a quarter of a float mask's memory), eager an additive one
+        attention_kind = getattr(config, "_attn_implementation", None)
+        self._own_masks = attention_kind in ("sdpa", "eager")
+        self._additive_masks = attention_kind == "eager"
         self._mask_dtype = next(model.parameters()).dtype
-        self._mask_value = torch.finfo(self._mask_dtype).min
         self.limits = EngineLimits(int(config.vocab_size), self.context_length, min(max_n, max_batch_size))
         self._version_listeners: list[Callable[[int], None]] = []
         self.stats = EngineStats()
@@ -583,23 +585,29 @@ class PolicyEngine:
         return batch.without_finished()
 
     def _decode_mask(self, attention: torch.Tensor) -> torch.Tensor:
-        """What one decode step attends to: every row's real columns ([rows, 1, 1, columns], 0 or
-        the dtype's minimum, added to the scores), or the 2D mask when the model builds its own."""
+        """What one decode step attends to, every row's real columns ([rows, 1, 1, columns]), or
+        the 2D mask when the model builds its own."""
         if not self._own_masks:
             return attention
-        mask = torch.zeros(attention.shape, dtype=self._mask_dtype, device=attention.device)
-        return mask.masked_fill_(attention == 0, self._mask_value)[:, None, None, :]
+        return self._as_model_mask(attention.bool()[:, None, None, :])
 
     def _prefill_mask(self, attention: torch.Tensor) -> torch.Tensor:
-        """Causal and left-padding mask of a prefill pass ([rows, 1, columns, columns]). A padding
-        query sees nothing but gets no NaN (the minimum, not -inf); its output is never used."""
+        """Causal and left-padding mask of a prefill pass ([rows, 1, columns, columns]). A
+        padding query may see every column (its output is never used): with older torch a
+        query that sees none gives NaN, which would reach real rows through the values."""
         if not self._own_masks:
             return attention
         width = attention.shape[1]
+        real = attention.bool()
         causal = torch.ones((width, width), dtype=torch.bool, device=attention.device).tril()
-        allowed = causal.unsqueeze(0) & attention.bool().unsqueeze(1)
-        mask = torch.zeros(allowed.shape, dtype=self._mask_dtype, device=attention.device)
-        return mask.masked_fill_(~allowed, self._mask_value).unsqueeze(1)
+        allowed = (causal.unsqueeze(0) & real.unsqueeze(1)) | ~real.unsqueeze(2)
+        return self._as_model_mask(allowed.unsqueeze(1))
+
+    def _as_model_mask(self, allowed: torch.Tensor) -> torch.Tensor:
+        if not self._additive_masks:
+            return allowed
+        mask = torch.zeros(allowed.shape, dtype=self._mask_dtype, device=allowed.device)
+        return mask.masked_fill_(~allowed, torch.finfo(self._mask_dtype).min)
 
     def _sample_step(self, batch: "_Running", logits: torch.Tensor) -> None:
         """Sample one token per row from ``logits`` [rows, vocab] and hand it to its request."""

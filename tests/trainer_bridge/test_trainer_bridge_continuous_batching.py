@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import random
 
+import pytest
 import torch
 
 from spanrl.trainer_bridge.generation_types import render_chatml
@@ -190,3 +191,35 @@ def test_sampling_draws_each_token_with_its_probability_and_never_a_truncated_on
         assert frequency[probs[row] == 0].sum() == 0
     again = torch.Generator().manual_seed(0)
     assert torch.equal(torch.stack([_draw(probs, again) for _ in range(100)]), draws[:100])  # seeded: reproducible
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+def test_the_engines_own_attention_masks_equal_the_models_own(tiny_model_dir, forward_logprobs, attention):
+    """Prompts of different lengths share a left-padded prefill and decode steps; the masks the
+    engine builds (boolean for sdpa, additive for eager) give what transformers' masks give."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from spanrl.trainer_bridge.policy_engine import PolicyEngine
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, attn_implementation=attention)
+    engine = PolicyEngine(model, AutoTokenizer.from_pretrained(tiny_model_dir)).start()
+    try:
+        prompts = [engine.encode_text(text) for text in ("Hi", "What is 12 + 7? Use CALC first.", "x " * 25)]
+        params = SamplingParams(max_tokens=8, logprobs=True, **GREEDY)
+
+        def run_together():
+            jobs = [engine.submit(prompt, params) for prompt in prompts]
+            return [job.wait(60).choices[0] for job in jobs]
+
+        assert engine._own_masks
+        ours = run_together()
+        engine._own_masks = False  # transformers builds the masks from the 2D attention mask
+        theirs = run_together()
+    finally:
+        engine.stop()
+    assert engine.stats.max_rows_in_batch == 3
+    for prompt, mine, reference in zip(prompts, ours, theirs):
+        assert mine.token_ids == reference.token_ids
+        assert torch.allclose(torch.tensor(mine.logprobs), torch.tensor(reference.logprobs), atol=1e-5)
+        expected = forward_logprobs(model, prompt, mine.token_ids)
+        assert torch.allclose(torch.tensor(mine.logprobs), expected, atol=1e-4)
