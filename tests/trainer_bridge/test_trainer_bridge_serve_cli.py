@@ -30,6 +30,16 @@ def test_flags_beat_environment_beats_defaults(monkeypatch):
         parse(["m"])
 
 
+def test_single_process_is_off_unless_asked_for(monkeypatch):
+    monkeypatch.delenv("OTEL_SPANRL_SERVE_SINGLE_PROCESS", raising=False)
+    assert parse(["m"]).single_process is False
+    assert parse(["m", "--single-process"]).single_process is True
+    monkeypatch.setenv("OTEL_SPANRL_SERVE_SINGLE_PROCESS", "yes")
+    assert parse(["m"]).single_process is True
+    monkeypatch.setenv("OTEL_SPANRL_SERVE_SINGLE_PROCESS", "sometimes")
+    with pytest.raises(SettingError, match="OTEL_SPANRL_SERVE_SINGLE_PROCESS"):
+        parse(["m"])
+
 
 def process_alive(pid: int) -> bool:
     try:
