@@ -10,6 +10,7 @@ Imports nothing heavy at module level.
 from __future__ import annotations
 
 import argparse
+import sys
 from dataclasses import asdict, dataclass
 
 from spanrl.env_settings import env_value
@@ -111,7 +112,12 @@ def _serve(args: argparse.Namespace) -> int:
         return 0
     from spanrl.trainer_bridge.api_process import serve_in_process
 
-    handle = serve_in_process(engine, settings.host, settings.port, settings.token, log_level="info")
+    try:
+        handle = serve_in_process(engine, settings.host, settings.port, settings.token, log_level="info")
+    except (OSError, RuntimeError) as exc:  # the address is taken, or the front end did not start
+        engine.stop()
+        print(f"spanrl serve: cannot serve on {settings.host}:{settings.port}: {exc}", file=sys.stderr)
+        return 1
     print(f"serving model {engine.model_name!r} on {handle.base_url} (HTTP in process {handle.process.pid})")
     try:
         status = handle.wait()  # Ctrl-C reaches both processes; the front end shuts down cleanly

@@ -93,3 +93,17 @@ def test_spanrl_serve_answers_and_sigint_stops_both_processes(tiny_model_dir, in
         if server.poll() is None:
             server.kill()
             server.wait()
+
+
+def test_spanrl_serve_on_a_taken_port_says_so_and_exits_1(tiny_model_dir):
+    import socket
+    import subprocess
+    import sys
+
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        result = subprocess.run([sys.executable, "-m", "spanrl", "serve", str(tiny_model_dir), "--port", str(port)],
+                                capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1
+    assert f"cannot serve on 127.0.0.1:{port}" in result.stderr and "Address already in use" in result.stderr
+    assert "Traceback" not in result.stderr
