@@ -279,7 +279,11 @@ def run_training(settings: TrainSettings, show_progress: bool = True) -> dict:
             version=trainer.policy_version,
         )
         # HTTP in its own process: agents' requests are not held up by this process's training steps
-        server = serve_in_process(engine, settings.policy_host, settings.policy_port)
+        try:
+            server = serve_in_process(engine, settings.policy_host, settings.policy_port)
+        except OSError as exc:  # a setting the user can change: said in one line by `spanrl train`
+            raise ValueError(f"the policy server cannot listen on {settings.policy_host}:"
+                             f"{settings.policy_port} (policy_port): {exc}") from exc
         cleanup.callback(server.stop)
         api = BridgeAPI(
             loop.dispatcher, PolicyInfo(server.base_url, settings.policy_model_name),

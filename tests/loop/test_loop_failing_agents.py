@@ -69,3 +69,21 @@ def test_crashing_and_hanging_agent_processes_are_failed_rollouts(tmp_path):
         assert row["rollouts_left_out"] == {"failed": 2, "timeout": 2}, row
         assert row["rollouts_used"] == 2 and row["transitions"] >= 2
     assert "rollouts: failed 4, ok 4, timeout 4" in runner_output, runner_output[-2000:]
+
+
+def test_a_taken_policy_port_is_a_clear_settings_error(tmp_path):
+    import socket
+
+    import pytest
+
+    model_dir = create_model_dir(tmp_path / "model", preset="tiny", seed=0)
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text(json.dumps({"id": "a", "question": "1+1", "answer": 2}) + "\n")
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        settings = TrainSettings(
+            tasks=str(tasks), model=str(model_dir), output_dir=str(tmp_path / "run"),
+            store=str(tmp_path / "spanrl.db"), reward="spanrl.examples.calc_agent.reward:reward",
+            steps=1, policy_port=port, bridge_port=free_port(), device="cpu")
+        with pytest.raises(ValueError, match=f"policy server cannot listen on 127.0.0.1:{port} .policy_port."):
+            run_training(settings, show_progress=False)
