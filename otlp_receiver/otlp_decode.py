@@ -182,14 +182,15 @@ def decode_payload(body: bytes, max_reasons: int = 50, native: bool = True) -> D
         fallback_problem = next(
             (f"resource {p}" for kv in fallback if (p := attribute_problem(kv.key, kv.value))), None
         )
+        identities = [_ResourceIdentity(kv) for kv in fallback]  # encoded once per resource
         # A resource with ill-typed identity rejects its spans: the exact path says so.
-        fast_fallback = None if scan is None or fallback_problem else [_ResourceIdentity(kv) for kv in fallback]
+        fast = scan is not None and fallback_problem is None
         for scope_spans in resource_spans.scope_spans:
             for raw in scope_spans.spans:
-                if fast_fallback is not None:
+                if fast:
                     scanned = scan(raw)
                     if scanned is not None:
-                        rows.append(_row_from_scan(scanned, raw, fast_fallback))
+                        rows.append(_row_from_scan(scanned, raw, identities))
                         continue
                 try:
                     span = ShadowSpan.FromString(raw)
@@ -204,7 +205,7 @@ def decode_payload(body: bytes, max_reasons: int = 50, native: bool = True) -> D
                         name = "?" if span is None else f"{span.span_id.hex() or '?'} ({span.name!r})"
                         reasons.append(f"span {name}: {problem}")
                     continue
-                rows.append(_row(span, raw, fallback, identity))
+                rows.append(_row(span, raw, identities, identity))
     return DecodedRequest(rows, rejected, reasons)
 
 
@@ -222,15 +223,18 @@ def _resource_identity_value(kv):
 
 
 class _ResourceIdentity:
-    """One identity attribute of a resource, ready to append to spans that lack it."""
+    """One identity attribute of a resource, ready to append to spans that lack it: ``encoded``
+    is the span field that adds it (a length-delimited field 9 appended to a span's bytes adds
+    one attribute); ``any_value`` its AnyValue, ``value`` the Python value inside."""
 
-    __slots__ = ("key", "present_bit", "encoded", "value")
+    __slots__ = ("key", "present_bit", "encoded", "any_value", "value")
 
     def __init__(self, kv) -> None:
         self.key = kv.key
-        self.present_bit = _PRESENT_BITS[kv.key]
+        self.present_bit = _PRESENT_BITS.get(kv.key, 0)
         encoded = kv.SerializeToString()
         self.encoded = _ATTRIBUTE_TAG + _varint(len(encoded)) + encoded
+        self.any_value = kv.value
         kind = kv.value.WhichOneof("value")
         self.value = getattr(kv.value, kind) if kind else None
 
@@ -252,7 +256,7 @@ def _row_from_scan(scanned: tuple, raw: bytes, fallback: list[_ResourceIdentity]
     trace_id, span_id, name, start_ns, rollout, task, attempt, present = scanned
     for item in fallback:
         if not present & item.present_bit:
-            raw += item.encoded  # appending a field 9 adds one attribute to the span's bytes
+            raw += item.encoded
             present |= item.present_bit
             if item.key == semconv.ROLLOUT_ID:
                 rollout = item.value
@@ -263,14 +267,12 @@ def _row_from_scan(scanned: tuple, raw: bytes, fallback: list[_ResourceIdentity]
     return SpanRow(trace_id, span_id, rollout or None, task, attempt, name, start_ns, raw)
 
 
-def _row(span, raw: bytes, fallback: list, identity: dict) -> SpanRow:
+def _row(span, raw: bytes, fallback: list[_ResourceIdentity], identity: dict) -> SpanRow:
     """``identity``: the span's own identity attributes (collected by ``span_problem``)."""
-    for kv in fallback:
-        if kv.key not in identity:
-            # Appending a length-delimited field 9 adds one attribute to the span's bytes.
-            encoded = kv.SerializeToString()
-            raw += _ATTRIBUTE_TAG + _varint(len(encoded)) + encoded
-            identity[kv.key] = kv.value
+    for item in fallback:
+        if item.key not in identity:
+            raw += item.encoded
+            identity[item.key] = item.any_value
     rollout = identity.get(semconv.ROLLOUT_ID)
     task = identity.get(semconv.TASK_ID)
     attempt = identity.get(semconv.ATTEMPT)
