@@ -32,7 +32,7 @@ from spanrl.trainer_bridge.generation_types import (
     EngineError,
     EngineLimits,
     EngineStoppedError,
-    GenerationResult,
+    GenerationRequest,
     PromptTooLongError,
     SamplingParams,
     TokenEvent,
@@ -124,7 +124,7 @@ class EngineHost:
         self.channel = channel
         self.ready = threading.Event()  # the front end said it is listening
         self.closed = threading.Event()  # the front end is gone
-        self._jobs: dict[int, Any] = {}  # request id -> GenerationRequest
+        self._jobs: dict[int, GenerationRequest] = {}  # by the front end's request id
         self._thread = threading.Thread(target=self._serve, name="spanrl-engine-host", daemon=True)
 
     def hello(self) -> dict:
@@ -196,41 +196,19 @@ class EngineHost:
 # ----------------------------------------------------------------------------- front-end side
 
 
-class RemoteRequest:
-    """A request in flight in the engine's process; the fields the HTTP app reads of a
-    ``GenerationRequest`` (``done``, ``result``, ``error``, ``cancel()``...)."""
+class RemoteRequest(GenerationRequest):
+    """A request in flight in the engine's process, as the HTTP app sees one; ``cancel``
+    reaches the engine over the link."""
 
-    def __init__(self, link: "RemoteEngine", request_id: int, prompt_ids: list[int], params: SamplingParams,
-                 on_token, on_start, on_done):
+    def __init__(self, link: "RemoteEngine", request_id: int, *args, **kwargs):
+        super().__init__(*args, **kwargs)
         self._link = link
         self.request_id = request_id
-        self.prompt_ids = prompt_ids
-        self.params = params
-        self.on_token, self.on_start, self.on_done = on_token, on_start, on_done
-        self.done = threading.Event()
-        self.result: GenerationResult | None = None
-        self.error: BaseException | None = None
-        self.policy_version: int | None = None
 
     def cancel(self) -> None:
+        super().cancel()
         if not self.done.is_set():
             self._link.channel.send(("cancel", self.request_id))
-
-    def _complete(self, result: GenerationResult | None, error: BaseException | None) -> None:
-        if self.done.is_set():
-            return
-        self.result, self.error = result, error
-        self.done.set()
-        if self.on_done is not None:
-            safe_call(self.on_done)
-
-    def wait(self, timeout: float | None = None) -> GenerationResult:
-        if not self.done.wait(timeout):
-            raise TimeoutError("generation did not finish in time")
-        if self.error is not None:
-            raise self.error
-        assert self.result is not None
-        return self.result
 
 
 class RemoteEngine:
@@ -271,8 +249,9 @@ class RemoteEngine:
                on_done: Callable[[], None] | None = None,
                text_deltas: bool = True) -> RemoteRequest:
         """Like ``PolicyEngine.submit``: checked here (so bad requests fail at once), run there."""
-        check_request(prompt_ids, params, self.limits)
-        request = RemoteRequest(self, next(self._ids), list(prompt_ids), params, on_token, on_start, on_done)
+        max_new_tokens = check_request(prompt_ids, params, self.limits)
+        request = RemoteRequest(self, next(self._ids), list(prompt_ids), params, max_new_tokens, on_token, on_start,
+                                on_done, text_deltas)
         with self._lock:
             if self.lost:
                 raise EngineStoppedError("the policy engine's process is gone")
@@ -330,7 +309,8 @@ class RemoteEngine:
             with self._lock:
                 request = self._requests.pop(request_id, None)
             if request is not None:
-                request._complete(result, None if error is None else _error_from(error))
+                request.result = result
+                request._complete(None if error is None else _error_from(error))
         elif kind == "version":
             self.version = message[1]
         elif kind == "reply":
@@ -349,7 +329,7 @@ class RemoteEngine:
             calls, self._calls = list(self._calls.values()), {}
         gone = EngineStoppedError("the policy engine's process is gone")
         for request in requests:
-            request._complete(None, gone)
+            request._complete(gone)
         for done, outcome in calls:
             outcome.extend([None, gone])
             done.set()

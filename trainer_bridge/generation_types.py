@@ -9,7 +9,9 @@ sampling parameters are checked against the model's limits, in whichever process
 from __future__ import annotations
 
 import logging
+import threading
 from dataclasses import dataclass
+from typing import Callable
 
 from spanrl.trainer_bridge.model_init import CHAT_TEMPLATE, IM_END, IM_START
 
@@ -97,6 +99,51 @@ class GenerationResult:
     prompt_token_ids: list[int]
     choices: list[ChoiceResult]
     policy_version: int
+
+
+class GenerationRequest:
+    """A request in flight: prompt, params, callbacks, and its result once ``done``. Created by
+    ``PolicyEngine.submit`` (its rows are filled by the engine), or by the API process's
+    ``RemoteEngine``, whose subclass sends ``cancel`` to the engine's process."""
+
+    def __init__(self, prompt_ids: list[int], params: SamplingParams, max_new_tokens: int,
+                 on_token: Callable[[TokenEvent], None] | None,
+                 on_start: Callable[[int], None] | None,
+                 on_done: Callable[[], None] | None = None, text_deltas: bool = True):
+        self.text_deltas = text_deltas
+        self.prompt_ids = prompt_ids
+        self.params = params
+        self.max_new_tokens = max_new_tokens
+        self.on_token = on_token
+        self.on_start = on_start
+        self.on_done = on_done
+        self.done = threading.Event()
+        self.result: GenerationResult | None = None
+        self.error: BaseException | None = None
+        self.cancelled = False
+        self.policy_version: int | None = None
+        self._rows_left = params.n
+        self._rows: list = []  # the engine's rows (one per choice)
+
+    def cancel(self) -> None:
+        """Stop decoding this request's rows at the next step (a client went away)."""
+        self.cancelled = True
+
+    def _complete(self, error: BaseException | None = None) -> None:
+        if self.done.is_set():
+            return
+        self.error = error
+        self.done.set()
+        if self.on_done is not None:
+            safe_call(self.on_done)
+
+    def wait(self, timeout: float | None = None) -> GenerationResult:
+        if not self.done.wait(timeout):
+            raise TimeoutError("generation did not finish in time")
+        if self.error is not None:
+            raise self.error
+        assert self.result is not None
+        return self.result
 
 
 @dataclass

@@ -33,6 +33,7 @@ from spanrl.trainer_bridge.generation_types import (
     EngineLimits,
     EngineStats,
     EngineStoppedError,
+    GenerationRequest,
     GenerationResult,
     PromptTooLongError,
     SamplingParams,
@@ -165,50 +166,6 @@ def _cache_is_joinable(cache) -> bool:
 def _fail_rows(rows: list[_Row], error: BaseException) -> None:
     for request in {id(r.request): r.request for r in rows}.values():
         request._complete(error)
-
-
-class GenerationRequest:
-    """A request in flight: prompt, params, callbacks. Created by ``PolicyEngine.submit``."""
-
-    def __init__(self, prompt_ids: list[int], params: SamplingParams, max_new_tokens: int,
-                 on_token: Callable[[TokenEvent], None] | None,
-                 on_start: Callable[[int], None] | None,
-                 on_done: Callable[[], None] | None = None, text_deltas: bool = True):
-        self.text_deltas = text_deltas
-        self.prompt_ids = prompt_ids
-        self.params = params
-        self.max_new_tokens = max_new_tokens
-        self.on_token = on_token
-        self.on_start = on_start
-        self.on_done = on_done
-        self.done = threading.Event()
-        self.result: GenerationResult | None = None
-        self.error: BaseException | None = None
-        self.cancelled = False
-        self.policy_version: int | None = None
-        self._rows_left = params.n
-        self._rows: list[_Row] = []
-
-    def cancel(self) -> None:
-        """Stop decoding this request's rows at the next step (a client went away)."""
-        self.cancelled = True
-
-    def _complete(self, error: BaseException | None = None) -> None:
-        if self.done.is_set():
-            return
-        self.error = error
-        self.done.set()
-        if self.on_done is not None:
-            safe_call(self.on_done)
-
-    def wait(self, timeout: float | None = None) -> GenerationResult:
-        if not self.done.wait(timeout):
-            raise TimeoutError("generation did not finish in time")
-        if self.error is not None:
-            raise self.error
-        assert self.result is not None
-        return self.result
-
 
 
 def resolve_device(device: str | None) -> torch.device:

@@ -27,10 +27,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from spanrl.trainer_bridge.generation_types import EngineError, SamplingParams, TokenEvent
+from spanrl.trainer_bridge.generation_types import EngineError, GenerationRequest, SamplingParams, TokenEvent
 
 if TYPE_CHECKING:  # this module runs in the torch-free API process too (api_process.py)
-    from spanrl.trainer_bridge.policy_engine import GenerationRequest, PolicyEngine
+    from spanrl.trainer_bridge.policy_engine import PolicyEngine
 
 logger = logging.getLogger(__name__)
 

@@ -258,9 +258,9 @@ def run_training(settings: TrainSettings, show_progress: bool = True) -> dict:
 
     from tqdm import tqdm
 
+    from .api_process import serve_in_process
     from .bridge_api import BridgeAPI, PolicyInfo
     from .metrics import MetricsLog
-    from .api_process import serve_in_process
     from .policy_engine import PolicyEngine
 
     if not os.path.isfile(os.path.join(settings.model, "config.json")):
