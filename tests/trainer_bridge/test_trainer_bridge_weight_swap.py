@@ -103,12 +103,6 @@ def test_a_superseded_swap_fails_at_once_and_only_the_newest_weights_are_loaded(
     key = "model.layers.0.self_attn.q_proj.weight"
     weights_1 = {k: v.clone() for k, v in engine.model.state_dict().items()}
     weights_2 = {k: v + 0.1 if v.dim() > 1 else v.clone() for k, v in weights_1.items()}
-    busy, release = threading.Event(), threading.Event()
-
-    def hold_the_engine_thread(_event) -> None:  # on_token runs on the engine thread
-        busy.set()
-        release.wait(30)
-
     outcomes: dict[int, object] = {}
 
     def swap(weights, version: int) -> None:
@@ -118,22 +112,20 @@ def test_a_superseded_swap_fails_at_once_and_only_the_newest_weights_are_loaded(
         except BaseException as exc:  # checked by the test
             outcomes[version] = exc
 
-    request = engine.submit(engine.encode_text("hello"), SamplingParams(max_tokens=2), on_token=hold_the_engine_thread)
     first = threading.Thread(target=swap, args=(weights_1, 1))
     second = threading.Thread(target=swap, args=(weights_2, 2))
     try:
-        assert busy.wait(30)
-        first.start()
-        wait_until_a_swap_is_pending(engine)
-        assert engine._pending_swap is not None and engine._pending_swap[1] == 1
-        second.start()
-        first.join(10)
-        assert not first.is_alive(), "the superseded caller still waits"
-        assert isinstance(outcomes[1], EngineError), outcomes
-        assert "superseded by version 2" in str(outcomes[1])
-        assert engine.version == 0 and second.is_alive()  # the engine is still busy
+        with engine_thread_held(engine, "hello", SamplingParams(max_tokens=2)) as request:
+            first.start()
+            wait_until_a_swap_is_pending(engine)
+            assert engine._pending_swap is not None and engine._pending_swap[1] == 1
+            second.start()
+            first.join(10)
+            assert not first.is_alive(), "the superseded caller still waits"
+            assert isinstance(outcomes[1], EngineError), outcomes
+            assert "superseded by version 2" in str(outcomes[1])
+            assert engine.version == 0 and second.is_alive()  # the engine is still busy
     finally:
-        release.set()
         for thread in (first, second):
             if thread.ident is not None:
                 thread.join(30)
@@ -150,10 +142,9 @@ def wait_until_a_swap_is_pending(engine, timeout_s: float = 10.0) -> None:
 
 
 @contextlib.contextmanager
-def swap_pending_mid_batch(engine, weights: dict, version: int, prompt: str, params):
-    """Holds the engine thread inside a running batch (in a token callback), asks for a weight
-    swap and yields (the running request, the swap's outcome list) once the swap is pending;
-    on exit lets the batch go on and waits for the swap."""
+def engine_thread_held(engine, prompt: str, params):
+    """Holds the engine thread inside a running batch (in a token callback) until exit;
+    yields the running request."""
     busy, release = threading.Event(), threading.Event()
 
     def hold_the_engine_thread(_event) -> None:  # on_token runs on the engine thread
@@ -161,16 +152,25 @@ def swap_pending_mid_batch(engine, weights: dict, version: int, prompt: str, par
         release.wait(30)
 
     running = engine.submit(engine.encode_text(prompt), params, on_token=hold_the_engine_thread)
-    swapped: list = []
-    swapper = threading.Thread(target=lambda: swapped.append(engine.swap_weights(weights, version, timeout=30)))
     try:
         assert busy.wait(30)
+        yield running
+    finally:
+        release.set()
+
+
+@contextlib.contextmanager
+def swap_pending_mid_batch(engine, weights: dict, version: int, prompt: str, params):
+    """Holds the engine thread inside a running batch, asks for a weight swap and yields (the
+    running request, the swap's outcome list) once the swap is pending; on exit lets the
+    batch go on and waits for the swap."""
+    swapped: list = []
+    swapper = threading.Thread(target=lambda: swapped.append(engine.swap_weights(weights, version, timeout=30)))
+    with engine_thread_held(engine, prompt, params) as running:
         swapper.start()
         wait_until_a_swap_is_pending(engine)
         assert engine._pending_swap is not None
         yield running, swapped
-    finally:
-        release.set()
     running.wait(60)
     swapper.join(30)
 
