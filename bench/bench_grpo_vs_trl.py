@@ -51,7 +51,7 @@ def make_batch(tokenizer, count: int, seed: int, workload: str = "single"):
 
 
 def spanrl_side(model_dir, batches, lr):
-    from spanrl.trainer_bridge.torch_trainer import TorchTrainer, TrainerConfig, TrainingSample
+    from spanrl.trainer_bridge.torch_backend.trainer import TorchTrainer, TrainerConfig, TrainingSample
 
     trainer = TorchTrainer(model_dir, TrainerConfig(lr=lr, device="cpu", grad_clip=1.0,
                                                     loss_agg_mode="token-mean", ))  # default micro-batching: length-sorted, 8192 tokens
@@ -136,7 +136,7 @@ def main() -> None:
     import torch
     from transformers import AutoTokenizer
 
-    from spanrl.trainer_bridge.model_init import create_model_dir
+    from spanrl.trainer_bridge.torch_backend.model_init import create_model_dir
 
     if args.threads:
         torch.set_num_threads(args.threads)

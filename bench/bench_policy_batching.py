@@ -154,7 +154,7 @@ def engine_only(model_dir: str, count: int, clients: int, max_tokens: int, threa
     waves of ``clients`` concurrent requests (shows what the engine's batching itself buys)."""
     import torch
 
-    from spanrl.trainer_bridge.policy_engine import PolicyEngine, SamplingParams
+    from spanrl.trainer_bridge.torch_backend.engine.policy_engine import PolicyEngine, SamplingParams
 
     if threads:
         torch.set_num_threads(threads)

@@ -21,8 +21,8 @@ import os
 from opentelemetry import trace as trace_api
 from opentelemetry.sdk.trace import TracerProvider
 
-from spanrl.exporter import safe_defaults
 from spanrl.exporter import environment_variables as env
+from spanrl.exporter import safe_defaults
 from spanrl.exporter.span_processor import install_identity_processor
 from spanrl.instrumentation import openai_instrumentor
 from spanrl.instrumentation.settings import InstrumentationSettings

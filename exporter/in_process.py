@@ -13,8 +13,8 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping
 from urllib.parse import urlparse
 
 from opentelemetry import trace as trace_api

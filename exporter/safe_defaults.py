@@ -21,7 +21,7 @@ from __future__ import annotations
 import atexit
 import logging
 import os
-from typing import Mapping
+from collections.abc import Mapping
 
 from opentelemetry.sdk.trace import SpanLimits, TracerProvider
 from opentelemetry.sdk.trace.sampling import ALWAYS_ON

@@ -87,7 +87,7 @@ class RolloutIdentitySpanProcessor(SpanProcessor):
         return True
 
 
-_providers_with_processor: "weakref.WeakSet[TracerProvider]" = weakref.WeakSet()
+_providers_with_processor: weakref.WeakSet[TracerProvider] = weakref.WeakSet()
 
 
 def install_identity_processor(provider: TracerProvider) -> bool:

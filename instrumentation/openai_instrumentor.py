@@ -27,8 +27,9 @@ from __future__ import annotations
 
 import logging
 import weakref
+from collections.abc import Callable, Collection
 from importlib import import_module
-from typing import Any, Callable, Collection
+from typing import Any
 
 from opentelemetry import trace as trace_api
 from opentelemetry.instrumentation.instrumentor import BaseInstrumentor  # type: ignore[attr-defined]
@@ -77,7 +78,7 @@ class SpanrlOpenAIInstrumentor(BaseInstrumentor):  # type: ignore[misc]
 
     def _patch_sdk(self, settings: InstrumentationSettings) -> None:
         base_client = import_module(_BASE_CLIENT_MODULE)
-        recorders: "weakref.WeakKeyDictionary[Any, LLMSpanRecorder]" = weakref.WeakKeyDictionary()
+        recorders: weakref.WeakKeyDictionary[Any, LLMSpanRecorder] = weakref.WeakKeyDictionary()
         wrappers: dict[tuple[str, str], Callable[..., Any]] = {
             ("BaseClient", "_build_request"): _build_request_wrapper(settings.request_token_ids),
             ("SyncAPIClient", "_process_response"): _process_response_wrapper(recorders),

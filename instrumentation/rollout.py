@@ -23,9 +23,10 @@ import functools
 import logging
 import math
 import uuid
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, TypeVar
+from typing import Any, TypeVar
 
 from opentelemetry import baggage
 from opentelemetry import context as context_api

@@ -24,7 +24,7 @@ class InstrumentationSettings:
     safe_defaults: bool = True
 
     @classmethod
-    def from_env(cls) -> "InstrumentationSettings":
+    def from_env(cls) -> InstrumentationSettings:
         defaults = cls()
         return cls(
             request_token_ids=_env_or_default(

@@ -11,7 +11,7 @@ Called by ``assembly.py`` once per rollout. Pure functions, picked by name from 
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 CreditFunction = Callable[[Sequence[float], "float | None", float], list[float]]
 

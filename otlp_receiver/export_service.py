@@ -13,6 +13,7 @@ import hmac
 import logging
 
 import grpc
+from google.protobuf.message import DecodeError
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import (
     ExportLogsServiceRequest,
     ExportLogsServiceResponse,
@@ -22,7 +23,6 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceResponse,
 )
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
-from google.protobuf.message import DecodeError
 
 from spanrl.otlp_receiver.ingest import IngestWriter, Overloaded
 from spanrl.otlp_receiver.otlp_decode import (

@@ -41,7 +41,7 @@ class UnsupportedMediaType(ValueError):
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server_version = "spanrl-receiver"
-    server: "_Server"
+    server: _Server
 
     def log_message(self, format: str, *args) -> None:  # route the access log to logging
         logger.debug("%s " + format, self.address_string(), *args)

@@ -27,7 +27,7 @@ from spanrl.otlp_receiver.http_service import HttpExportServer
 from spanrl.otlp_receiver.ingest import IngestWriter
 from spanrl.otlp_receiver.settings import ReceiverSettings
 from spanrl.otlp_receiver.span_tree import records_from_bodies
-from spanrl.otlp_receiver.store import SpanStore, StoreError, StoredSpan
+from spanrl.otlp_receiver.store import SpanStore, StoredSpan, StoreError
 from spanrl.otlp_receiver.transitions import Rollout
 
 logger = logging.getLogger(__name__)
@@ -147,7 +147,7 @@ class ReceiverServer:
         assert self.http is not None, "start() first"
         return self.http.port
 
-    def start(self) -> "ReceiverServer":
+    def start(self) -> ReceiverServer:
         s = self.settings
         self.writer.start()
         try:
@@ -180,7 +180,7 @@ class ReceiverServer:
         self.read_store.close()
         self._started = False
 
-    def __enter__(self) -> "ReceiverServer":
+    def __enter__(self) -> ReceiverServer:
         return self.start()
 
     def __exit__(self, *exc) -> None:

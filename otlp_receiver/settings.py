@@ -66,7 +66,7 @@ class ReceiverSettings:
     def max_pending_bytes(self) -> int:
         return int(self.max_pending_mb * 1024 * 1024)
 
-    def validate(self) -> "ReceiverSettings":
+    def validate(self) -> ReceiverSettings:
         if self.sync not in ("full", "normal", "extra"):
             raise SettingError(f"sync must be full, normal or extra, got {self.sync!r}")
         if self.credit not in ("identical", "discounted"):

@@ -10,8 +10,9 @@ sort of each child list).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any
 
 from opentelemetry.proto.common.v1.common_pb2 import ArrayValue, KeyValueList
 from opentelemetry.proto.trace.v1.trace_pb2 import Status
@@ -45,8 +46,8 @@ class SpanRecord:
     status_message: str
     attributes: dict[str, Any]
     events: list[SpanEvent]
-    children: list["SpanRecord"] = field(default_factory=list)
-    parent: "SpanRecord | None" = None
+    children: list[SpanRecord] = field(default_factory=list)
+    parent: SpanRecord | None = None
     # Filled by SpanTree: position in the depth-first order and end of the subtree there.
     pre: int = 0
     post: int = 0

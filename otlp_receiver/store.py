@@ -20,9 +20,9 @@ import logging
 import sqlite3
 import threading
 import time
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Iterable, Sequence
 
 from spanrl.otlp_receiver.otlp_decode import SpanRow
 from spanrl.otlp_receiver.transitions import Rollout, rollout_from_dict, rollout_to_dict
@@ -134,7 +134,7 @@ class SpanStore:
                 raise StoreError(f"cannot create the schema of {self.path}: {exc}") from exc
 
     class _Tx:
-        def __init__(self, store: "SpanStore") -> None:
+        def __init__(self, store: SpanStore) -> None:
             self.store = store
 
         def __enter__(self):
@@ -156,14 +156,14 @@ class SpanStore:
                 self.store._lock.release()
             return False
 
-    def _transaction(self) -> "SpanStore._Tx":
+    def _transaction(self) -> SpanStore._Tx:
         return SpanStore._Tx(self)
 
     def close(self) -> None:
         with self._lock:
             self._db.close()
 
-    def __enter__(self) -> "SpanStore":
+    def __enter__(self) -> SpanStore:
         return self
 
     def __exit__(self, *exc) -> None:

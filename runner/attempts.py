@@ -18,8 +18,9 @@ import signal
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from opentelemetry import baggage, trace
 from opentelemetry import context as otel_context

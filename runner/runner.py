@@ -13,7 +13,7 @@ import sys
 import threading
 import time
 from collections import Counter
-from typing import Callable
+from collections.abc import Callable
 
 from spanrl.import_path import load_callable
 

@@ -69,8 +69,8 @@ def wait_for_port(port: int, process: subprocess.Popen, what: str, timeout_s: fl
 def prepare_model(args: argparse.Namespace, out: str) -> str:
     """Create the tiny model and warm-start it; returns the warm model's directory."""
     from spanrl.examples.calc_agent.demonstrations import curriculum_batches, write_demonstrations
-    from spanrl.trainer_bridge.model_init import create_model_dir
-    from spanrl.trainer_bridge.torch_trainer import TorchTrainer, TrainerConfig
+    from spanrl.trainer_bridge.torch_backend.model_init import create_model_dir
+    from spanrl.trainer_bridge.torch_backend.trainer import TorchTrainer, TrainerConfig
 
     base_dir = os.path.join(out, "model-init")
     warm_dir = os.path.join(out, "model-warm")

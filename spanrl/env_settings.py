@@ -7,7 +7,8 @@ defaults. Stdlib only: agent-side code uses it too.
 from __future__ import annotations
 
 import os
-from typing import Callable, TypeVar
+from collections.abc import Callable
+from typing import TypeVar
 
 T = TypeVar("T")
 

@@ -4,7 +4,8 @@ functions for the trainer), with errors that say what was wrong. Stdlib only."""
 from __future__ import annotations
 
 import importlib
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 
 def load_callable(spec: str) -> Callable[[dict], Any]:

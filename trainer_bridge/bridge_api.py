@@ -15,9 +15,9 @@ from __future__ import annotations
 import json
 import logging
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Callable
 
 from .task_dispatch import TaskDispatcher, TrainingFinished
 
@@ -41,7 +41,7 @@ class BridgeAPIError(Exception):
 
 
 class _Handler(BaseHTTPRequestHandler):
-    server: "_BridgeHTTPServer"
+    server: _BridgeHTTPServer
     protocol_version = "HTTP/1.1"
 
     def log_message(self, format: str, *args) -> None:  # noqa: A002 - stdlib signature
@@ -97,7 +97,7 @@ class _Handler(BaseHTTPRequestHandler):
 
 class _BridgeHTTPServer(ThreadingHTTPServer):
     daemon_threads = True
-    api: "BridgeAPI"
+    api: BridgeAPI
 
 
 class BridgeAPI:
@@ -123,7 +123,7 @@ class BridgeAPI:
         host, port = self._server.server_address[:2]
         return f"http://{host}:{port}"
 
-    def start(self) -> "BridgeAPI":
+    def start(self) -> BridgeAPI:
         self._thread = threading.Thread(
             target=self._server.serve_forever, name="spanrl-bridge-api", daemon=True
         )

@@ -16,7 +16,7 @@ Two spanrl choices differ from verl on purpose, both documented where they apply
 
 from __future__ import annotations
 
-from typing import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 
 import torch
 

@@ -20,8 +20,9 @@ import random
 import sys
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from .task_dispatch import Attempt, Outcome, TaskDispatcher, task_id_of
 from .train_settings import TrainSettings
@@ -173,7 +174,7 @@ def training_samples(scored: list[ScoredRollout], level: str, norm_adv_by_std: b
     Returns ``(samples, dropped_rollouts)``: rollouts of a group of one are dropped.
     """
     from .grpo import group_advantages
-    from .torch_trainer import TrainingSample
+    from .torch_backend.trainer import TrainingSample
 
     returns, groups, rollout_ids, transitions = [], [], [], []
     for item in scored:
@@ -216,7 +217,8 @@ def _prepare_output(settings: TrainSettings, checkpoints: str) -> None:
 def _start_trainer(settings: TrainSettings, checkpoints: str):
     """The torch trainer (resumed from the newest checkpoint with --resume) and the model
     directory the policy server should load."""
-    from .torch_trainer import TorchTrainer, TrainerConfig, list_checkpoints
+    from .torch_backend.config import TrainerConfig
+    from .torch_backend.trainer import TorchTrainer, list_checkpoints
 
     config = TrainerConfig(
         lr=settings.learning_rate, loss_agg_mode=settings.loss_agg_mode,
@@ -258,10 +260,10 @@ def run_training(settings: TrainSettings, show_progress: bool = True) -> dict:
 
     from tqdm import tqdm
 
-    from .api_process import serve_in_process
     from .bridge_api import BridgeAPI, PolicyInfo
     from .metrics import MetricsLog
-    from .policy_engine import PolicyEngine
+    from .torch_backend.engine.policy_engine import PolicyEngine
+    from .torch_backend.server.api_process import serve_in_process
 
     if not os.path.isfile(os.path.join(settings.model, "config.json")):
         raise ValueError(f"model {settings.model!r} is not a Hugging Face model directory "

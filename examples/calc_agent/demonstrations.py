@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import random
-from typing import Iterator
+from collections.abc import Iterator
 
 from .agent import SYSTEM_PROMPT
 from .tasks import make_task

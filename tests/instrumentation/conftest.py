@@ -12,9 +12,10 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from concurrent import futures
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import grpc
 import pytest
@@ -239,11 +240,10 @@ def private_tracing():
     (openinference + spanrl) against it; uninstrumented in teardown."""
     from types import SimpleNamespace
 
+    from openinference.instrumentation.openai import OpenAIInstrumentor
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-
-    from openinference.instrumentation.openai import OpenAIInstrumentor
 
     from spanrl.instrumentation.openai_instrumentor import SpanrlOpenAIInstrumentor
 

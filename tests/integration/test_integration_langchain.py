@@ -24,9 +24,9 @@ from opentelemetry.proto.trace.v1 import trace_pb2
 from spanrl.demo import free_port, wait_for_port
 from spanrl.instrumentation import semconv
 from spanrl.otlp_receiver.store import SpanStore
-from spanrl.trainer_bridge.model_init import create_model_dir
-from spanrl.trainer_bridge.policy_engine import PolicyEngine
-from spanrl.trainer_bridge.policy_server import serve_in_thread
+from spanrl.trainer_bridge.torch_backend.engine.policy_engine import PolicyEngine
+from spanrl.trainer_bridge.torch_backend.model_init import create_model_dir
+from spanrl.trainer_bridge.torch_backend.server.app import serve_in_thread
 
 REPO = Path(__file__).resolve().parents[2]
 AGENT = REPO / "examples" / "langchain_agent" / "agent.py"

@@ -14,7 +14,7 @@ import subprocess
 import sys
 
 from spanrl.demo import free_port, wait_for_port
-from spanrl.trainer_bridge.model_init import create_model_dir
+from spanrl.trainer_bridge.torch_backend.model_init import create_model_dir
 from spanrl.trainer_bridge.train_settings import TrainSettings
 from spanrl.trainer_bridge.training_loop import run_training
 

@@ -151,7 +151,7 @@ class ReceiverProcess:
         self.http_port = 0
         self.output: list[str] = []
 
-    def start(self, grpc_port: int = 0, http_port: int = 0) -> "ReceiverProcess":
+    def start(self, grpc_port: int = 0, http_port: int = 0) -> ReceiverProcess:
         env = {**os.environ, "PYTHONUNBUFFERED": "1", **(self.env or {})}
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "spanrl", "receive", "--db", str(self.db), "--grpc-port", str(grpc_port),

@@ -43,7 +43,7 @@ def calc_corpus(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory, calc_corpus):
-    from spanrl.trainer_bridge.model_init import create_model_dir
+    from spanrl.trainer_bridge.torch_backend.model_init import create_model_dir
 
     return create_model_dir(tmp_path_factory.mktemp("models") / "tiny", preset="tiny",
                             corpus_files=[calc_corpus], seed=0)
@@ -56,7 +56,7 @@ def make_calc_example():
 
 @pytest.fixture
 def engine(tiny_model_dir):
-    from spanrl.trainer_bridge.policy_engine import PolicyEngine
+    from spanrl.trainer_bridge.torch_backend.engine.policy_engine import PolicyEngine
 
     engine = PolicyEngine.from_pretrained(tiny_model_dir, device="cpu").start()
     yield engine
@@ -67,8 +67,8 @@ def engine(tiny_model_dir):
 def server(engine, request):
     """The policy server on a free loopback port, stopped after the test: its HTTP front end in
     a child process (what `spanrl serve` and the training loop run), or in a thread of this one."""
-    from spanrl.trainer_bridge.api_process import serve_in_process
-    from spanrl.trainer_bridge.policy_server import serve_in_thread
+    from spanrl.trainer_bridge.torch_backend.server.api_process import serve_in_process
+    from spanrl.trainer_bridge.torch_backend.server.app import serve_in_thread
 
     serve = serve_in_process if request.param == "api_process" else serve_in_thread
     handle = serve(engine, "127.0.0.1", 0)

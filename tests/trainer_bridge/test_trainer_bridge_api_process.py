@@ -15,7 +15,7 @@ import httpx
 import openai
 import pytest
 
-from spanrl.trainer_bridge.api_process import serve_in_process
+from spanrl.trainer_bridge.torch_backend.server.api_process import serve_in_process
 
 MESSAGES = [{"role": "user", "content": "What is 37 + 45?"}]
 
@@ -50,8 +50,8 @@ def forbid_eos(engine):
 
 
 def test_the_api_process_does_not_import_torch():
-    code = ("import sys, spanrl.trainer_bridge.api_process, spanrl.trainer_bridge.policy_server, "
-            "spanrl.trainer_bridge.engine_link; "
+    code = ("import sys, spanrl.trainer_bridge.torch_backend.server.api_process, spanrl.trainer_bridge.torch_backend.server.app, "
+            "spanrl.trainer_bridge.torch_backend.engine.link; "
             "assert 'torch' not in sys.modules, 'torch was imported'")
     subprocess.run([sys.executable, "-c", code], check=True)
 
@@ -101,7 +101,7 @@ def test_a_killed_front_end_cancels_its_requests_in_the_engine(engine):
         assert handle.engine_host.closed.wait(10)
         # the orphaned request stops decoding: the engine takes new work at once
         started = engine.stats.tokens_generated
-        from spanrl.trainer_bridge.policy_engine import SamplingParams
+        from spanrl.trainer_bridge.torch_backend.engine.policy_engine import SamplingParams
 
         result = engine.generate(engine.encode_chat(MESSAGES), SamplingParams(max_tokens=3), timeout=30)
         assert len(result.choices[0].token_ids) == 3

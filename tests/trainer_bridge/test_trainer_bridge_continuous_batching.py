@@ -12,8 +12,8 @@ import random
 import pytest
 import torch
 
-from spanrl.trainer_bridge.generation_types import render_chatml
-from spanrl.trainer_bridge.policy_engine import SamplingParams
+from spanrl.trainer_bridge.torch_backend.engine.policy_engine import SamplingParams
+from spanrl.trainer_bridge.torch_backend.engine.requests import render_chatml
 
 GREEDY = dict(temperature=0.0)
 
@@ -155,7 +155,7 @@ def test_newcomers_gather_before_joining_a_big_batch_unless_they_waited_long_eno
 
 
 def test_chatml_fast_path_equals_the_chat_template(engine):
-    from spanrl.trainer_bridge.model_init import CHAT_TEMPLATE
+    from spanrl.trainer_bridge.torch_backend.model_init import CHAT_TEMPLATE
 
     # `spanrl model init` wrote the template this path replaces
     assert engine.tokenizer.chat_template == CHAT_TEMPLATE
@@ -180,7 +180,7 @@ def test_chatml_fast_path_equals_the_chat_template(engine):
 
 
 def test_sampling_draws_each_token_with_its_probability_and_never_a_truncated_one():
-    from spanrl.trainer_bridge.policy_engine import _draw
+    from spanrl.trainer_bridge.torch_backend.engine.policy_engine import _draw
 
     probs = torch.tensor([[0.0, 0.1, 0.0, 0.6, 0.3, 0.0], [0.25, 0.25, 0.25, 0.25, 0.0, 0.0]])
     generator = torch.Generator().manual_seed(0)
@@ -199,7 +199,7 @@ def test_the_engines_own_attention_masks_equal_the_models_own(tiny_model_dir, fo
     engine builds (boolean for sdpa, additive for eager) give what transformers' masks give."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from spanrl.trainer_bridge.policy_engine import PolicyEngine
+    from spanrl.trainer_bridge.torch_backend.engine.policy_engine import PolicyEngine
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, attn_implementation=attention)
     engine = PolicyEngine(model, AutoTokenizer.from_pretrained(tiny_model_dir)).start()

@@ -76,7 +76,7 @@ def test_chat_template_turn_is_a_prefix_of_the_next_prompt(tiny_model_dir):
 
 
 def test_small_preset_and_bad_input(tmp_path):
-    from spanrl.trainer_bridge.model_init import CorpusError, create_model_dir
+    from spanrl.trainer_bridge.torch_backend.model_init import CorpusError, create_model_dir
 
     out = create_model_dir(tmp_path / "s", preset="small", vocab_size=400)
     config = json.loads((out / "config.json").read_text())

@@ -7,7 +7,7 @@ import argparse
 import pytest
 
 from spanrl.env_settings import SettingError
-from spanrl.trainer_bridge import serve_cli
+from spanrl.trainer_bridge.torch_backend import serve_cli
 
 
 def parse(argv):

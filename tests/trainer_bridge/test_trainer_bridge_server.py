@@ -178,8 +178,8 @@ def test_error_bodies_and_models(server, engine):
 
 @pytest.mark.parametrize("mode", ["api_process", "in_thread"])
 def test_bearer_token(engine, mode):
-    from spanrl.trainer_bridge.api_process import serve_in_process
-    from spanrl.trainer_bridge.policy_server import serve_in_thread
+    from spanrl.trainer_bridge.torch_backend.server.api_process import serve_in_process
+    from spanrl.trainer_bridge.torch_backend.server.app import serve_in_thread
 
     serve = serve_in_process if mode == "api_process" else serve_in_thread
     handle = serve(engine, "127.0.0.1", 0, api_token="s3cret")

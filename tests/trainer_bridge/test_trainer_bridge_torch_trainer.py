@@ -15,8 +15,8 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from spanrl.trainer_bridge.grpo import group_advantages
-from spanrl.trainer_bridge.policy_engine import SamplingParams
-from spanrl.trainer_bridge.torch_trainer import TorchTrainer, TrainerConfig, TrainingSample
+from spanrl.trainer_bridge.torch_backend.engine.policy_engine import SamplingParams
+from spanrl.trainer_bridge.torch_backend.trainer import TorchTrainer, TrainerConfig, TrainingSample
 
 
 def fixed_samples(seed: int = 0, count: int = 12) -> list[TrainingSample]:
@@ -112,7 +112,7 @@ def test_sft_learns_assistant_tokens_only(tiny_model_dir, make_calc_example, tmp
 
 CRASHING_RUN = textwrap.dedent("""
     import os, random, signal, sys
-    from spanrl.trainer_bridge.torch_trainer import TorchTrainer, TrainerConfig, TrainingSample
+    from spanrl.trainer_bridge.torch_backend.trainer import TorchTrainer, TrainerConfig, TrainingSample
     model_dir, checkpoints, samples_file = sys.argv[1:4]
     import json
     batches = [[TrainingSample(*s) for s in b] for b in json.load(open(samples_file))]
@@ -197,7 +197,7 @@ def test_mismatched_old_logprobs_are_recomputed_with_one_warning(tiny_model_dir,
                               list(given[0].old_logprobs) + [0.0])
     given[5] = TrainingSample(given[5].prompt_token_ids, given[5].response_token_ids, given[5].advantage,
                               list(given[5].old_logprobs)[:-1])
-    with caplog.at_level("WARNING", logger="spanrl.trainer_bridge.torch_trainer"):
+    with caplog.at_level("WARNING", logger="spanrl.trainer_bridge.torch_backend.trainer"):
         stats = trainer.grpo_step(given)
     warnings = [r for r in caplog.records if "old logprobs" in r.getMessage()]
     assert len(warnings) == 1 and "sample 0" in warnings[0].getMessage() and "sample 5" in warnings[0].getMessage()

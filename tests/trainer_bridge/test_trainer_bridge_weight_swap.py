@@ -98,7 +98,7 @@ def test_every_response_is_entirely_from_one_policy_version(server, engine, forw
 
 
 def test_a_superseded_swap_fails_at_once_and_only_the_newest_weights_are_loaded(engine):
-    from spanrl.trainer_bridge.policy_engine import EngineError, SamplingParams
+    from spanrl.trainer_bridge.torch_backend.engine.policy_engine import EngineError, SamplingParams
 
     key = "model.layers.0.self_attn.q_proj.weight"
     weights_1 = {k: v.clone() for k, v in engine.model.state_dict().items()}
@@ -180,7 +180,7 @@ def test_a_swap_asked_for_mid_batch_waits_for_the_batch_and_newcomers_get_the_ne
     old weights, then the swap is applied (with nothing else queued), then the newcomers start."""
     from transformers import AutoModelForCausalLM
 
-    from spanrl.trainer_bridge.policy_engine import SamplingParams
+    from spanrl.trainer_bridge.torch_backend.engine.policy_engine import SamplingParams
 
     old_model = AutoModelForCausalLM.from_pretrained(engine.model.name_or_path)
     torch.manual_seed(2)
@@ -199,7 +199,7 @@ def test_a_swap_asked_for_mid_batch_waits_for_the_batch_and_newcomers_get_the_ne
 
 
 def test_a_swap_asked_for_mid_batch_is_applied_when_the_batch_ends_with_nothing_else_queued(engine):
-    from spanrl.trainer_bridge.policy_engine import SamplingParams
+    from spanrl.trainer_bridge.torch_backend.engine.policy_engine import SamplingParams
 
     weights = {k: v.clone() for k, v in engine.model.state_dict().items()}
     with swap_pending_mid_batch(engine, weights, 7, "hello", SamplingParams(max_tokens=3)) as (_job, applied):

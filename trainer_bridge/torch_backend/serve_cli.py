@@ -34,7 +34,7 @@ class ServeSettings:
     single_process: bool = False  # HTTP in the engine's process (one GIL for both; slower under load)
 
     @classmethod
-    def from_args(cls, args: argparse.Namespace) -> "ServeSettings":
+    def from_args(cls, args: argparse.Namespace) -> ServeSettings:
         def pick(flag, name, default):
             return flag if flag is not None else env_value(ENV_PREFIX + name, default)
 
@@ -94,8 +94,8 @@ def _serve(args: argparse.Namespace) -> int:
     if settings.threads > 0:
         torch.set_num_threads(settings.threads)
 
-    from spanrl.trainer_bridge.policy_engine import PolicyEngine
-    from spanrl.trainer_bridge.policy_server import create_app
+    from spanrl.trainer_bridge.torch_backend.engine.policy_engine import PolicyEngine
+    from spanrl.trainer_bridge.torch_backend.server.app import create_app
 
     engine = PolicyEngine.from_pretrained(
         settings.model_dir, device=settings.device, dtype=settings.dtype,
@@ -110,7 +110,7 @@ def _serve(args: argparse.Namespace) -> int:
         finally:
             engine.stop()
         return 0
-    from spanrl.trainer_bridge.api_process import serve_in_process
+    from spanrl.trainer_bridge.torch_backend.server.api_process import serve_in_process
 
     try:
         handle = serve_in_process(engine, settings.host, settings.port, settings.token, log_level="info")

@@ -2,7 +2,7 @@
 
 ``serve_in_process(engine, host, port)`` (in the process that owns the model: ``spanrl serve``,
 the training loop) binds the listening socket, starts ``python -m
-spanrl.trainer_bridge.api_process`` with that socket and one end of a socketpair, and serves
+spanrl.trainer_bridge.torch_backend.server.api_process`` with that socket and one end of a socketpair, and serves
 the child's requests from ``engine`` through an ``EngineHost`` (``engine_link.py``). The child
 runs the same FastAPI app as ``serve_in_thread`` (``policy_server.create_app``) over a
 ``RemoteEngine``; it never imports torch. Weight swaps, versions and cancellation work as
@@ -23,7 +23,7 @@ import sys
 import time
 from dataclasses import dataclass
 
-from spanrl.trainer_bridge.engine_link import EngineHost, FrameChannel, RemoteEngine
+from spanrl.trainer_bridge.torch_backend.engine.link import EngineHost, FrameChannel, RemoteEngine
 
 logger = logging.getLogger(__name__)
 
@@ -71,7 +71,7 @@ def serve_in_process(engine, host: str = "127.0.0.1", port: int = 0, api_token: 
     Where there are no Unix sockets to hand over (Windows), serves from a thread instead.
     """
     if os.name != "posix":
-        from spanrl.trainer_bridge.policy_server import serve_in_thread
+        from spanrl.trainer_bridge.torch_backend.server.app import serve_in_thread
 
         logger.warning("no Unix socketpair here: the policy server's HTTP runs in this process")
         return serve_in_thread(engine, host, port, api_token, log_level)
@@ -87,7 +87,7 @@ def serve_in_process(engine, host: str = "127.0.0.1", port: int = 0, api_token: 
     env.pop(TOKEN_ENV, None)
     if api_token:
         env[TOKEN_ENV] = api_token
-    command = [sys.executable, "-m", "spanrl.trainer_bridge.api_process", "--engine-fd", str(theirs.fileno()),
+    command = [sys.executable, "-m", "spanrl.trainer_bridge.torch_backend.server.api_process", "--engine-fd", str(theirs.fileno()),
                "--listen-fd", str(listener.fileno()), "--log-level", log_level]
     try:
         process = subprocess.Popen(command, pass_fds=(theirs.fileno(), listener.fileno()), env=env)
@@ -111,7 +111,7 @@ def serve_in_process(engine, host: str = "127.0.0.1", port: int = 0, api_token: 
 def _run_front_end(engine_fd: int, listen_fd: int, log_level: str) -> int:
     import uvicorn
 
-    from spanrl.trainer_bridge.policy_server import create_app
+    from spanrl.trainer_bridge.torch_backend.server.app import create_app
 
     channel = FrameChannel(socket.socket(fileno=engine_fd))
     engine = RemoteEngine(channel)

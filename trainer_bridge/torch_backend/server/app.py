@@ -19,7 +19,7 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Optional, Union
+from typing import TYPE_CHECKING, Any
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
@@ -27,10 +27,15 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from spanrl.trainer_bridge.generation_types import EngineError, GenerationRequest, SamplingParams, TokenEvent
+from spanrl.trainer_bridge.torch_backend.engine.requests import (
+    EngineError,
+    GenerationRequest,
+    SamplingParams,
+    TokenEvent,
+)
 
 if TYPE_CHECKING:  # this module runs in the torch-free API process too (api_process.py)
-    from spanrl.trainer_bridge.policy_engine import PolicyEngine
+    from spanrl.trainer_bridge.torch_backend.engine.policy_engine import PolicyEngine
 
 logger = logging.getLogger(__name__)
 
@@ -51,7 +56,7 @@ class ContentPart(_Lenient):
 
 class ChatMessage(_Lenient):
     role: str
-    content: Optional[Union[str, list[ContentPart]]] = None
+    content: str | list[ContentPart] | None = None
 
 
 class StreamOptions(_Lenient):
@@ -61,27 +66,27 @@ class StreamOptions(_Lenient):
 class _SamplingFields(_Lenient):
     model: str
     n: int = 1
-    temperature: Optional[float] = None
-    top_p: Optional[float] = None
-    top_k: Optional[int] = None
-    max_tokens: Optional[int] = None
-    stop: Optional[Union[str, list[str]]] = None
-    seed: Optional[int] = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    max_tokens: int | None = None
+    stop: str | list[str] | None = None
+    seed: int | None = None
     stream: bool = False
-    stream_options: Optional[StreamOptions] = None
+    stream_options: StreamOptions | None = None
     return_token_ids: bool = False
 
 
 class ChatCompletionBody(_SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: Optional[int] = None
+    max_completion_tokens: int | None = None
     logprobs: bool = False
-    top_logprobs: Optional[int] = None
+    top_logprobs: int | None = None
 
 
 class CompletionBody(_SamplingFields):
-    prompt: Union[str, list[int]]
-    logprobs: Optional[int] = None
+    prompt: str | list[int]
+    logprobs: int | None = None
     echo: bool = False
 
 

@@ -26,14 +26,15 @@ import os
 import random
 import shutil
 import time
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Callable, Iterable, Sequence
 
 import torch
 
 from spanrl.trainer_bridge import grpo
-from spanrl.trainer_bridge.policy_engine import resolve_device
+from spanrl.trainer_bridge.torch_backend.config import TrainerConfig
+from spanrl.trainer_bridge.torch_backend.engine.policy_engine import resolve_device
 
 logger = logging.getLogger(__name__)
 
@@ -41,49 +42,6 @@ STATE_FILE = "trainer_state.json"
 OPTIMIZER_FILE = "optimizer.pt"
 ADAPTER_DIR = "adapter"
 CHECKPOINT_PREFIX = "step-"
-
-
-@dataclass
-class TrainerConfig:
-    """Settings of the torch trainer (the bridge fills them from its config file)."""
-
-    lr: float = 2e-4                       # GRPO learning rate (the prototype: 1e-3 harms copying)
-    sft_lr: float = 3e-3                   # SFT warm-start learning rate (override per call)
-    weight_decay: float = 0.0
-    betas: tuple[float, float] = (0.9, 0.999)
-    grad_clip: float = 1.0                 # max global grad norm; 0 = off
-    ppo_epochs: int = 1                    # optimizer steps per grpo_step on the same batch
-    clip_ratio_low: float = 0.2
-    clip_ratio_high: float = 0.2
-    clip_ratio_c: float = 3.0              # dual-clip bound for negative advantages
-    loss_agg_mode: str = "token-mean"      # one of grpo.LOSS_AGG_MODES
-    loss_scale_factor: float | None = None  # seq-mean-token-sum-norm divisor (default: longest response)
-    kl_coef: float = 0.0                   # > 0 loads a frozen reference model
-    kl_estimator: str = "low_var_kl"       # grpo.KL_ESTIMATORS: kl (k1), low_var_kl (k3), ...
-    micro_batch_tokens: int = 8192         # padded tokens per forward/backward pass
-    device: str = "auto"                   # auto | cpu | cuda | cuda:N
-    autocast_dtype: str | None = None      # e.g. "bfloat16" on CUDA; weights stay float32
-    gradient_checkpointing: bool = False
-    lora_rank: int = 0                     # > 0 trains a LoRA adapter (peft) instead of all weights
-    lora_alpha: int = 32
-    lora_dropout: float = 0.0
-    lora_target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj",
-                                            "gate_proj", "up_proj", "down_proj")
-    checkpoint_every: int = 0              # save every N grpo steps into checkpoint_dir; 0 = never
-    checkpoint_dir: str | None = None
-    keep_checkpoints: int = 2
-    seed: int = 0
-
-    def __post_init__(self):
-        if self.loss_agg_mode not in grpo.LOSS_AGG_MODES:
-            raise ValueError(f"loss_agg_mode must be one of {grpo.LOSS_AGG_MODES}, got {self.loss_agg_mode!r}")
-        base = self.kl_estimator.rstrip("+")
-        if base not in grpo.KL_ESTIMATORS:
-            raise ValueError(f"kl_estimator must be one of {sorted(grpo.KL_ESTIMATORS)}")
-        if self.checkpoint_every and not self.checkpoint_dir:
-            raise ValueError("checkpoint_every needs checkpoint_dir")
-        self.betas = tuple(self.betas)
-        self.lora_target_modules = tuple(self.lora_target_modules)
 
 
 @dataclass(frozen=True)
@@ -175,7 +133,7 @@ class TorchTrainer:
 
     def _autocast(self):
         if self.config.autocast_dtype:
-            from spanrl.trainer_bridge.policy_engine import resolve_dtype
+            from spanrl.trainer_bridge.torch_backend.engine.policy_engine import resolve_dtype
 
             return torch.autocast(self.device.type, dtype=resolve_dtype(self.config.autocast_dtype, self.device))
         return torch.autocast(self.device.type, enabled=False)
@@ -552,7 +510,7 @@ class TorchTrainer:
             shutil.rmtree(stale, ignore_errors=True)
 
     @classmethod
-    def resume(cls, checkpoint: str | Path, config: TrainerConfig | None = None) -> "TorchTrainer":
+    def resume(cls, checkpoint: str | Path, config: TrainerConfig | None = None) -> TorchTrainer:
         """A trainer continuing from a checkpoint directory, or from the latest one under it.
 
         ``config`` overrides the saved settings (e.g. another device); by default the saved

@@ -30,7 +30,7 @@ def add_parser(subparsers) -> None:
 
 
 def _init(args: argparse.Namespace) -> int:
-    from spanrl.trainer_bridge.model_init import CorpusError, PRESETS, create_model_dir
+    from spanrl.trainer_bridge.torch_backend.model_init import PRESETS, CorpusError, create_model_dir
 
     print(f"spanrl model init: dir={args.dir} preset={args.preset} corpus={args.corpus} "
           f"vocab_size={args.vocab_size or PRESETS[args.preset].vocab_size} seed={args.seed}")

@@ -26,9 +26,10 @@ import logging
 import pickle
 import socket
 import threading
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
-from spanrl.trainer_bridge.generation_types import (
+from spanrl.trainer_bridge.torch_backend.engine.requests import (
     EngineError,
     EngineLimits,
     EngineStoppedError,
@@ -132,7 +133,7 @@ class EngineHost:
         return {"model_name": engine.model_name, "version": engine.version, "limits": engine.limits,
                 "tokenizer": engine.tokenizer}
 
-    def start(self) -> "EngineHost":
+    def start(self) -> EngineHost:
         self.channel.send(("hello", self.hello()))
         self.engine.add_version_listener(lambda version: self.channel.send(("version", version)))
         self._thread.start()
@@ -200,7 +201,7 @@ class RemoteRequest(GenerationRequest):
     """A request in flight in the engine's process, as the HTTP app sees one; ``cancel``
     reaches the engine over the link."""
 
-    def __init__(self, link: "RemoteEngine", request_id: int, *args, **kwargs):
+    def __init__(self, link: RemoteEngine, request_id: int, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self._link = link
         self.request_id = request_id

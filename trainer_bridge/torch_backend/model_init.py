@@ -17,9 +17,9 @@ from __future__ import annotations
 import json
 import logging
 import random
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Iterator
 
 logger = logging.getLogger(__name__)
 

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
-from spanrl.trainer_bridge.model_init import CHAT_TEMPLATE, IM_END, IM_START
+from spanrl.trainer_bridge.torch_backend.model_init import CHAT_TEMPLATE, IM_END, IM_START
 
 logger = logging.getLogger(__name__)
 

@@ -21,13 +21,13 @@ import logging
 import queue
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import torch
 
-from spanrl.trainer_bridge.generation_types import (
+from spanrl.trainer_bridge.torch_backend.engine.requests import (
     ChoiceResult,
     EngineError,
     EngineLimits,
@@ -51,7 +51,7 @@ logger = logging.getLogger(__name__)
 class _Row:
     """One sequence being decoded (one choice of one request)."""
 
-    request: "GenerationRequest"
+    request: GenerationRequest
     choice: int
     generator: torch.Generator | None
     queued_at: float = 0.0  # time.monotonic() when it started waiting
@@ -102,7 +102,7 @@ class _Running:
         self.shared = torch.tensor(shared, dtype=torch.long, device=device) if shared else None
         self.seeded = [(i, r.generator) for i, r in enumerate(self.rows) if not greedy[i] and r.generator is not None]
 
-    def without_finished(self) -> "_Running | None":
+    def without_finished(self) -> _Running | None:
         """This batch without its finished rows (None when none is left)."""
         keep = [i for i, row in enumerate(self.rows) if not row.finished]
         if len(keep) == len(self.rows):
@@ -128,7 +128,7 @@ class _Running:
             for layer in self.cache.layers:
                 layer.keys, layer.values = layer.keys[:, :, first:], layer.values[:, :, first:]
 
-    def merge(self, other: "_Running") -> "_Running":
+    def merge(self, other: _Running) -> _Running:
         """This batch followed by ``other``'s rows, both left-padded to the wider one's columns."""
         mine, theirs = self.attention.shape[1], other.attention.shape[1]
         width = max(mine, theirs)
@@ -218,7 +218,7 @@ class PolicyEngine:
         self.limits = EngineLimits(int(config.vocab_size), self.context_length, min(max_n, max_batch_size))
         self._version_listeners: list[Callable[[int], None]] = []
         self.stats = EngineStats()
-        self._queue: "queue.Queue[GenerationRequest | None]" = queue.Queue()
+        self._queue: queue.Queue[GenerationRequest | None] = queue.Queue()
         self._waiting: list[_Row] = []
         self._pending_swap: tuple[dict, int, threading.Event, list] | None = None
         self._swap_lock = threading.Lock()
@@ -233,7 +233,7 @@ class PolicyEngine:
     def from_pretrained(cls, model_dir: str | Path, device: str | None = None,
                         dtype: str | None = None, model_name: str | None = None,
                         version: int = 0, max_batch_size: int = 64,
-                        batch_wait_s: float = 0.02) -> "PolicyEngine":
+                        batch_wait_s: float = 0.02) -> PolicyEngine:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         dev = resolve_device(device)
@@ -259,7 +259,7 @@ class PolicyEngine:
 
     # ------------------------------------------------------------------ public API
 
-    def start(self) -> "PolicyEngine":
+    def start(self) -> PolicyEngine:
         if self._thread is None:
             self._stopping = False
             self._thread = threading.Thread(target=self._run, name="spanrl-policy-engine", daemon=True)
@@ -451,7 +451,7 @@ class PolicyEngine:
             request._rows.append(row)
             self._waiting.append(row)
 
-    def _admit_waiting(self, running: "_Running | None") -> "_Running | None":
+    def _admit_waiting(self, running: _Running | None) -> _Running | None:
         """Continuous batching: waiting rows join the running batch now, at the next step,
         instead of waiting for the whole batch to finish. Nothing joins while a weight swap
         is pending: the running rows finish on the old weights, then the swap is applied."""
@@ -498,7 +498,7 @@ class PolicyEngine:
                 live.append(row)
         return live
 
-    def _prefill(self, rows: list[_Row]) -> "_Running | None":
+    def _prefill(self, rows: list[_Row]) -> _Running | None:
         """One forward pass over the new rows' left-padded prompts; samples their first token.
         None when they all finished at once, or when the pass failed (their requests get the
         error; the running batch is not touched)."""
@@ -530,7 +530,7 @@ class PolicyEngine:
             return None
         return batch.without_finished()
 
-    def _decode_step(self, batch: "_Running") -> "_Running | None":
+    def _decode_step(self, batch: _Running) -> _Running | None:
         """One forward pass for every running row (its last sampled token), one new token each."""
         batch.attention = torch.cat([batch.attention, batch.attention.new_ones((len(batch.rows), 1))], dim=1)
         output = self.model(input_ids=batch.next_ids.unsqueeze(1), attention_mask=self._decode_mask(batch.attention),
@@ -566,7 +566,7 @@ class PolicyEngine:
         mask = torch.zeros(allowed.shape, dtype=self._mask_dtype, device=allowed.device)
         return mask.masked_fill_(~allowed, torch.finfo(self._mask_dtype).min)
 
-    def _sample_step(self, batch: "_Running", logits: torch.Tensor) -> None:
+    def _sample_step(self, batch: _Running, logits: torch.Tensor) -> None:
         """Sample one token per row from ``logits`` [rows, vocab] and hand it to its request."""
         self.stats.forward_passes += 1
         self.stats.max_rows_in_batch = max(self.stats.max_rows_in_batch, len(batch.rows))

@@ -1,0 +1,5 @@
+"""The embedded policy server: OpenAI-compatible HTTP routes over the policy engine.
+
+Runs in the engine's process (``app.serve_in_thread``) or in a torch-free child process
+(``api_process``), laid out like vLLM's ``entrypoints/openai``.
+"""
