@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from spanrl.trainer_bridge.torch_backend.engine.policy_engine import SamplingParams
-from spanrl.trainer_bridge.torch_backend.engine.requests import render_chatml
+from spanrl.trainer_bridge.torch_backend.server.chat_format import render_chatml
 
 GREEDY = dict(temperature=0.0)
 

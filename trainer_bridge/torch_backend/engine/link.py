@@ -38,10 +38,9 @@ from spanrl.trainer_bridge.torch_backend.engine.requests import (
     SamplingParams,
     TokenEvent,
     check_request,
-    encode_chat,
-    encode_text,
     safe_call,
 )
+from spanrl.trainer_bridge.torch_backend.server.chat_format import encode_chat, encode_text
 
 logger = logging.getLogger(__name__)
 

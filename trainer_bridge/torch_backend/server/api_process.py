@@ -2,10 +2,10 @@
 
 ``serve_in_process(engine, host, port)`` (in the process that owns the model: ``spanrl serve``,
 the training loop) binds the listening socket, starts ``python -m
-spanrl.trainer_bridge.torch_backend.server.api_process`` with that socket and one end of a socketpair, and serves
-the child's requests from ``engine`` through an ``EngineHost`` (``engine_link.py``). The child
-runs the same FastAPI app as ``serve_in_thread`` (``policy_server.create_app``) over a
-``RemoteEngine``; it never imports torch. Weight swaps, versions and cancellation work as
+spanrl.trainer_bridge.torch_backend.server.api_process`` with that socket and one end of a
+socketpair, and serves the child's requests from ``engine`` through an ``EngineHost``
+(``engine/link.py``). The child runs the same FastAPI app as ``serve_in_thread``
+(``app.create_app``) over a ``RemoteEngine``; it never imports torch. Weight swaps, versions and cancellation work as
 in one process: the engine stays where the weights are.
 
 The child exits when the engine's side closes the link (``handle.stop()``, or its process
@@ -27,6 +27,7 @@ from spanrl.trainer_bridge.torch_backend.engine.link import EngineHost, FrameCha
 
 logger = logging.getLogger(__name__)
 
+MODULE = "spanrl.trainer_bridge.torch_backend.server.api_process"  # what the child runs
 TOKEN_ENV = "SPANRL_API_PROCESS_TOKEN"  # the bearer token reaches the child here, not in its argv
 
 
@@ -87,7 +88,7 @@ def serve_in_process(engine, host: str = "127.0.0.1", port: int = 0, api_token: 
     env.pop(TOKEN_ENV, None)
     if api_token:
         env[TOKEN_ENV] = api_token
-    command = [sys.executable, "-m", "spanrl.trainer_bridge.torch_backend.server.api_process", "--engine-fd", str(theirs.fileno()),
+    command = [sys.executable, "-m", MODULE, "--engine-fd", str(theirs.fileno()),
                "--listen-fd", str(listener.fileno()), "--log-level", log_level]
     try:
         process = subprocess.Popen(command, pass_fds=(theirs.fileno(), listener.fileno()), env=env)
