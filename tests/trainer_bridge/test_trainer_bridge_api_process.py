@@ -50,8 +50,8 @@ def forbid_eos(engine):
 
 
 def test_the_api_process_does_not_import_torch():
-    code = ("import sys, spanrl.trainer_bridge.torch_backend.server.api_process, spanrl.trainer_bridge.torch_backend.server.app, "
-            "spanrl.trainer_bridge.torch_backend.engine.link; "
+    code = ("import sys, spanrl.trainer_bridge.torch_backend.server.api_process, "
+            "spanrl.trainer_bridge.torch_backend.server.app, spanrl.trainer_bridge.torch_backend.engine.link; "
             "assert 'torch' not in sys.modules, 'torch was imported'")
     subprocess.run([sys.executable, "-c", code], check=True)
 

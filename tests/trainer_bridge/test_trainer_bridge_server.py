@@ -27,7 +27,7 @@ def test_chat_n_token_ids_logprobs_match_a_forward_pass(server, engine, forward_
     assert body["policy_version"] == 0
     assert body["prompt_token_ids"] == engine.encode_chat(MESSAGES)
     assert len(reply.choices) == 3
-    for choice, raw_choice in zip(reply.choices, body["choices"]):
+    for choice, raw_choice in zip(reply.choices, body["choices"], strict=True):
         ids = raw_choice["token_ids"]
         assert 1 <= len(ids) <= 12
         assert engine.tokenizer.decode(ids, skip_special_tokens=True) == choice.message.content
@@ -131,7 +131,7 @@ def test_completions_endpoint_with_logprobs_seed_and_stop(server, engine, forwar
         logprobs = torch.log_softmax(engine.model(ids).logits[0].float(), dim=-1)
     for position, served_top in enumerate(choice["logprobs"]["top_logprobs"]):
         values, indices = logprobs[len(choice["prompt_token_ids"]) - 1 + position].topk(2)
-        expected_top = {engine.tokenizer.decode([int(t)]): float(v) for v, t in zip(values, indices)}
+        expected_top = {engine.tokenizer.decode([int(t)]): float(v) for v, t in zip(values, indices, strict=True)}
         assert served_top.keys() == expected_top.keys()
         assert all(abs(served_top[k] - expected_top[k]) < 1e-4 for k in expected_top)
     # a stop string cuts the text before it and ends the choice with finish_reason "stop"
@@ -211,3 +211,114 @@ def test_weights_endpoint_loads_a_directory(server, engine, tmp_path):
     bad = httpx.post(f"{server.url}/spanrl/v1/weights", json={"path": str(tmp_path / "nothing"), "version": 6})
     assert bad.status_code == 400 and "config.json" in bad.json()["error"]["message"]
     assert httpx.get(f"{server.url}/spanrl/v1/policy").json()["version"] == 5
+
+
+def test_every_route_answers_typed_bodies_the_openai_client_parses(server, engine):
+    """Each route's body parses into the openai client's own types; vLLM's extras appear only
+    when asked for (``return_token_ids``), spanrl's ``policy_version`` always."""
+    api = client(server)
+    plain = api.chat.completions.with_raw_response.create(model=engine.model_name, messages=MESSAGES, max_tokens=3)
+    reply = plain.parse()
+    assert isinstance(reply, openai.types.chat.ChatCompletion)
+    assert reply.object == "chat.completion" and reply.id.startswith("chatcmpl-") and reply.model == engine.model_name
+    assert reply.choices[0].message.role == "assistant" and isinstance(reply.choices[0].message.content, str)
+    assert reply.usage.prompt_tokens == len(engine.encode_chat(MESSAGES))
+    body = json.loads(plain.text)
+    assert body["policy_version"] == 0 and plain.headers["x-spanrl-policy-version"] == "0"
+    assert "prompt_token_ids" not in body and "token_ids" not in body["choices"][0]
+    assert body["choices"][0]["logprobs"] is None  # OpenAI's own optional fields stay, as null
+
+    # content parts are flattened to the same prompt as a plain string
+    parts = [{"role": "user", "content": [{"type": "text", "text": "What is 37 "}, {"type": "text", "text": "+ 45?"}]}]
+    with_parts = api.chat.completions.create(model=engine.model_name, messages=parts, max_tokens=2,
+                                             extra_body={"return_token_ids": True})
+    assert with_parts.model_dump()["prompt_token_ids"] == engine.encode_chat(MESSAGES)
+
+    chunks = list(api.chat.completions.create(model=engine.model_name, messages=MESSAGES, max_tokens=4, stream=True))
+    assert all(isinstance(c, openai.types.chat.ChatCompletionChunk) for c in chunks)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert all(c.object == "chat.completion.chunk" and c.model_extra["policy_version"] == 0 for c in chunks)
+    assert "token_ids" not in (chunks[1].choices[0].model_extra or {})
+    assert chunks[-1].choices[0].finish_reason in ("stop", "length")
+
+    completion = api.completions.create(model=engine.model_name, prompt="CALC 12+", max_tokens=3)
+    assert isinstance(completion, openai.types.Completion)
+    assert completion.object == "text_completion" and completion.id.startswith("cmpl-")
+    assert completion.usage.completion_tokens == 3 and completion.choices[0].finish_reason == "length"
+    assert completion.model_extra["policy_version"] == 0
+
+    streamed = list(api.completions.create(model=engine.model_name, prompt="CALC 12+", max_tokens=5, n=2, stream=True,
+                                           stream_options={"include_usage": True},
+                                           extra_body={"return_token_ids": True}))
+    assert all(isinstance(c, openai.types.Completion) for c in streamed)
+    ids: dict[int, list[int]] = {0: [], 1: []}
+    text = {0: "", 1: ""}
+    prompts = {}
+    for chunk in streamed:
+        for choice in chunk.choices:
+            extra = choice.model_extra
+            ids[choice.index].extend(extra["token_ids"])
+            text[choice.index] += choice.text
+            if "prompt_token_ids" in extra:
+                assert choice.index not in prompts  # only on a choice's first chunk
+                prompts[choice.index] = extra["prompt_token_ids"]
+    assert prompts == {0: engine.encode_text("CALC 12+"), 1: engine.encode_text("CALC 12+")}
+    for index in (0, 1):
+        assert len(ids[index]) == 5 and engine.tokenizer.decode(ids[index], skip_special_tokens=True) == text[index]
+    assert streamed[-1].usage.completion_tokens == 10 and streamed[-1].choices == []
+
+    models = api.models.list()
+    assert isinstance(models.data[0], openai.types.Model)
+    assert (models.data[0].id, models.data[0].owned_by) == (engine.model_name, "spanrl")
+    fields = models.data[0].model_extra["request_fields"]
+    assert "tools" in fields["/v1/chat/completions"]["ignored"]
+    assert {"messages", "return_token_ids", "top_k"} <= set(fields["/v1/chat/completions"]["implemented"])
+    assert "prompt" in fields["/v1/completions"]["implemented"]
+
+
+@pytest.mark.parametrize(("request_fields", "exception", "status", "param"), [
+    ({"model": "nope"}, openai.NotFoundError, 404, "model"),
+    ({"temperature": -1}, openai.BadRequestError, 400, "temperature"),
+    ({"messages": []}, openai.UnprocessableEntityError, 422, "messages"),
+    ({"max_tokens": 100000}, openai.BadRequestError, 400, "max_tokens"),
+])
+def test_errors_become_the_openai_clients_exceptions(server, engine, request_fields, exception, status, param):
+    arguments = {"model": engine.model_name, "messages": MESSAGES, "max_tokens": 2, **request_fields}
+    with pytest.raises(exception) as raised:
+        client(server).chat.completions.create(**arguments)
+    assert raised.value.status_code == status
+    assert raised.value.body["param"] == param and raised.value.body["message"]
+    with pytest.raises(openai.BadRequestError) as raised:
+        client(server).completions.create(model=engine.model_name, prompt="x", max_tokens=2, echo=True)
+    assert raised.value.body["param"] == "echo"
+
+
+@pytest.mark.parametrize("mode", ["api_process", "in_thread"])
+def test_unsupported_fields_are_served_and_logged_once(engine, mode, caplog, capfd):
+    """An agent that sends ``tools`` still gets plain text and a 200; the server says once per
+    field that it ignores it (in the front end's own process when that is a child)."""
+    from spanrl.trainer_bridge.torch_backend.server.api_process import serve_in_process
+    from spanrl.trainer_bridge.torch_backend.server.app import serve_in_thread
+
+    tools = [{"type": "function", "function": {"name": "calc", "parameters": {"type": "object", "properties": {}}}}]
+    serve = serve_in_process if mode == "api_process" else serve_in_thread
+    handle = serve(engine, "127.0.0.1", 0)
+    try:
+        api = client(handle)
+        for _ in range(3):
+            raw = api.chat.completions.with_raw_response.create(
+                model=engine.model_name, messages=MESSAGES, max_tokens=3, tools=tools, tool_choice="auto",
+                parallel_tool_calls=False)
+            assert raw.status_code == 200
+            message = raw.parse().choices[0].message
+            assert isinstance(message.content, str) and not message.tool_calls
+        completion = api.completions.create(model=engine.model_name, prompt="CALC", max_tokens=2, user="me")
+        assert completion.choices[0].text is not None
+    finally:
+        handle.stop()
+    if mode == "api_process":
+        logged = capfd.readouterr().err
+    else:
+        logged = "\n".join(r.getMessage() for r in caplog.records if r.levelname == "WARNING")
+    for field in ("tools", "tool_choice", "parallel_tool_calls", "user"):
+        assert logged.count(f"field {field!r}") == 1, (field, logged)

@@ -22,8 +22,12 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from spanrl.trainer_bridge.torch_backend.engine.link import EngineHost, FrameChannel, RemoteEngine
+
+if TYPE_CHECKING:  # this module never imports torch at run time
+    from spanrl.trainer_bridge.torch_backend.engine.policy_engine import PolicyEngine
 
 logger = logging.getLogger(__name__)
 
@@ -40,7 +44,7 @@ class ProcessServerHandle:
     port: int
     process: subprocess.Popen
     engine_host: EngineHost
-    engine: object
+    engine: PolicyEngine
     owns_engine: bool
 
     @property
@@ -63,7 +67,7 @@ class ProcessServerHandle:
             self.engine.stop()
 
 
-def serve_in_process(engine, host: str = "127.0.0.1", port: int = 0, api_token: str | None = None,
+def serve_in_process(engine: PolicyEngine, host: str = "127.0.0.1", port: int = 0, api_token: str | None = None,
                      log_level: str = "warning", startup_timeout: float = 60.0) -> ProcessServerHandle:
     """Serve ``engine`` over HTTP from a child process; ``port=0`` picks a free one.
 
@@ -75,7 +79,8 @@ def serve_in_process(engine, host: str = "127.0.0.1", port: int = 0, api_token: 
         from spanrl.trainer_bridge.torch_backend.server.app import serve_in_thread
 
         logger.warning("no Unix socketpair here: the policy server's HTTP runs in this process")
-        return serve_in_thread(engine, host, port, api_token, log_level)
+        # a thread's handle: the same url, base_url and stop(), but no process to wait() for
+        return serve_in_thread(engine, host, port, api_token, log_level)  # type: ignore[return-value]
     listener = socket.create_server((host, port), backlog=1024)
     bound_port = listener.getsockname()[1]
     ours, theirs = socket.socketpair()

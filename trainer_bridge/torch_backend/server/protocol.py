@@ -4,7 +4,7 @@ Used by every route module (``chat_completions.py``, ``completions.py``, ``model
 ``policy.py``) and by ``errors.py``; shaped like OpenAI's API with vLLM's extras
 (``return_token_ids`` → ``prompt_token_ids`` and per-choice ``token_ids``) and spanrl's
 ``policy_version``. Every wire name of those extras comes from ``spanrl.instrumentation.semconv``
-(as the field's alias); an extra is left out of a body when it was not asked for.
+(as the field's wire alias); an extra is left out of a body when it was not asked for.
 
 Requests accept fields they do not implement (OpenAI clients send many): ``ignored_fields``
 names them so the routes can log them, and ``REQUEST_FIELDS`` lists what is implemented and
@@ -55,7 +55,7 @@ class SamplingRequest(_Lenient):
     seed: int | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
-    return_token_ids: bool = Field(False, alias=semconv.REQUEST_RETURN_TOKEN_IDS)
+    return_token_ids: bool = Field(False, validation_alias=semconv.REQUEST_RETURN_TOKEN_IDS)
 
     def ignored_fields(self) -> list[str]:
         """The request's fields this server ignores, as dotted names (``tools``,
@@ -105,7 +105,8 @@ IGNORED_COMPLETION_FIELDS = (
 
 def implemented_fields(request_type: type[BaseModel]) -> list[str]:
     """The body fields ``request_type`` reads, by their wire names."""
-    return sorted(field.alias or name for name, field in request_type.model_fields.items())
+    return sorted(field.validation_alias if isinstance(field.validation_alias, str) else name
+                  for name, field in request_type.model_fields.items())
 
 
 REQUEST_FIELDS: dict[str, dict[str, list[str]]] = {
@@ -119,7 +120,7 @@ REQUEST_FIELDS: dict[str, dict[str, list[str]]] = {
 
 
 class ResponseModel(BaseModel):
-    """Base of the response bodies. Fields are declared by their wire names or aliased to
+    """Base of the response bodies. Fields are declared by their wire names or serialized under
     semconv's; those in ``omitted_when_none`` (the extras a request asks for) are left out of
     the body when unset, while OpenAI's own optional fields are sent as ``null``."""
 
@@ -185,7 +186,7 @@ class ChatCompletionChoice(ResponseModel):
     message: AssistantMessage
     logprobs: ChatLogprobs | None = None
     finish_reason: str | None = None
-    token_ids: list[int] | None = Field(None, alias=semconv.RESPONSE_CHOICE_TOKEN_IDS)
+    token_ids: list[int] | None = Field(None, serialization_alias=semconv.RESPONSE_CHOICE_TOKEN_IDS)
 
 
 class ChatCompletionResponse(ResponseModel):
@@ -196,8 +197,8 @@ class ChatCompletionResponse(ResponseModel):
     model: str
     choices: list[ChatCompletionChoice]
     usage: Usage
-    prompt_token_ids: list[int] | None = Field(None, alias=semconv.RESPONSE_PROMPT_TOKEN_IDS)
-    policy_version: int = Field(alias=semconv.RESPONSE_POLICY_VERSION)
+    prompt_token_ids: list[int] | None = Field(None, serialization_alias=semconv.RESPONSE_PROMPT_TOKEN_IDS)
+    policy_version: int = Field(serialization_alias=semconv.RESPONSE_POLICY_VERSION)
 
 
 class DeltaMessage(ResponseModel):
@@ -212,7 +213,7 @@ class ChatCompletionChunkChoice(ResponseModel):
     delta: DeltaMessage
     logprobs: ChatLogprobs | None = None
     finish_reason: str | None = None
-    token_ids: list[int] | None = Field(None, alias=semconv.RESPONSE_CHOICE_TOKEN_IDS)
+    token_ids: list[int] | None = Field(None, serialization_alias=semconv.RESPONSE_CHOICE_TOKEN_IDS)
 
 
 class ChatCompletionChunk(ResponseModel):
@@ -223,8 +224,8 @@ class ChatCompletionChunk(ResponseModel):
     model: str
     choices: list[ChatCompletionChunkChoice]
     usage: Usage | None = None
-    prompt_token_ids: list[int] | None = Field(None, alias=semconv.RESPONSE_PROMPT_TOKEN_IDS)
-    policy_version: int = Field(alias=semconv.RESPONSE_POLICY_VERSION)
+    prompt_token_ids: list[int] | None = Field(None, serialization_alias=semconv.RESPONSE_PROMPT_TOKEN_IDS)
+    policy_version: int = Field(serialization_alias=semconv.RESPONSE_POLICY_VERSION)
 
 
 class CompletionChoice(ResponseModel):
@@ -233,8 +234,8 @@ class CompletionChoice(ResponseModel):
     text: str
     logprobs: CompletionLogprobs | None = None
     finish_reason: str | None = None
-    prompt_token_ids: list[int] | None = Field(None, alias=semconv.RESPONSE_PROMPT_TOKEN_IDS)
-    token_ids: list[int] | None = Field(None, alias=semconv.RESPONSE_CHOICE_TOKEN_IDS)
+    prompt_token_ids: list[int] | None = Field(None, serialization_alias=semconv.RESPONSE_PROMPT_TOKEN_IDS)
+    token_ids: list[int] | None = Field(None, serialization_alias=semconv.RESPONSE_CHOICE_TOKEN_IDS)
 
 
 class CompletionResponse(ResponseModel):
@@ -247,7 +248,7 @@ class CompletionResponse(ResponseModel):
     model: str
     choices: list[CompletionChoice]
     usage: Usage | None = None
-    policy_version: int = Field(alias=semconv.RESPONSE_POLICY_VERSION)
+    policy_version: int = Field(serialization_alias=semconv.RESPONSE_POLICY_VERSION)
 
 
 class ModelCard(ResponseModel):
@@ -257,7 +258,7 @@ class ModelCard(ResponseModel):
     owned_by: str = "spanrl"
     max_model_len: int
     # per route, the request fields implemented and those known to be ignored (REQUEST_FIELDS)
-    request_fields: dict[str, dict[str, list[str]]] = Field(alias=semconv.RESPONSE_MODEL_REQUEST_FIELDS)
+    request_fields: dict[str, dict[str, list[str]]] = Field(serialization_alias=semconv.RESPONSE_MODEL_REQUEST_FIELDS)
 
 
 class ModelList(ResponseModel):
