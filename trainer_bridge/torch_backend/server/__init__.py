@@ -1,5 +1,7 @@
 """The embedded policy server: OpenAI-compatible HTTP routes over the policy engine.
 
 Runs in the engine's process (``app.serve_in_thread``) or in a torch-free child process
-(``api_process``), laid out like vLLM's ``entrypoints/openai``.
+(``api_process``), laid out like vLLM's ``entrypoints/openai``: ``app`` (the factory), one router
+per API family (``chat_completions``, ``completions``, ``models``, ``policy``), ``protocol``
+(typed bodies), ``serving`` (what the routes share), ``logprobs``, ``errors`` and ``chat_format``.
 """
