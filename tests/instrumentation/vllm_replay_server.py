@@ -85,9 +85,10 @@ def what_was_sent(answer: RecordedAnswer) -> dict[str, Any]:
     """Prompt ids, and per choice index its token ids and logprobs, in vLLM's shapes (chat:
     top-level prompt ids, ``logprobs.content[j].logprob``; completions: prompt ids on the
     choice, ``logprobs.token_logprobs``); stream events concatenated per choice."""
+    objects = answer_objects(answer)
     prompt_ids: list[int] | None = None
     choices: dict[int, dict[str, list]] = {}
-    for obj in answer_objects(answer):
+    for obj in objects:
         if obj.get("prompt_token_ids") is not None:
             prompt_ids = obj["prompt_token_ids"]
         for choice in obj.get("choices", []):
@@ -100,7 +101,7 @@ def what_was_sent(answer: RecordedAnswer) -> dict[str, Any]:
                 entry["logprobs"] += [item["logprob"] for item in logprobs["content"] or []]
             entry["logprobs"] += logprobs.get("token_logprobs") or []
     ordered = [choices[i] for i in sorted(choices)]
-    return {"id": answer_objects(answer)[0].get("id"), "prompt_token_ids": prompt_ids,
+    return {"id": objects[0].get("id"), "prompt_token_ids": prompt_ids,
             "choices": ordered, "with_ids": prompt_ids is not None,
             "with_logprobs": any(c["logprobs"] for c in ordered)}
 
