@@ -1,6 +1,6 @@
 """Added latency per LLM call: spanrl's instrumentation vs openinference's alone vs none.
 
-Starts the vLLM-like test server (tests/instrumentation/vllm_like_server.py) in its own
+Starts the vLLM-like server (bench/vllm_like_server.py) in its own
 process on 127.0.0.1, then runs the same OpenAI-SDK client loop in this process under three
 set-ups, switched by instrument/uninstrument and interleaved in short blocks over many rounds
 (so a busy machine slows all three alike):
@@ -32,7 +32,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 ROOT = Path(__file__).resolve().parents[1]
-SERVER_FILE = ROOT / "tests" / "instrumentation" / "vllm_like_server.py"
+SERVER_FILE = ROOT / "bench" / "vllm_like_server.py"
 MODES = ("none", "openinference", "spanrl")
 KINDS = ("chat", "chat_stream", "completion")
 

@@ -44,9 +44,10 @@ def _sdk_provider() -> TracerProvider | None:
     return None
 
 
-def _prepare_provider() -> list[str]:
-    """Install the identity processor and safe defaults once per provider; what was done."""
-    provider = _sdk_provider()
+def _prepare_provider(tracer_provider: TracerProvider | None = None) -> list[str]:
+    """Install the identity processor and safe defaults once per provider (default: the global
+    one); what was done."""
+    provider = tracer_provider if tracer_provider is not None else _sdk_provider()
     if provider is None or id(provider) in _applied_to:
         return []
     _applied_to.add(id(provider))
@@ -74,10 +75,11 @@ def _prepare_provider() -> list[str]:
     return done
 
 
-def pre_instrument() -> None:
-    """Called by opentelemetry-instrument after the SDK is configured, before instrumentors."""
+def pre_instrument(tracer_provider: TracerProvider | None = None) -> None:
+    """Called by opentelemetry-instrument after the SDK is configured, before instrumentors.
+    ``tracer_provider``: prepare this provider instead of the global one."""
     try:
-        done = _prepare_provider()
+        done = _prepare_provider(tracer_provider)
         if done:
             logger.info("spanrl: %s", "; ".join(done))
         openai_instrumentor.auto_instrumentation_started()
@@ -85,11 +87,11 @@ def pre_instrument() -> None:
         logger.exception("spanrl: pre-instrument hook failed")
 
 
-def post_instrument() -> None:
+def post_instrument(tracer_provider: TracerProvider | None = None) -> None:
     """Called by opentelemetry-instrument after all instrumentors; idempotent with the above."""
     try:
         openai_instrumentor.ensure_openinference_after_auto()
-        done = _prepare_provider()
+        done = _prepare_provider(tracer_provider)
         if done:
             logger.info("spanrl (post-instrument): %s", "; ".join(done))
     except Exception:  # noqa: BLE001

@@ -5,7 +5,9 @@ provider exporting over OTLP (batch), the rollout-identity processor, the safe d
 the OpenAI SDK instrumented (openinference + spanrl). ``stop_tracing()`` flushes and shuts the
 exporter down. OTel allows one global tracer provider per process, so a provider that is
 already installed (by ``opentelemetry-instrument`` or an earlier ``start_tracing``) is reused
-and given spanrl's processors instead of being replaced.
+and given spanrl's processors instead of being replaced; ``tracer_provider=`` sets up a
+provider of the caller's instead and leaves the global one alone (pass the same provider to
+``rollout()`` and the runner).
 """
 
 from __future__ import annotations
@@ -52,13 +54,15 @@ def start_tracing(
     instrument_openai: bool = True,
     service_name: str = "spanrl-agent",
     headers: Mapping[str, str] | None = None,
+    tracer_provider: TracerProvider | None = None,
 ) -> TracerProvider:
     """Export this process's spans over OTLP to ``endpoint`` (default:
     ``OTEL_EXPORTER_OTLP_ENDPOINT``, else 127.0.0.1:4317 for gRPC / :4318 for HTTP).
 
     ``headers`` go with every export; ``OTEL_SPANRL_RECEIVER_TOKEN`` adds
     ``authorization: Bearer <token>`` unless ``headers`` has an authorization already.
-    Calling it again while tracing is on returns the same provider."""
+    ``tracer_provider``: set up this SDK provider (default: the global one, created if there
+    is none). Calling it again while tracing is on returns the same provider."""
     global _active
     if protocol not in PROTOCOLS:
         raise ValueError(f"protocol must be one of {PROTOCOLS}, got {protocol!r}")
@@ -70,7 +74,7 @@ def start_tracing(
             DEFAULT_GRPC_ENDPOINT if protocol == "grpc" else DEFAULT_HTTP_ENDPOINT
         )
         export_headers = _headers_with_token(headers)
-        provider = _global_sdk_provider(service_name)
+        provider = tracer_provider if tracer_provider is not None else _global_sdk_provider(service_name)
         install_identity_processor(provider)
         if InstrumentationSettings.from_env().safe_defaults:
             safe_defaults.raise_attribute_count_limit(provider)

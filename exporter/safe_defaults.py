@@ -22,6 +22,7 @@ import atexit
 import logging
 import os
 from collections.abc import Mapping
+from typing import Any
 
 from opentelemetry.sdk.trace import SpanLimits, TracerProvider
 from opentelemetry.sdk.trace.sampling import ALWAYS_ON
@@ -128,19 +129,18 @@ def turn_off_signal_exporters(signals: list[str]) -> list[str]:
             if signal == "metrics":
                 from opentelemetry.metrics import get_meter_provider  # noqa: PLC0415
 
-                provider = get_meter_provider()
-                readers = provider._metric_readers  # noqa: SLF001 - AttributeError: left on
-                for reader in readers:
+                meter_provider: Any = get_meter_provider()  # the SDK's, or AttributeError: left on
+                for reader in meter_provider._metric_readers:  # noqa: SLF001
                     reader.shutdown()
                 # The provider stays usable (meters keep working, unexported); only its
                 # at-exit shutdown goes, as it would shut the readers down a second time.
-                atexit.unregister(provider.shutdown)
+                atexit.unregister(meter_provider.shutdown)
                 os.environ[_METRICS_EXPORTER_VARIABLE] = "none"
             elif signal == "logs":
                 from opentelemetry._logs import get_logger_provider  # noqa: PLC0415
 
-                provider = get_logger_provider()
-                processor = getattr(provider, "_multi_log_record_processor", None)
+                logger_provider = get_logger_provider()
+                processor = getattr(logger_provider, "_multi_log_record_processor", None)
                 if processor is not None:
                     processor.shutdown()
                 os.environ[_LOGS_EXPORTER_VARIABLE] = "none"

@@ -13,8 +13,10 @@ from spanrl.instrumentation.rollout import (
     current_agent_name,
     current_identity,
     emit_reward,
+    end_rollout_span,
     rollout,
     set_variable,
+    start_rollout_span,
 )
 
 __all__ = [
@@ -25,6 +27,8 @@ __all__ = [
     "current_agent_name",
     "current_identity",
     "emit_reward",
+    "end_rollout_span",
     "rollout",
     "set_variable",
+    "start_rollout_span",
 ]

@@ -103,52 +103,83 @@ def _check_text(value: Any, argument: str) -> str:
 
 
 @contextmanager
-def rollout(task_id: str, attempt: int = 0, rollout_id: str | None = None) -> Iterator[Rollout]:
+def rollout(
+    task_id: str, attempt: int = 0, rollout_id: str | None = None, *,
+    tracer_provider: trace_api.TracerProvider | None = None,
+) -> Iterator[Rollout]:
     """Run the body as one rollout of task ``task_id``: one ``spanrl.rollout`` span, and the
     rollout identity on every span made inside it (threads via ``bind_context``, asyncio tasks
-    automatically). A body that raises ends the span with status ERROR and re-raises."""
+    automatically). A body that raises ends the span with status ERROR and re-raises.
+    ``tracer_provider`` makes the span (default: the global provider)."""
     _check_text(task_id, "task_id")
     if not isinstance(attempt, int) or isinstance(attempt, bool) or attempt < 0:
         raise ValueError(f"attempt must be a non-negative int, got {attempt!r}")
     if rollout_id is None:
         rollout_id = uuid.uuid4().hex
     _check_text(rollout_id, "rollout_id")
-    identity = RolloutIdentity(rollout_id, task_id, attempt)
-    span, token = _start_rollout_span(identity)
+    span, rollout_context = start_rollout_span(
+        RolloutIdentity(rollout_id, task_id, attempt), tracer_provider=tracer_provider)
+    token = _attach(rollout_context)
     handle = Rollout(rollout_id, task_id, attempt, span)
     try:
         yield handle
     except BaseException as exc:
-        _end_span(span, exc)
+        end_rollout_span(span, exc)
         raise
     else:
-        _end_span(span, None)
+        end_rollout_span(span, None)
     finally:
         _detach(token)
 
 
-def _start_rollout_span(identity: RolloutIdentity) -> tuple[trace_api.Span, object | None]:
+def start_rollout_span(
+    identity: RolloutIdentity, *, tracer_provider: trace_api.TracerProvider | None = None,
+    parent: context_api.Context | None = None,
+) -> tuple[trace_api.Span, context_api.Context]:
+    """Start the ``spanrl.rollout`` span of ``identity`` and return it with a context carrying
+    it and the identity (as a context value and as W3C baggage). The one place a rollout's root
+    span is written: ``rollout()`` and the runner's attempts call it.
+
+    The span is a child of the span in ``parent`` (default: the current context; pass
+    ``Context()`` for a new trace). Nothing is attached: the caller attaches the context in the
+    thread that runs the rollout, and ends the span with ``end_rollout_span``. Never raises: on
+    a tracing failure it logs and returns a non-recording span with the identity still in the
+    context."""
+    base = context_api.get_current() if parent is None else parent
     try:
-        tracer = trace_api.get_tracer(_TRACER_NAME)
-        span = tracer.start_span(semconv.ROLLOUT_SPAN_NAME, attributes=identity.as_attributes())
-        ctx = trace_api.set_span_in_context(span)
-        ctx = context_api.set_value(_IDENTITY_KEY, identity, ctx)
-        for key, value in identity.as_attributes().items():
-            ctx = baggage.set_baggage(key, str(value), ctx)
-        return span, context_api.attach(ctx)
+        tracer = _tracer(tracer_provider)
+        span = tracer.start_span(
+            semconv.ROLLOUT_SPAN_NAME, context=base, attributes=identity.as_attributes())
     except Exception:  # noqa: BLE001 - tracing must not stop the rollout
         logger.exception("spanrl: could not start the rollout span")
-        return trace_api.INVALID_SPAN, None
+        span = trace_api.INVALID_SPAN
+    ctx = trace_api.set_span_in_context(span, base)
+    ctx = context_api.set_value(_IDENTITY_KEY, identity, ctx)
+    for key, value in identity.as_attributes().items():
+        ctx = baggage.set_baggage(key, str(value), ctx)
+    return span, ctx
 
 
-def _end_span(span: trace_api.Span, exc: BaseException | None) -> None:
+def end_rollout_span(span: trace_api.Span, error: BaseException | str | None) -> None:
+    """End a rollout span: status ERROR with ``"<ExceptionType>: <message>"`` (the exception
+    recorded too) or with ``error`` as given; unset status when ``error`` is None."""
     try:
-        if exc is not None:
-            span.record_exception(exc)
-            span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
+        if isinstance(error, BaseException):
+            span.record_exception(error)
+            span.set_status(Status(StatusCode.ERROR, f"{type(error).__name__}: {error}"))
+        elif error is not None:
+            span.set_status(Status(StatusCode.ERROR, error))
         span.end()
     except Exception:  # noqa: BLE001
         logger.exception("spanrl: could not end the rollout span")
+
+
+def _attach(ctx: context_api.Context) -> object | None:
+    try:
+        return context_api.attach(ctx)
+    except Exception:  # noqa: BLE001
+        logger.exception("spanrl: could not enter the rollout's context")
+        return None
 
 
 def _detach(token: object | None) -> None:
@@ -178,9 +209,14 @@ def agent(name: str) -> Iterator[str]:
         _detach(token)
 
 
-def emit_reward(value: float, name: str = semconv.DEFAULT_REWARD_NAME, response_id: str | None = None) -> None:
+def emit_reward(
+    value: float, name: str = semconv.DEFAULT_REWARD_NAME, response_id: str | None = None, *,
+    tracer_provider: trace_api.TracerProvider | None = None,
+) -> None:
     """Record a reward as a ``spanrl.reward`` event on the current span (the call or step it
-    judges, by parentage), or on the LLM call with ``response_id`` (its completion ``id``)."""
+    judges, by parentage), or on the LLM call with ``response_id`` (its completion ``id``).
+    Outside any recording span, ``tracer_provider`` (default: the global one) makes a short
+    span to carry it."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ValueError(f"reward value must be a number, got {value!r}")
     if not math.isfinite(value):
@@ -192,14 +228,18 @@ def emit_reward(value: float, name: str = semconv.DEFAULT_REWARD_NAME, response_
     if response_id is not None:
         attributes[semconv.REWARD_RESPONSE_ID] = response_id
     try:
-        with _recording_span(semconv.REWARD_EVENT) as span:
+        with _recording_span(semconv.REWARD_EVENT, tracer_provider) as span:
             span.add_event(semconv.REWARD_EVENT, attributes)
     except Exception:  # noqa: BLE001
         logger.exception("spanrl: could not record reward %r=%r", name, value)
 
 
-def set_variable(name: str, value: str | int | float | bool) -> None:
-    """Record the semantic variable ``spanrl.variable.<name>`` on the current span."""
+def set_variable(
+    name: str, value: str | int | float | bool, *,
+    tracer_provider: trace_api.TracerProvider | None = None,
+) -> None:
+    """Record the semantic variable ``spanrl.variable.<name>`` on the current span (outside
+    any recording span: on a short span of its own, made by ``tracer_provider``)."""
     _check_text(name, "variable name")
     if not isinstance(value, (str, int, float, bool)):
         raise ValueError(
@@ -208,21 +248,29 @@ def set_variable(name: str, value: str | int | float | bool) -> None:
         )
     key = semconv.variable(name)
     try:
-        with _recording_span(key) as span:
+        with _recording_span(key, tracer_provider) as span:
             span.set_attribute(key, value)
     except Exception:  # noqa: BLE001
         logger.exception("spanrl: could not record variable %r", name)
 
 
+def _tracer(tracer_provider: trace_api.TracerProvider | None) -> trace_api.Tracer:
+    if tracer_provider is None:
+        return trace_api.get_tracer(_TRACER_NAME)
+    return tracer_provider.get_tracer(_TRACER_NAME)
+
+
 @contextmanager
-def _recording_span(fallback_name: str) -> Iterator[trace_api.Span]:
+def _recording_span(
+    fallback_name: str, tracer_provider: trace_api.TracerProvider | None
+) -> Iterator[trace_api.Span]:
     """The current span; when none is recording, a short span named ``fallback_name`` so the
     value still reaches the receiver with the rollout identity."""
     span = trace_api.get_current_span()
     if span.is_recording():
         yield span
         return
-    fallback = trace_api.get_tracer(_TRACER_NAME).start_span(fallback_name)
+    fallback = _tracer(tracer_provider).start_span(fallback_name)
     try:
         yield fallback
     finally:

@@ -3,8 +3,10 @@
 Two ways to run an agent: a Python callable in this process (fast: no interpreter start per
 attempt; its spans come from the in-process tracer), or a command in a child process under
 ``opentelemetry-instrument`` (any language; identity through ``OTEL_RESOURCE_ATTRIBUTES``).
-Either way the runner opens the ``spanrl.rollout`` span, records the agent's output as the
-semantic variable ``output``, and a crash or a timeout ends the span with status ERROR.
+Either way the runner opens the ``spanrl.rollout`` span (``spanrl.instrumentation``'s
+``start_rollout_span``, the same as ``rollout()``), records the agent's output as the semantic
+variable ``output``, and a crash or a timeout ends the span with status ERROR. The span comes
+from ``tracer_provider`` when given, else from the global provider.
 """
 
 from __future__ import annotations
@@ -22,11 +24,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from opentelemetry import baggage, trace
 from opentelemetry import context as otel_context
-from opentelemetry.trace import Status, StatusCode
+from opentelemetry.trace import TracerProvider
 
-from spanrl.instrumentation import rollout, semconv, set_variable
+from spanrl.instrumentation import (
+    RolloutIdentity,
+    end_rollout_span,
+    rollout,
+    set_variable,
+    start_rollout_span,
+)
 
 from .bridge_client import Claim
 
@@ -51,13 +58,17 @@ class AgentTimedOut(Exception):
     """The agent did not finish within the rollout timeout."""
 
 
-def run_callable_attempt(agent: Callable[[dict], Any], claim: Claim) -> AttemptResult:
-    """Call ``agent(task)`` in its own thread inside the rollout's span.
+def run_callable_attempt(
+    agent: Callable[[dict], Any], claim: Claim, *, tracer_provider: TracerProvider | None = None
+) -> AttemptResult:
+    """Call ``agent(task)`` in its own thread inside the rollout's span (a new trace).
 
     The span is ended here, not by the agent's thread: an agent that hangs past the timeout
     is abandoned (a thread cannot be killed) but its rollout still ends, with status ERROR.
     """
-    span, rollout_context = _start_rollout_span(claim)
+    identity = RolloutIdentity(claim.rollout_id, claim.task_id, claim.attempt)
+    span, rollout_context = start_rollout_span(
+        identity, tracer_provider=tracer_provider, parent=otel_context.Context())
     outcome: dict[str, Any] = {}
     done = threading.Event()
 
@@ -69,7 +80,7 @@ def run_callable_attempt(agent: Callable[[dict], Any], claim: Claim) -> AttemptR
                 result = asyncio.run(_await(result))
             outcome["output"] = "" if result is None else str(result)
             if not done.is_set():
-                set_variable(OUTPUT_VARIABLE, outcome["output"])
+                set_variable(OUTPUT_VARIABLE, outcome["output"], tracer_provider=tracer_provider)
         except BaseException as exc:  # the agent's failure is the rollout's, never the runner's
             outcome["exception"] = exc
         finally:
@@ -82,37 +93,16 @@ def run_callable_attempt(agent: Callable[[dict], Any], claim: Claim) -> AttemptR
     done.set()  # from here on, a late agent no longer writes to the span
     if not finished:
         error = f"agent did not finish within {claim.rollout_timeout_s:g} s (abandoned)"
-        _end_rollout_span(span, error)
+        end_rollout_span(span, error)
         abandoned = sum(t.name.startswith("agent-") and t.is_alive() for t in threading.enumerate())
         logger.warning("%s; %d abandoned agent thread(s) still running", error, abandoned)
         return AttemptResult("timeout", error)
     if "exception" in outcome:
         exc = outcome["exception"]
-        span.record_exception(exc)
-        error = f"{type(exc).__name__}: {exc}"
-        _end_rollout_span(span, error)
-        return AttemptResult("failed", error)
-    _end_rollout_span(span, None)
+        end_rollout_span(span, exc)
+        return AttemptResult("failed", f"{type(exc).__name__}: {exc}")
+    end_rollout_span(span, None)
     return AttemptResult("ok", output=outcome.get("output"))
-
-
-def _start_rollout_span(claim: Claim):
-    """The ``spanrl.rollout`` span of an attempt and a context that carries it and the rollout
-    identity (as W3C baggage, which spanrl's span processor stamps on every span)."""
-    identity = {semconv.ROLLOUT_ID: claim.rollout_id, semconv.TASK_ID: claim.task_id,
-                semconv.ATTEMPT: claim.attempt}
-    span = trace.get_tracer(__name__).start_span(
-        semconv.ROLLOUT_SPAN_NAME, context=otel_context.Context(), attributes=identity)
-    rollout_context = trace.set_span_in_context(span, otel_context.Context())
-    for key, value in identity.items():
-        rollout_context = baggage.set_baggage(key, str(value), rollout_context)
-    return span, rollout_context
-
-
-def _end_rollout_span(span, error: str | None) -> None:
-    if error is not None:
-        span.set_status(Status(StatusCode.ERROR, error))
-    span.end()
 
 
 async def _await(awaitable: Any) -> Any:
@@ -123,10 +113,8 @@ def command_environment(claim: Claim, otlp_endpoint: str, extra_env: dict) -> di
     """The child's environment: rollout identity, policy endpoint, OTLP endpoint, the task."""
     env = dict(os.environ)
     env.update({str(k): str(v) for k, v in extra_env.items()})
-    identity = (
-        f"{semconv.ROLLOUT_ID}={claim.rollout_id},{semconv.TASK_ID}={claim.task_id},"
-        f"{semconv.ATTEMPT}={claim.attempt}"
-    )
+    attributes = RolloutIdentity(claim.rollout_id, claim.task_id, claim.attempt).as_attributes()
+    identity = ",".join(f"{key}={value}" for key, value in attributes.items())
     existing = env.get("OTEL_RESOURCE_ATTRIBUTES", "").strip(",")
     env["OTEL_RESOURCE_ATTRIBUTES"] = f"{existing},{identity}" if existing else identity
     env["OPENAI_BASE_URL"] = claim.policy_base_url
@@ -147,15 +135,17 @@ def opentelemetry_instrument_path() -> str:
 
 def run_command_attempt(
     command: list[str], claim: Claim, otlp_endpoint: str, wrap: bool = True,
-    extra_env: dict | None = None,
+    extra_env: dict | None = None, *, tracer_provider: TracerProvider | None = None,
 ) -> AttemptResult:
-    """Run the agent command once; its last stdout line is the output."""
+    """Run the agent command once; its last stdout line is the output. The child names its
+    rollout through ``OTEL_RESOURCE_ATTRIBUTES``; the rollout span is made here."""
     argv = ([opentelemetry_instrument_path()] if wrap else []) + [str(c) for c in command]
     env = command_environment(claim, otlp_endpoint, extra_env or {})
     try:
-        with rollout(claim.task_id, attempt=claim.attempt, rollout_id=claim.rollout_id):
+        with rollout(claim.task_id, attempt=claim.attempt, rollout_id=claim.rollout_id,
+                     tracer_provider=tracer_provider):
             output = _run_child(argv, env, json.dumps(claim.task), claim.rollout_timeout_s)
-            set_variable(OUTPUT_VARIABLE, output)
+            set_variable(OUTPUT_VARIABLE, output, tracer_provider=tracer_provider)
     except AgentTimedOut as exc:
         return AttemptResult("timeout", str(exc))
     except (AgentFailed, OSError) as exc:

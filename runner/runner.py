@@ -2,7 +2,8 @@
 
 A failed or hung agent is reported as a failed rollout and the worker takes the next task;
 the runner stops when the bridge says training finished, or when the bridge has been
-unreachable for ``bridge_wait_s``.
+unreachable for ``bridge_wait_s``. The rollout spans come from ``tracer_provider`` (default:
+the global provider, which ``spanrl run`` sets up with ``start_tracing``).
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable
+
+from opentelemetry.trace import TracerProvider
 
 from spanrl.import_path import load_callable
 
@@ -27,8 +30,9 @@ IDLE_POLL_S = 0.1
 
 
 class Runner:
-    def __init__(self, settings: RunnerSettings) -> None:
+    def __init__(self, settings: RunnerSettings, *, tracer_provider: TracerProvider | None = None) -> None:
         self.settings = settings
+        self.tracer_provider = tracer_provider
         self.client = BridgeClient(settings.bridge_url)
         self.counts: Counter[str] = Counter()
         self._counts_lock = threading.Lock()
@@ -37,16 +41,17 @@ class Runner:
         self._run_attempt: Callable[[Claim], AttemptResult] = self._prepare_agent()
 
     def _prepare_agent(self) -> Callable[[Claim], AttemptResult]:
-        settings = self.settings
+        settings, provider = self.settings, self.tracer_provider
         for folder in settings.python_path:
             if folder not in sys.path:
                 sys.path.insert(0, os.path.abspath(folder))
         if settings.agent is not None:
             agent = load_callable(settings.agent)
-            return lambda claim: run_callable_attempt(agent, claim)
+            return lambda claim: run_callable_attempt(agent, claim, tracer_provider=provider)
         command = list(settings.command or [])
         return lambda claim: run_command_attempt(
-            command, claim, settings.otlp_endpoint, settings.wrap_command, settings.env
+            command, claim, settings.otlp_endpoint, settings.wrap_command, settings.env,
+            tracer_provider=provider,
         )
 
     def wait_for_bridge(self) -> dict:

@@ -1,7 +1,7 @@
 """Fixtures of the instrumentation tests: a real OTLP/gRPC TraceService collecting what agents
-export, a real HTTP server answering like vLLM, and a runner for agent scripts under
-``opentelemetry-instrument``. Every server binds 127.0.0.1 on a free port and is stopped in
-teardown; every subprocess is killed in ``finally``."""
+export, a real HTTP server replaying answers recorded from vLLM, private tracer providers, and
+a runner for agent scripts under ``opentelemetry-instrument``. Every server binds 127.0.0.1 on
+a free port and is stopped in teardown; every subprocess is killed in ``finally``."""
 
 from __future__ import annotations
 
@@ -28,15 +28,17 @@ AGENTS = HERE / "agents"
 BIN = Path(sys.executable).parent
 
 
-def _load_server_module():
-    spec = importlib.util.spec_from_file_location("spanrl_test_vllm_like_server", HERE / "vllm_like_server.py")
+def _load_replay_server_module():
+    spec = importlib.util.spec_from_file_location("spanrl_test_vllm_replay_server", HERE / "vllm_replay_server.py")
+    assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
-    assert spec.loader is not None
+    sys.modules[spec.name] = module  # dataclasses look their module up by name
     spec.loader.exec_module(module)
     return module
 
 
-vllm_like_server = _load_server_module()
+vllm_replay_server = _load_replay_server_module()
+POLICY_VERSION = 7  # the x-spanrl-policy-version header the replay adds, as spanrl's endpoint does
 
 
 def decode_any_value(value: Any) -> Any:
@@ -133,7 +135,7 @@ def trace_collector():
 
 
 def _server_fixture(**options: Any):
-    server = vllm_like_server.VLLMLikeServer(**options)
+    server = vllm_replay_server.VLLMReplayServer(policy_version_header=POLICY_VERSION, **options)
     server.start()
     try:
         yield server
@@ -143,14 +145,15 @@ def _server_fixture(**options: Any):
 
 @pytest.fixture()
 def vllm_server():
-    """Answers like vLLM, with token ids when the request asks for them."""
+    """vLLM's recorded answers: token ids when the request asks for them."""
     yield from _server_fixture()
 
 
 @pytest.fixture()
 def vllm_server_without_ids():
-    """Answers like an OpenAI-compatible endpoint that ignores ``return_token_ids``."""
-    yield from _server_fixture(token_ids=False)
+    """vLLM's answers to requests without ``return_token_ids``, whatever the request asks:
+    an OpenAI-compatible endpoint that ignores the field."""
+    yield from _server_fixture(ignores_token_ids=True)
 
 
 def free_port() -> int:
@@ -222,7 +225,6 @@ def harness():
         run_process=run_process,
         wait_for=wait_for,
         free_port=free_port,
-        server_module=vllm_like_server,
         agents=AGENTS,
         bin=BIN,
     )
@@ -230,8 +232,8 @@ def harness():
 
 @pytest.fixture()
 def vllm_server_malformed():
-    """Answers with ``token_ids`` that are not a list of ints."""
-    yield from _server_fixture(malformed_choice_ids=True)
+    """vLLM's answers with ``choices[0].token_ids`` that are not a list of ints."""
+    yield from _server_fixture(malformed_token_ids=True)
 
 
 @pytest.fixture()
@@ -264,33 +266,25 @@ def private_tracing():
 
 
 @pytest.fixture()
-def global_tracing():
-    """Spans of the process-wide tracer provider (what rollout() and friends use), in memory.
-
-    OTel allows one global provider per process: install an SDK one if there is none, else
-    add the in-memory exporter (and spanrl's identity processor) to the one installed."""
+def rollout_tracing():
+    """A private SDK TracerProvider with spanrl's identity processor, exporting to memory: pass
+    ``rollout_tracing.provider`` as ``tracer_provider=`` to rollout() and friends."""
     from types import SimpleNamespace
 
-    from opentelemetry import trace
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
     from spanrl.exporter.span_processor import install_identity_processor
 
-    provider = trace.get_tracer_provider()
-    if not isinstance(provider, TracerProvider):
-        trace.set_tracer_provider(TracerProvider())
-        provider = trace.get_tracer_provider()
-    assert isinstance(provider, TracerProvider)
+    provider = TracerProvider()
     install_identity_processor(provider)
     exporter = InMemorySpanExporter()
-    processor = SimpleSpanProcessor(exporter)
-    provider.add_span_processor(processor)
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
     try:
         yield SimpleNamespace(provider=provider, exporter=exporter)
     finally:
-        processor.shutdown()  # stops exporting to memory; the provider itself stays
+        provider.shutdown()
 
 
 @pytest.fixture()

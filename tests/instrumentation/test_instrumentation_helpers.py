@@ -1,5 +1,6 @@
 """rollout(), agent(), emit_reward(), set_variable(), bind_context(), the identity span
-processor and the safe defaults, in this process with real SDK providers."""
+processor and the safe defaults, in this process with real, private SDK providers (passed as
+``tracer_provider=``; the global provider is never touched)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,6 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from opentelemetry import trace
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
@@ -24,20 +24,21 @@ def spans_of(exporter, rollout_id):
     return [s for s in exporter.get_finished_spans() if s.attributes.get(semconv.ROLLOUT_ID) == rollout_id]
 
 
-def test_a_failing_rollout_ends_with_error_and_the_exception_propagates(global_tracing):
+def test_a_failing_rollout_ends_with_error_and_the_exception_propagates(rollout_tracing):
     with pytest.raises(KeyError):
-        with rollout("task-fail", attempt=1, rollout_id="helpers-fail") as r:
+        with rollout("task-fail", attempt=1, rollout_id="helpers-fail",
+                     tracer_provider=rollout_tracing.provider) as r:
             assert r.rollout_id == "helpers-fail"
             raise KeyError("missing tool")
-    (span,) = spans_of(global_tracing.exporter, "helpers-fail")
+    (span,) = spans_of(rollout_tracing.exporter, "helpers-fail")
     assert span.name == semconv.ROLLOUT_SPAN_NAME
     assert span.status.status_code == StatusCode.ERROR
     assert span.status.description == "KeyError: 'missing tool'"
     assert span.attributes[semconv.TASK_ID] == "task-fail" and span.attributes[semconv.ATTEMPT] == 1
 
 
-def test_rollout_id_is_generated_and_identity_reaches_asyncio_tasks_and_bound_threads(global_tracing):
-    tracer = trace.get_tracer("helpers-test")
+def test_rollout_id_is_generated_and_identity_reaches_asyncio_tasks_and_bound_threads(rollout_tracing):
+    tracer = rollout_tracing.provider.get_tracer("helpers-test")
 
     def work(label):
         tracer.start_span(label).end()
@@ -45,7 +46,7 @@ def test_rollout_id_is_generated_and_identity_reaches_asyncio_tasks_and_bound_th
     async def in_task():
         work("asyncio-task")
 
-    with rollout("task-inherit") as r:
+    with rollout("task-inherit", tracer_provider=rollout_tracing.provider) as r:
         asyncio.run(in_task())
         thread = threading.Thread(target=bind_context(work), args=("bound-thread",))
         thread.start()
@@ -54,21 +55,21 @@ def test_rollout_id_is_generated_and_identity_reaches_asyncio_tasks_and_bound_th
             pool.submit(bind_context(work), "bound-pool").result()
             pool.submit(work, "unbound-pool").result()  # documented: needs bind_context
     assert len(r.rollout_id) == 32
-    names = {s.name for s in spans_of(global_tracing.exporter, r.rollout_id)}
+    names = {s.name for s in spans_of(rollout_tracing.exporter, r.rollout_id)}
     assert names == {semconv.ROLLOUT_SPAN_NAME, "asyncio-task", "bound-thread", "bound-pool"}
-    unbound = [s for s in global_tracing.exporter.get_finished_spans() if s.name == "unbound-pool"]
+    unbound = [s for s in rollout_tracing.exporter.get_finished_spans() if s.name == "unbound-pool"]
     assert semconv.ROLLOUT_ID not in unbound[0].attributes
 
 
-def test_reward_variable_and_agent_name(global_tracing):
-    tracer = trace.get_tracer("helpers-test")
-    with rollout("task-annotate", rollout_id="helpers-annotate"):
+def test_reward_variable_and_agent_name(rollout_tracing):
+    tracer = rollout_tracing.provider.get_tracer("helpers-test")
+    with rollout("task-annotate", rollout_id="helpers-annotate", tracer_provider=rollout_tracing.provider):
         with agent("critic"):
             with tracer.start_as_current_span("judge"):
                 emit_reward(0.5, name="partial", response_id="chatcmpl-9")
                 set_variable("answer", 42)
         emit_reward(1)
-    spans = {s.name: s for s in spans_of(global_tracing.exporter, "helpers-annotate")}
+    spans = {s.name: s for s in spans_of(rollout_tracing.exporter, "helpers-annotate")}
     judge, root = spans["judge"], spans[semconv.ROLLOUT_SPAN_NAME]
     assert judge.attributes[semconv.AGENT_NAME] == "critic"
     assert semconv.AGENT_NAME not in root.attributes
@@ -81,9 +82,9 @@ def test_reward_variable_and_agent_name(global_tracing):
     ]
 
 
-def test_a_reward_outside_any_span_still_reaches_the_exporter(global_tracing):
-    emit_reward(2.0, name="late")
-    late = [s for s in global_tracing.exporter.get_finished_spans() if s.name == semconv.REWARD_EVENT]
+def test_a_reward_outside_any_span_still_reaches_the_exporter(rollout_tracing):
+    emit_reward(2.0, name="late", tracer_provider=rollout_tracing.provider)
+    late = [s for s in rollout_tracing.exporter.get_finished_spans() if s.name == semconv.REWARD_EVENT]
     assert [dict(e.attributes) for e in late[-1].events] == [
         {semconv.REWARD_VALUE: 2.0, semconv.REWARD_NAME: "late"}
     ]
@@ -117,7 +118,7 @@ def test_processor_stamps_resource_identity_and_context_wins():
     tracer = provider.get_tracer("any-instrumentor")
     tracer.start_span("plain").end()
     tracer.start_span("own-agent", attributes={semconv.AGENT_NAME: "framework-named"}).end()
-    with rollout("t-ctx", attempt=1, rollout_id="from-context"), agent("ctx-agent"):
+    with rollout("t-ctx", attempt=1, rollout_id="from-context", tracer_provider=provider), agent("ctx-agent"):
         tracer.start_span("inside").end()
         tracer.start_span("own-agent-inside", attributes={semconv.AGENT_NAME: "framework-named"}).end()
     spans = {s.name: dict(s.attributes) for s in exporter.get_finished_spans()}
@@ -140,3 +141,34 @@ def test_safe_defaults_reach_tracers_created_before_and_yield_to_the_user():
     user = TracerProvider()
     assert not safe_defaults.raise_attribute_count_limit(user, environ={"OTEL_ATTRIBUTE_COUNT_LIMIT": "10"})
     assert not safe_defaults.sample_everything(user, environ={"OTEL_TRACES_SAMPLER": "always_off"})
+
+
+def test_a_variable_outside_any_span_gets_a_span_of_the_given_provider(rollout_tracing):
+    set_variable("late", "yes", tracer_provider=rollout_tracing.provider)
+    (span,) = rollout_tracing.exporter.get_finished_spans()
+    assert span.name == semconv.variable("late")
+    assert span.attributes[semconv.variable("late")] == "yes"
+
+
+def test_start_rollout_span_in_a_new_trace_carries_the_identity_without_attaching(rollout_tracing):
+    from opentelemetry import baggage
+    from opentelemetry import context as context_api
+
+    from spanrl.instrumentation import RolloutIdentity, current_identity, end_rollout_span, start_rollout_span
+
+    tracer = rollout_tracing.provider.get_tracer("helpers-test")
+    identity = RolloutIdentity("runner-made", "task-r", 2)
+    with tracer.start_as_current_span("runner-loop") as outer:
+        span, ctx = start_rollout_span(identity, tracer_provider=rollout_tracing.provider,
+                                       parent=context_api.Context())
+        assert current_identity() is None  # nothing attached in the caller's thread
+    assert current_identity(ctx) == identity
+    assert baggage.get_baggage(semconv.ROLLOUT_ID, ctx) == "runner-made"
+    tracer.start_span("agent-step", context=ctx).end()
+    end_rollout_span(span, "agent did not finish")
+    spans = {s.name: s for s in spans_of(rollout_tracing.exporter, "runner-made")}
+    root, step = spans[semconv.ROLLOUT_SPAN_NAME], spans["agent-step"]
+    assert root.parent is None and root.context.trace_id != outer.get_span_context().trace_id
+    assert step.parent.span_id == root.context.span_id
+    assert root.status.status_code == StatusCode.ERROR and root.status.description == "agent did not finish"
+    assert dict(root.attributes) == identity.as_attributes()

@@ -1,5 +1,6 @@
 """End to end: an unmodified OpenAI-SDK agent under ``opentelemetry-instrument`` exports, over
-real OTLP/gRPC, LLM spans carrying exactly the token ids the vLLM-like server sent."""
+real OTLP/gRPC, LLM spans carrying exactly the token ids vLLM sent (its recorded answers,
+replayed by ``vllm_replay_server.py``)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""The OpenAI instrumentor in this process, against the vLLM-like server: what it changes and
-restores, and that odd responses never break a call."""
+"""The OpenAI instrumentor in this process, against vLLM's recorded answers: what it changes and
+restores, and that odd or error responses never break a call."""
 
 from __future__ import annotations
 
@@ -7,8 +7,10 @@ import logging
 
 import openai
 import openai._base_client as base_client
+import pytest
 from opentelemetry import context as context_api
 from opentelemetry.context import _SUPPRESS_INSTRUMENTATION_KEY
+from opentelemetry.trace import StatusCode
 
 from spanrl.instrumentation import semconv
 from spanrl.instrumentation.openai_instrumentor import SpanrlOpenAIInstrumentor
@@ -38,7 +40,7 @@ def test_uninstrument_restores_exactly_what_instrument_changed():
     instrumentor.instrument()
     try:
         assert all(cls.__dict__[name] is not before
-                   for (cls, name), before in zip(PATCHED_BY_SPANRL, ours_before))
+                   for (cls, name), before in zip(PATCHED_BY_SPANRL, ours_before, strict=True))
         assert OpenAIInstrumentor().is_instrumented_by_opentelemetry  # turned on for us
     finally:
         instrumentor.uninstrument()
@@ -71,7 +73,7 @@ def test_malformed_ids_are_logged_and_the_call_returns(private_tracing, vllm_ser
     assert any("choices[0].token_ids should be a list of ints" in r.getMessage() for r in caplog.records)
     spans = llm_attributes(private_tracing.exporter)
     assert len(spans) == 2
-    for attributes, response_id in zip(spans, [response.id, chunks[0].id]):
+    for attributes, response_id in zip(spans, [response.id, chunks[0].id], strict=True):
         plan = vllm_server_malformed.sent[response_id]
         assert attributes[semconv.LLM_PROMPT_TOKEN_IDS] == tuple(plan["prompt_token_ids"])
         assert semconv.llm_response_token_ids(0) not in attributes
@@ -142,3 +144,16 @@ def test_stream_ids_are_concatenated_per_choice_index_whatever_the_order():
     assert attributes[semconv.llm_response_token_ids(0)] == (10, 11, 12, 13)
     assert attributes[semconv.llm_response_token_ids(1)] == (20, 21, 22)
     assert attributes[semconv.GENAI_RESPONSE_ID] == "s"
+
+
+def test_an_error_answer_raises_as_usual_and_records_no_ids(private_tracing, vllm_server, caplog):
+    client = openai.OpenAI(base_url=vllm_server.base_url, api_key="k", max_retries=0)
+    with caplog.at_level(logging.WARNING, logger="spanrl"):
+        with pytest.raises(openai.NotFoundError, match="The model `missing-model` does not exist"):
+            client.chat.completions.create(model="missing-model", messages=MESSAGES)
+    assert vllm_server.requests[-1]["return_token_ids"] is True
+    (span,) = [s for s in private_tracing.exporter.get_finished_spans()
+               if s.attributes.get("openinference.span.kind") == "LLM"]
+    assert span.status.status_code == StatusCode.ERROR  # openinference's account of the failure
+    assert not any(k.startswith("spanrl.llm.") for k in span.attributes)
+    assert not caplog.records

@@ -90,3 +90,49 @@ def test_start_tracing_over_otlp_http(otlp_http_collector, vllm_server, run_agen
     assert [v.int_value for v in llm[semconv.LLM_PROMPT_TOKEN_IDS].array_value.values] == sent["prompt_token_ids"]
     assert all(h["authorization"] == "Bearer http-token" and h["x-team"] == "rl"
                for h in otlp_http_collector.headers)
+
+
+def test_start_tracing_sets_up_a_given_provider_and_leaves_the_global_one(otlp_http_collector):
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+
+    from spanrl.exporter.in_process import start_tracing, stop_tracing
+    from spanrl.instrumentation import emit_reward, rollout
+
+    provider = TracerProvider()
+    global_before = trace.get_tracer_provider()
+    assert start_tracing(otlp_http_collector.endpoint, protocol="http/protobuf", instrument_openai=False,
+                         tracer_provider=provider) is provider
+    try:
+        with rollout("task-private", rollout_id="private-rollout", tracer_provider=provider):
+            provider.get_tracer("agent").start_span("step").end()
+            emit_reward(0.5, tracer_provider=provider)
+    finally:
+        stop_tracing()
+        provider.shutdown()
+    assert trace.get_tracer_provider() is global_before
+    spans = {span.name: {kv.key: kv.value for kv in span.attributes}
+             for request in otlp_http_collector.requests for rs in request.resource_spans
+             for ss in rs.scope_spans for span in ss.spans}
+    assert set(spans) == {semconv.ROLLOUT_SPAN_NAME, "step"}
+    # the identity processor was added to the given provider: the plain span carries the rollout
+    assert spans["step"][semconv.ROLLOUT_ID].string_value == "private-rollout"
+
+
+def test_the_hook_prepares_a_given_provider(monkeypatch):
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from spanrl.exporter.hook import post_instrument
+    from spanrl.instrumentation import agent
+
+    monkeypatch.setenv("OTEL_SPANRL_SAFE_DEFAULTS", "false")  # keep this process's signals alone
+    provider = TracerProvider()
+    exporter = InMemorySpanExporter()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    post_instrument(tracer_provider=provider)
+    with agent("hooked"):
+        provider.get_tracer("any").start_span("named").end()
+    (span,) = exporter.get_finished_spans()
+    assert span.attributes[semconv.AGENT_NAME] == "hooked"

@@ -1,9 +1,9 @@
-"""Fixtures for the loop tests: a real bridge API on a free port, and an in-memory tracer."""
+"""Fixtures for the loop tests: a real bridge API on a free port, and a private tracer provider
+exporting to memory (passed to the runner as ``tracer_provider=``)."""
 
 from __future__ import annotations
 
 import pytest
-from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -26,22 +26,18 @@ def bridge():
 
 
 @pytest.fixture
-def span_exporter():
-    """Spans of the global SDK provider, collected in memory for one test.
-
-    The global provider can be set only once per process and other test areas may have set
-    it already: reuse it when it is an SDK provider, else install one.
-    """
-    provider = trace.get_tracer_provider()
-    if not isinstance(provider, TracerProvider):
-        provider = TracerProvider()
-        trace.set_tracer_provider(provider)
-        provider = trace.get_tracer_provider()
-    assert isinstance(provider, TracerProvider), f"global provider is {provider!r}"
-    exporter = InMemorySpanExporter()
-    processor = SimpleSpanProcessor(exporter)
-    provider.add_span_processor(processor)
+def tracer_provider():
+    """A private SDK tracer provider for one test; the global provider is left alone."""
+    provider = TracerProvider()
     try:
-        yield exporter
+        yield provider
     finally:
-        processor.shutdown()  # a shut-down processor ignores later spans
+        provider.shutdown()
+
+
+@pytest.fixture
+def span_exporter(tracer_provider):
+    """Spans of ``tracer_provider``, collected in memory."""
+    exporter = InMemorySpanExporter()
+    tracer_provider.add_span_processor(SimpleSpanProcessor(exporter))
+    return exporter

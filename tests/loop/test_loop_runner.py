@@ -16,7 +16,7 @@ from spanrl.runner.settings import RunnerSettings
 AGENTS_DIR = os.path.join(os.path.dirname(__file__), "agents")
 
 
-def test_crash_and_hang_are_failed_rollouts_and_the_runner_goes_on(bridge, span_exporter):
+def test_crash_and_hang_are_failed_rollouts_and_the_runner_goes_on(bridge, tracer_provider, span_exporter):
     dispatcher, api = bridge
     span_exporter.clear()
     tasks = [("ok1", {"id": "ok1"}), ("boom", {"id": "boom", "behaviour": "crash"}),
@@ -25,7 +25,7 @@ def test_crash_and_hang_are_failed_rollouts_and_the_runner_goes_on(bridge, span_
     attempts = dispatcher.open_round(0, tasks, group_size=2)
     settings = RunnerSettings(agent="flaky_agent:solve", bridge_url=api.url, concurrency=3,
                               python_path=[AGENTS_DIR], bridge_wait_s=10)
-    runner = Runner(settings)
+    runner = Runner(settings, tracer_provider=tracer_provider)
     thread = threading.Thread(target=runner.run, daemon=True)
     thread.start()
     try:
@@ -59,3 +59,24 @@ def test_crash_and_hang_are_failed_rollouts_and_the_runner_goes_on(bridge, span_
         else:  # the hung agent is abandoned, but its rollout span still ends, as ERROR
             assert by_id[attempt.rollout_id].status.status_code == StatusCode.ERROR
             assert "did not finish" in by_id[attempt.rollout_id].status.description
+
+
+def test_a_command_attempt_names_its_rollout_to_the_child_and_spans_it_here(bridge, tracer_provider, span_exporter):
+    from spanrl.runner.attempts import run_command_attempt
+    from spanrl.runner.bridge_client import BridgeClient
+
+    dispatcher, api = bridge
+    (attempt,) = dispatcher.open_round(0, [("cmd", {"id": "cmd"})], group_size=1)
+    claim = BridgeClient(api.url).claim()
+    assert claim is not None and claim.rollout_id == attempt.rollout_id
+    child = [sys.executable, "-c", "import os; print(os.environ['OTEL_RESOURCE_ATTRIBUTES'])"]
+    result = run_command_attempt(child, claim, "http://127.0.0.1:9", wrap=False,
+                                 extra_env={"OTEL_RESOURCE_ATTRIBUTES": "team=rl"},
+                                 tracer_provider=tracer_provider)
+    expected_identity = (f"{semconv.ROLLOUT_ID}={attempt.rollout_id},{semconv.TASK_ID}=cmd,"
+                         f"{semconv.ATTEMPT}=0")
+    assert result.status == "ok" and result.output == f"team=rl,{expected_identity}"
+    (span,) = span_exporter.get_finished_spans()
+    assert span.name == semconv.ROLLOUT_SPAN_NAME
+    assert span.attributes[semconv.ROLLOUT_ID] == attempt.rollout_id
+    assert span.attributes[semconv.variable("output")] == result.output

@@ -1,14 +1,14 @@
 """An HTTP server that answers ``/v1/chat/completions`` and ``/v1/completions`` like vLLM.
 
-Used by the instrumentation tests (loaded by conftest.py) and by
-``bench/bench_instrumentation_overhead.py``. Real HTTP/1.1 on 127.0.0.1 (stdlib
-``http.server``), JSON bodies and server-sent-event streams in vLLM's shapes
-(docs/interfaces.md §1): token ids only when the request asks with ``return_token_ids: true``
-(or never, with ``token_ids=False``, like an endpoint that ignores the field; or broken, with
-``malformed_choice_ids=True``), logprobs when
-asked, ``policy_version`` in every body/chunk and the ``x-spanrl-policy-version`` header.
+Used by ``bench/bench_instrumentation_overhead.py``, which needs answers of any length (the
+tests replay answers recorded from a real vLLM instead: tests/instrumentation/vllm_replay_server.py).
+Real HTTP/1.1 on 127.0.0.1 (stdlib ``http.server``), JSON bodies and server-sent-event streams
+in vLLM's shapes (docs/interfaces.md §1): token ids only when the request asks with
+``return_token_ids: true`` (or never, with ``token_ids=False``; or broken, with
+``malformed_choice_ids=True``), logprobs when asked, ``policy_version`` in every body/chunk and
+the ``x-spanrl-policy-version`` header.
 
-Every id it sends is kept in ``sent[response_id]`` so tests compare spans with the truth.
+Every id it sends is kept in ``sent[response_id]``.
 """
 
 from __future__ import annotations
@@ -100,7 +100,7 @@ def _prompt_text(kind: str, body: dict[str, Any]) -> str:
 def _logprobs_obj(kind: str, values: list[float], texts: list[str]) -> dict[str, Any]:
     if kind == "chat":
         return {"content": [{"token": t, "logprob": v, "bytes": None, "top_logprobs": []}
-                            for t, v in zip(texts, values)]}
+                            for t, v in zip(texts, values, strict=True)]}
     return {"tokens": texts, "token_logprobs": values, "top_logprobs": None, "text_offset": []}
 
 
