@@ -380,7 +380,8 @@ class RemoteEngine:
 
     def _call(self, name: str, *args: Any) -> Any:
         """A blocking call of an engine method in the engine's process (from a worker thread)."""
-        call_id, done, outcome = next(self._ids), threading.Event(), []
+        call_id, done = next(self._ids), threading.Event()
+        outcome: list[Any] = []  # [value, error] once answered
         with self._lock:
             if self.lost:
                 raise EngineStoppedError("the policy engine's process is gone")

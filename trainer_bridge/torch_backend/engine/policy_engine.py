@@ -81,7 +81,7 @@ class PolicyEngine:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         dev = resolve_device(device)
-        model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=resolve_dtype(dtype, dev))
+        model: Any = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=resolve_dtype(dtype, dev))
         model.to(dev)
         tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
         name = model_name or Path(str(model_dir)).resolve().name
