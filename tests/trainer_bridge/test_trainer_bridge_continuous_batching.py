@@ -98,7 +98,7 @@ def test_rows_joining_at_different_steps_keep_logprobs_equal_to_a_forward_pass(e
             if choice.top_logprobs:
                 assert all(len(top) == 2 for top in choice.top_logprobs)
     # a seeded request draws the same tokens inside a batch as alone
-    for (prompt, params), job in zip(late, late_jobs):
+    for (prompt, params), job in zip(late, late_jobs, strict=True):
         alone = engine.generate(prompt, params).choices[0].token_ids
         assert job.result.choices[0].token_ids == alone
 
@@ -164,7 +164,8 @@ def test_chatml_fast_path_equals_the_chat_template(engine):
               "<|im_start|>", "<|im_end|>", "{{ not jinja }}", "{% raw %}", "ünïcödé ✓ 数字", "\t\r\n", "'\"\\"]
     roles = ["system", "user", "assistant", "tool", "developer", "x y"]
     for _ in range(300):
-        messages = [{"role": rng.choice(roles), "content": "".join(rng.choice(pieces) for _ in range(rng.randint(0, 4)))}
+        messages = [{"role": rng.choice(roles),
+                     "content": "".join(rng.choice(pieces) for _ in range(rng.randint(0, 4)))}
                     for _ in range(rng.randint(1, 6))]
         if rng.random() < 0.2:
             messages[0]["name"] = "extra keys are ignored"
@@ -180,7 +181,7 @@ def test_chatml_fast_path_equals_the_chat_template(engine):
 
 
 def test_sampling_draws_each_token_with_its_probability_and_never_a_truncated_one():
-    from spanrl.trainer_bridge.torch_backend.engine.policy_engine import _draw
+    from spanrl.trainer_bridge.torch_backend.engine.sampling import draw as _draw
 
     probs = torch.tensor([[0.0, 0.1, 0.0, 0.6, 0.3, 0.0], [0.25, 0.25, 0.25, 0.25, 0.0, 0.0]])
     generator = torch.Generator().manual_seed(0)
@@ -218,7 +219,7 @@ def test_the_engines_own_attention_masks_equal_the_models_own(tiny_model_dir, fo
     finally:
         engine.stop()
     assert engine.stats.max_rows_in_batch == 3
-    for prompt, mine, reference in zip(prompts, ours, theirs):
+    for prompt, mine, reference in zip(prompts, ours, theirs, strict=True):
         assert mine.token_ids == reference.token_ids
         assert torch.allclose(torch.tensor(mine.logprobs), torch.tensor(reference.logprobs), atol=1e-5)
         expected = forward_logprobs(model, prompt, mine.token_ids)

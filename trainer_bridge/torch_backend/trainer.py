@@ -34,7 +34,7 @@ import torch
 
 from spanrl.trainer_bridge import grpo
 from spanrl.trainer_bridge.torch_backend.config import TrainerConfig
-from spanrl.trainer_bridge.torch_backend.engine.policy_engine import resolve_device
+from spanrl.trainer_bridge.torch_backend.devices import resolve_device
 
 logger = logging.getLogger(__name__)
 
@@ -133,7 +133,7 @@ class TorchTrainer:
 
     def _autocast(self):
         if self.config.autocast_dtype:
-            from spanrl.trainer_bridge.torch_backend.engine.policy_engine import resolve_dtype
+            from spanrl.trainer_bridge.torch_backend.devices import resolve_dtype
 
             return torch.autocast(self.device.type, dtype=resolve_dtype(self.config.autocast_dtype, self.device))
         return torch.autocast(self.device.type, enabled=False)

@@ -4,16 +4,18 @@ Why another process: the HTTP work of a request (parsing, validation, tokenizing
 about as much CPU as the request's share of a batched decode, and in the engine's process the
 event loop and the engine thread take turns on one GIL at every torch operation. So
 ``spanrl serve`` runs the HTTP app in a child process (``api_process.py``), as vLLM runs its
-API server apart from its engine core. This module is the wire between the two:
-length-prefixed pickle frames over an anonymous Unix socketpair (both ends are our own
-processes; nothing else can reach the socket, so unpickling is safe).
+API server apart from its engine core. This module holds the two ends of the link; what
+crosses it (length-prefixed pickle frames over an anonymous Unix socketpair, one small frozen
+dataclass per kind of message) is defined in ``wire.py``.
 
-- ``EngineHost`` (in the engine's process): reads ``submit`` / ``cancel`` / ``call`` frames,
-  submits to the engine, and answers with ``start`` / ``token`` / ``done`` / ``reply`` frames
-  sent from the engine's callbacks; ``version`` frames when new weights are swapped in.
-- ``RemoteEngine`` (in the API process, no torch): what ``policy_server.create_app`` uses of
-  an engine (``submit`` with the same callbacks, the tokenizer, limits, version,
-  ``describe``, ``load_weights_from_dir``), over the socket.
+- ``EngineHost`` (in the engine's process): sends ``Hello``, reads ``Submit`` / ``Cancel`` /
+  ``Call`` / ``Ready``, submits to the engine, and answers with ``Started`` / ``Token`` /
+  ``Done`` / ``Reply`` sent from the engine's callbacks; ``VersionPush`` when new weights are
+  swapped in.
+- ``RemoteEngine`` (in the API process, no torch): what ``server/app.create_app`` uses of an
+  engine (``submit`` with the same callbacks, the tokenizer, limits, version, ``describe``,
+  ``load_weights_from_dir``), over the socket; it drives its ``RemoteRequest``s through the
+  public lifecycle of ``GenerationRequest``.
 
 Either side seeing the socket close fails or cancels what it has in flight: a dead engine
 process answers every waiting request with 503, a dead front end cancels its requests.
@@ -23,10 +25,8 @@ from __future__ import annotations
 
 import itertools
 import logging
-import pickle
-import socket
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 from spanrl.trainer_bridge.torch_backend.engine.requests import (
@@ -34,81 +34,28 @@ from spanrl.trainer_bridge.torch_backend.engine.requests import (
     EngineLimits,
     EngineStoppedError,
     GenerationRequest,
-    PromptTooLongError,
     SamplingParams,
     TokenEvent,
     check_request,
     safe_call,
 )
+from spanrl.trainer_bridge.torch_backend.engine.wire import (
+    Call,
+    Cancel,
+    Done,
+    ErrorInfo,
+    FrameChannel,
+    Hello,
+    Ready,
+    Reply,
+    Started,
+    Submit,
+    Token,
+    VersionPush,
+)
 from spanrl.trainer_bridge.torch_backend.server.chat_format import encode_chat, encode_text
 
 logger = logging.getLogger(__name__)
-
-_HEADER_BYTES = 4
-_ERRORS = {cls.__name__: cls for cls in (EngineError, PromptTooLongError, EngineStoppedError)}
-
-
-class FrameChannel:
-    """Pickled messages over a stream socket, each prefixed with its length; ``send`` may be
-    called from any thread, ``frames`` is read by one thread."""
-
-    def __init__(self, sock: socket.socket):
-        self.sock = sock
-        self._send_lock = threading.Lock()
-
-    def send(self, message: Any) -> bool:
-        """Send one message; False (and nothing raised) when the other side is gone."""
-        data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
-        try:
-            with self._send_lock:
-                self.sock.sendall(len(data).to_bytes(_HEADER_BYTES, "big") + data)
-            return True
-        except OSError:
-            return False
-
-    def frames(self) -> Iterator[Any]:
-        """Messages as they arrive, until the socket closes."""
-        buffer = bytearray()
-        while True:
-            try:
-                chunk = self.sock.recv(1 << 16)
-            except OSError:
-                return
-            if not chunk:
-                return
-            buffer += chunk
-            start = 0
-            while len(buffer) - start >= _HEADER_BYTES:
-                size = int.from_bytes(buffer[start:start + _HEADER_BYTES], "big")
-                end = start + _HEADER_BYTES + size
-                if len(buffer) < end:
-                    break
-                yield pickle.loads(memoryview(buffer)[start + _HEADER_BYTES:end])
-                start = end
-            del buffer[:start]
-
-    def close(self) -> None:
-        try:
-            self.sock.shutdown(socket.SHUT_RDWR)  # wakes a thread blocked in recv
-        except OSError:
-            pass
-        self.sock.close()
-
-
-def _error_info(error: BaseException | None) -> tuple[str, str, str | None] | None:
-    if error is None:
-        return None
-    return type(error).__name__, getattr(error, "message", None) or str(error), getattr(error, "param", None)
-
-
-def _error_from(info: tuple[str, str, str | None]) -> BaseException:
-    name, message, param = info
-    cls = _ERRORS.get(name)
-    if cls is not None:
-        return cls(message, param)
-    error = EngineError(f"internal error: {message}", param)  # any other failure of the engine: a 500
-    error.status, error.error_type = 500, "server_error"
-    return error
 
 
 # ----------------------------------------------------------------------------- engine side
@@ -119,39 +66,33 @@ class EngineHost:
 
     CALLS = ("describe", "load_weights_from_dir")
 
-    def __init__(self, engine, channel: FrameChannel):
+    def __init__(self, engine: Any, channel: FrameChannel):
         self.engine = engine
         self.channel = channel
         self.ready = threading.Event()  # the front end said it is listening
         self.closed = threading.Event()  # the front end is gone
         self._jobs: dict[int, GenerationRequest] = {}  # by the front end's request id
         self._thread = threading.Thread(target=self._serve, name="spanrl-engine-host", daemon=True)
+        self._handlers: dict[type, Callable[[Any], None]] = {
+            Submit: self._submit, Cancel: self._cancel, Call: self._start_call, Ready: self._ready}
 
-    def hello(self) -> dict:
+    def hello(self) -> Hello:
         engine = self.engine
-        return {"model_name": engine.model_name, "version": engine.version, "limits": engine.limits,
-                "tokenizer": engine.tokenizer}
+        return Hello(engine.model_name, engine.version, engine.limits, engine.tokenizer)
 
     def start(self) -> EngineHost:
-        self.channel.send(("hello", self.hello()))
-        self.engine.add_version_listener(lambda version: self.channel.send(("version", version)))
+        self.channel.send(self.hello())
+        self.engine.add_version_listener(lambda version: self.channel.send(VersionPush(version)))
         self._thread.start()
         return self
 
     def _serve(self) -> None:
         try:
             for message in self.channel.frames():
-                kind = message[0]
-                if kind == "submit":
-                    self._submit(*message[1:])
-                elif kind == "cancel":
-                    job = self._jobs.get(message[1])
-                    if job is not None:
-                        job.cancel()
-                elif kind == "call":
-                    threading.Thread(target=self._call, args=message[1:], daemon=True).start()
-                elif kind == "ready":
-                    self.ready.set()
+                handler = self._handlers.get(type(message))
+                if handler is None:
+                    raise TypeError(f"unexpected message from the API process: {message!r}")
+                handler(message)
         except Exception:  # a broken frame: nothing sane can follow it on this stream
             logger.exception("the link to the API process failed")
         finally:
@@ -159,38 +100,46 @@ class EngineHost:
             for job in list(self._jobs.values()):
                 job.cancel()  # nobody is left to read their tokens
 
-    def _submit(self, request_id: int, prompt_ids: list[int], params: SamplingParams, wants_tokens: bool,
-                wants_start: bool, text_deltas: bool) -> None:
-        """Submit one request; only the messages the front end asked for cross back (a
-        non-streaming request gets just its ``done``)."""
-        send = self.channel.send
+    def _ready(self, _message: Ready) -> None:
+        self.ready.set()
+
+    def _cancel(self, message: Cancel) -> None:
+        job = self._jobs.get(message.request_id)
+        if job is not None:
+            job.cancel()
+
+    def _submit(self, message: Submit) -> None:
+        send, request_id = self.channel.send, message.request_id
 
         def on_done() -> None:
             job = self._jobs.pop(request_id, None)
             if job is not None:
-                send(("done", request_id, job.result, _error_info(job.error)))
+                send(Done(request_id, job.result, ErrorInfo.of(job.error)))
 
         try:
             job = self.engine.new_request(
-                prompt_ids, params, text_deltas=text_deltas, on_done=on_done,
-                on_start=(lambda version: send(("start", request_id, version))) if wants_start else None,
-                on_token=(lambda event: send(("token", request_id, event))) if wants_tokens else None)
+                message.prompt_ids, message.params, text_deltas=message.text_deltas, on_done=on_done,
+                on_start=(lambda version: send(Started(request_id, version))) if message.wants_start else None,
+                on_token=(lambda event: send(Token(request_id, event))) if message.wants_tokens else None)
             self._jobs[request_id] = job  # filed before it is queued: on_done finds it
             self.engine.enqueue(job)
         except Exception as exc:
             self._jobs.pop(request_id, None)
-            send(("done", request_id, None, _error_info(exc)))
+            send(Done(request_id, None, ErrorInfo.of(exc)))
 
-    def _call(self, call_id: int, name: str, args: tuple) -> None:
-        if name not in self.CALLS:
-            self.channel.send(("reply", call_id, None, _error_info(EngineError(f"unknown call {name!r}"))))
+    def _start_call(self, message: Call) -> None:
+        threading.Thread(target=self._call, args=(message,), daemon=True).start()
+
+    def _call(self, message: Call) -> None:
+        if message.name not in self.CALLS:
+            self.channel.send(Reply(message.call_id, None, ErrorInfo.of(EngineError(f"unknown call {message.name!r}"))))
             return
         try:
-            value = getattr(self.engine, name)(*args)
+            value = getattr(self.engine, message.name)(*message.args)
         except Exception as exc:
-            self.channel.send(("reply", call_id, None, _error_info(exc)))
+            self.channel.send(Reply(message.call_id, None, ErrorInfo.of(exc)))
         else:
-            self.channel.send(("reply", call_id, value, None))
+            self.channel.send(Reply(message.call_id, value, None))
 
 
 # ----------------------------------------------------------------------------- front-end side
@@ -200,7 +149,7 @@ class RemoteRequest(GenerationRequest):
     """A request in flight in the engine's process, as the HTTP app sees one; ``cancel``
     reaches the engine over the link."""
 
-    def __init__(self, link: RemoteEngine, request_id: int, *args, **kwargs):
+    def __init__(self, link: RemoteEngine, request_id: int, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
         self._link = link
         self.request_id = request_id
@@ -208,7 +157,7 @@ class RemoteRequest(GenerationRequest):
     def cancel(self) -> None:
         super().cancel()
         if not self.done.is_set():
-            self._link.channel.send(("cancel", self.request_id))
+            self._link.channel.send(Cancel(self.request_id))
 
 
 class RemoteEngine:
@@ -220,20 +169,22 @@ class RemoteEngine:
         self.channel = channel
         self.on_lost = on_lost  # called once when the engine's process is gone
         self._frames = channel.frames()
-        first = next(self._frames, None)
-        if not (isinstance(first, tuple) and first[0] == "hello"):
+        hello = next(self._frames, None)
+        if not isinstance(hello, Hello):
             raise EngineStoppedError("the engine process sent no hello")
-        hello = first[1]
-        self.model_name: str = hello["model_name"]
-        self.version: int = hello["version"]
-        self.limits: EngineLimits = hello["limits"]
-        self.tokenizer = hello["tokenizer"]
+        self.model_name: str = hello.model_name
+        self.version: int = hello.version
+        self.limits: EngineLimits = hello.limits
+        self.tokenizer = hello.tokenizer
         self.context_length = self.limits.context_length
         self._ids = itertools.count()
         self._requests: dict[int, RemoteRequest] = {}
         self._calls: dict[int, tuple[threading.Event, list]] = {}
         self._lock = threading.Lock()
         self.lost = False
+        self._handlers: dict[type, Callable[[Any], None]] = {
+            Token: self._on_token, Started: self._on_started, Done: self._on_done,
+            VersionPush: self._on_version, Reply: self._on_reply}
         self._thread = threading.Thread(target=self._read, name="spanrl-engine-link", daemon=True)
         self._thread.start()
 
@@ -242,6 +193,10 @@ class RemoteEngine:
 
     def encode_text(self, text: str) -> list[int]:
         return encode_text(self.tokenizer, text)
+
+    def announce_ready(self) -> None:
+        """Tell the engine's side that the HTTP server is about to listen."""
+        self.channel.send(Ready())
 
     def submit(self, prompt_ids: list[int], params: SamplingParams,
                on_token: Callable[[TokenEvent], None] | None = None,
@@ -256,8 +211,8 @@ class RemoteEngine:
             if self.lost:
                 raise EngineStoppedError("the policy engine's process is gone")
             self._requests[request.request_id] = request
-        if not self.channel.send(("submit", request.request_id, request.prompt_ids, params,
-                                  on_token is not None, on_start is not None, text_deltas)):
+        if not self.channel.send(Submit(request.request_id, request.prompt_ids, params, on_token is not None,
+                                        on_start is not None, text_deltas)):
             self._fail_all()
         return request
 
@@ -269,14 +224,15 @@ class RemoteEngine:
     def load_weights_from_dir(self, model_dir: str, version: int) -> None:
         self._call("load_weights_from_dir", str(model_dir), version)
 
-    def _call(self, name: str, *args) -> Any:
+    def _call(self, name: str, *args: Any) -> Any:
         """A blocking call of an engine method in the engine's process (from a worker thread)."""
-        call_id, done, outcome = next(self._ids), threading.Event(), []
+        call_id, done = next(self._ids), threading.Event()
+        outcome: list[Any] = []  # [value, error] once answered
         with self._lock:
             if self.lost:
                 raise EngineStoppedError("the policy engine's process is gone")
             self._calls[call_id] = (done, outcome)
-        self.channel.send(("call", call_id, name, args))
+        self.channel.send(Call(call_id, name, args))
         done.wait()
         value, error = outcome
         if error is not None:
@@ -286,39 +242,41 @@ class RemoteEngine:
     def _read(self) -> None:
         try:
             for message in self._frames:
-                self._dispatch(message)
+                self._handlers[type(message)](message)
         except Exception:
             logger.exception("the link to the engine process failed")
         finally:
             self._fail_all()
 
-    def _dispatch(self, message: tuple) -> None:
-        kind = message[0]
-        if kind == "token":
-            request = self._requests.get(message[1])
-            if request is not None and request.on_token is not None:
-                safe_call(request.on_token, message[2])
-        elif kind == "start":
-            request = self._requests.get(message[1])
-            if request is not None:
-                request.policy_version = message[2]
-                if request.on_start is not None:
-                    safe_call(request.on_start, message[2])
-        elif kind == "done":
-            _, request_id, result, error = message
-            with self._lock:
-                request = self._requests.pop(request_id, None)
-            if request is not None:
-                request.result = result
-                request._complete(None if error is None else _error_from(error))
-        elif kind == "version":
-            self.version = message[1]
-        elif kind == "reply":
-            _, call_id, value, error = message
-            with self._lock:
-                done, outcome = self._calls.pop(call_id)
-            outcome.extend([value, None if error is None else _error_from(error)])
-            done.set()
+    def _on_token(self, message: Token) -> None:
+        request = self._requests.get(message.request_id)
+        if request is not None:
+            request.emit_token(message.event)
+
+    def _on_started(self, message: Started) -> None:
+        request = self._requests.get(message.request_id)
+        if request is not None:
+            request.begin(message.version)
+
+    def _on_done(self, message: Done) -> None:
+        with self._lock:
+            request = self._requests.pop(message.request_id, None)
+        if request is None:
+            return
+        if message.result is not None and message.error is None:
+            request.finish(message.result)
+        else:
+            error = message.error or ErrorInfo("RuntimeError", "the engine finished a request with no result")
+            request.fail(error.to_exception())
+
+    def _on_version(self, message: VersionPush) -> None:
+        self.version = message.version
+
+    def _on_reply(self, message: Reply) -> None:
+        with self._lock:
+            done, outcome = self._calls.pop(message.call_id)
+        outcome.extend([message.value, None if message.error is None else message.error.to_exception()])
+        done.set()
 
     def _fail_all(self) -> None:
         with self._lock:
@@ -329,7 +287,7 @@ class RemoteEngine:
             calls, self._calls = list(self._calls.values()), {}
         gone = EngineStoppedError("the policy engine's process is gone")
         for request in requests:
-            request._complete(gone)
+            request.fail(gone)
         for done, outcome in calls:
             outcome.extend([None, gone])
             done.set()

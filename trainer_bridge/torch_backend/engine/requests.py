@@ -1,9 +1,11 @@
 """What a generation request and its result are, without torch: the policy engine's vocabulary.
 
-Shared by the engine (``policy_engine.py``, which owns the model), the HTTP app
-(``policy_server.py``) and the HTTP front end that runs in its own process (``api_process.py``,
-which must not import torch). ``check_request`` is the one place a request's prompt and
-sampling parameters are checked against the model's limits, in whichever process takes it.
+Shared by the engine (``policy_engine.py`` and its scheduler, which own the model), the HTTP
+app (``server/app.py``) and the HTTP front end that runs in its own process
+(``server/api_process.py`` over ``link.py``, which must not import torch). ``check_request``
+is the one place a request's prompt and sampling parameters are checked against the model's
+limits, in whichever process takes it. ``GenerationRequest``'s methods are its lifecycle: the
+engine and the link drive a request only through them.
 """
 
 from __future__ import annotations
@@ -100,9 +102,16 @@ class GenerationResult:
 
 
 class GenerationRequest:
-    """A request in flight: prompt, params, callbacks, and its result once ``done``. Created by
-    ``PolicyEngine.submit`` (its rows are filled by the engine), or by the API process's
-    ``RemoteEngine``, whose subclass sends ``cancel`` to the engine's process."""
+    """A request in flight: prompt, params, callbacks, and its result once ``done``.
+
+    Created by ``PolicyEngine.submit`` or by the API process's ``RemoteEngine`` (whose subclass
+    also sends ``cancel`` to the engine's process). Its lifecycle, driven by whoever runs it:
+    ``begin(version)`` when its batch starts, ``emit_token(event)`` per sampled token,
+    ``finish_choice(choice)`` per finished choice (the last one completes it), or at once
+    ``finish(result)`` / ``finish_unstarted(version)`` / ``fail(error)``. Each completion sets
+    ``done`` and calls ``on_done``, once; later completions are ignored. ``cancel()`` only asks:
+    the runner sees ``is_cancelled`` and finishes the request at its next step.
+    """
 
     def __init__(self, prompt_ids: list[int], params: SamplingParams, max_new_tokens: int,
                  on_token: Callable[[TokenEvent], None] | None,
@@ -118,16 +127,59 @@ class GenerationRequest:
         self.done = threading.Event()
         self.result: GenerationResult | None = None
         self.error: BaseException | None = None
-        self.cancelled = False
-        self.policy_version: int | None = None
-        self._rows_left = params.n
-        self._rows: list = []  # the engine's rows (one per choice)
+        self.policy_version: int | None = None  # set when its batch starts
+        self._cancelled = False
+        self._choices: list[ChoiceResult] = []  # finished so far
+
+    @property
+    def is_cancelled(self) -> bool:
+        return self._cancelled
+
+    @property
+    def wants_tokens(self) -> bool:
+        """Whether anyone reads its tokens as they come (else the runner need not build events)."""
+        return self.on_token is not None
 
     def cancel(self) -> None:
         """Stop decoding this request's rows at the next step (a client went away)."""
-        self.cancelled = True
+        self._cancelled = True
 
-    def _complete(self, error: BaseException | None = None) -> None:
+    def begin(self, version: int) -> None:
+        """Its batch starts on policy ``version``: recorded, and ``on_start`` called."""
+        self.policy_version = version
+        if self.on_start is not None:
+            safe_call(self.on_start, version)
+
+    def emit_token(self, event: TokenEvent) -> None:
+        if self.on_token is not None:
+            safe_call(self.on_token, event)
+
+    def finish_choice(self, choice: ChoiceResult) -> None:
+        """One choice ended; the last of its ``params.n`` choices completes the request."""
+        self._choices.append(choice)
+        if len(self._choices) == self.params.n:
+            choices = sorted(self._choices, key=lambda c: c.index)
+            self.finish(GenerationResult(self.prompt_ids, choices, int(self.policy_version or 0)))
+
+    def finish_unstarted(self, version: int) -> None:
+        """Cancelled before its batch started: every choice ends empty ("stop") on policy
+        ``version``, without a forward pass (and without ``on_start``)."""
+        if self.policy_version is None:
+            self.policy_version = version
+        params = self.params
+        for index in range(params.n):
+            self.finish_choice(ChoiceResult(index, [], "", "stop", [] if params.logprobs else None,
+                                            [] if params.top_logprobs else None))
+
+    def finish(self, result: GenerationResult) -> None:
+        if not self.done.is_set():
+            self.result = result
+            self._complete(None)
+
+    def fail(self, error: BaseException) -> None:
+        self._complete(error)
+
+    def _complete(self, error: BaseException | None) -> None:
         if self.done.is_set():
             return
         self.error = error

@@ -132,7 +132,7 @@ def _run_front_end(engine_fd: int, listen_fd: int, log_level: str) -> int:
     engine.on_lost = engine_gone
     if engine.lost:  # lost before the callback was set
         return 1
-    channel.send(("ready",))
+    engine.announce_ready()
     server.run(sockets=[listener])
     return 0
 
