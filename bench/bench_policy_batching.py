@@ -5,7 +5,8 @@ batching concurrent requests into shared forward passes; its HTTP front end in a
 unless ``--single-process``), then sends the same number of
 chat requests with the real ``openai`` client: first one at a time, then from 16 concurrent
 async clients. Prints requests/s and generated tokens/s for both and the ratio (goal >= 6x),
-plus the CPU each request cost the client process and the server (engine and HTTP front-end processes), and the load average
+plus the CPU each request cost the client process and the server (engine and HTTP front-end
+processes), and the load average
 (other processes on a small machine change the numbers; ``--repeat`` measures the ratio again).
 
 Both modes use the same server, model, requests and max_tokens; their clients are created
@@ -149,7 +150,8 @@ def describe(label: str, run: Measured, count: int) -> str:
             f"{run.prefills} prefill passes, {run.tokens / max(run.forward_passes, 1):.1f} tokens per pass")
 
 
-def engine_only(model_dir: str, count: int, clients: int, max_tokens: int, threads: int) -> tuple[float, float]:
+def engine_only(model_dir: str, count: int, clients: int, max_tokens: int, threads: int,
+                device: str = "cpu") -> tuple[float, float]:
     """The same comparison inside one process, without HTTP: seconds one at a time, then in
     waves of ``clients`` concurrent requests (shows what the engine's batching itself buys)."""
     import torch
@@ -158,7 +160,7 @@ def engine_only(model_dir: str, count: int, clients: int, max_tokens: int, threa
 
     if threads:
         torch.set_num_threads(threads)
-    engine = PolicyEngine.from_pretrained(model_dir, device="cpu").start()
+    engine = PolicyEngine.from_pretrained(model_dir, device=device).start()
     try:
         prompts = [engine.encode_chat(messages(n)) for n in range(count)]
         params = SamplingParams(max_tokens=max_tokens)
@@ -185,6 +187,7 @@ def main() -> None:
                         help="requests per mode (16 clients take ~0.7 s for 128; with fewer, the start, when all "
                              "arrive at once, and the drain, when the last few decode alone, weigh more)")
     parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--device", default="cpu", help="cpu, cuda or auto: where the server and the engine run")
     parser.add_argument("--max-tokens", type=int, default=24)
     parser.add_argument("--threads", type=int, default=1,
                         help="the server's torch threads, for both modes (0: torch's default, one per core). "
@@ -210,7 +213,8 @@ def main() -> None:
         url = f"http://127.0.0.1:{port}"
         server = subprocess.Popen([sys.executable, "-m", "spanrl", "--log-level", "WARNING", "serve", model_dir,
                                    "--port", str(port), "--served-model-name", "bench",
-                                   "--threads", str(args.threads), "--batch-wait-ms", str(args.batch_wait_ms),
+                                   "--device", args.device, "--threads", str(args.threads),
+                                   "--batch-wait-ms", str(args.batch_wait_ms),
                                    *(["--single-process"] if args.single_process else [])],
                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=dict(os.environ))
         try:
@@ -222,7 +226,7 @@ def main() -> None:
                 many = measure(url, server.pid, args.requests, args.max_tokens, args.concurrency, args.client)
                 rounds.append((one, many, os.getloadavg()[0]))
             engine_one, engine_many = engine_only(model_dir, args.requests, args.concurrency, args.max_tokens,
-                                                  args.threads)
+                                                  args.threads, args.device)
         finally:
             server.terminate()
             try:
