@@ -10,14 +10,14 @@ import os
 from collections.abc import Callable
 from typing import TypeVar
 
+from .errors import SettingError
+
+__all__ = ["SettingError", "env_value", "parse_bool"]
+
 T = TypeVar("T")
 
 TRUE_WORDS = {"1", "true", "yes", "on"}
 FALSE_WORDS = {"0", "false", "no", "off"}
-
-
-class SettingError(ValueError):
-    """An environment variable or flag has a value that cannot be used."""
 
 
 def parse_bool(text: str) -> bool:
