@@ -13,8 +13,8 @@ import os
 import subprocess
 import sys
 
-from spanrl.errors import UserError
 from spanrl.demo import free_port, wait_for_port
+from spanrl.errors import UserError
 from spanrl.trainer_bridge.torch_backend.model_init import create_model_dir
 from spanrl.trainer_bridge.train_settings import TrainSettings
 from spanrl.trainer_bridge.training_loop import run_training
