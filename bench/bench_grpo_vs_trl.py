@@ -53,7 +53,7 @@ def make_batch(tokenizer, count: int, seed: int, workload: str = "single"):
 def spanrl_side(model_dir, batches, lr):
     from spanrl.trainer_bridge.torch_backend.trainer import TorchTrainer, TrainerConfig, TrainingSample
 
-    trainer = TorchTrainer(model_dir, TrainerConfig(lr=lr, device="cpu", grad_clip=1.0,
+    trainer = TorchTrainer(model_dir, TrainerConfig(learning_rate=lr, device="cpu", grad_clip=1.0,
                                                     loss_agg_mode="token-mean", ))  # default micro-batching: length-sorted, 8192 tokens
 
     def step(batch):

@@ -35,18 +35,19 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def _open(args):
+    from spanrl.errors import UserError
     from spanrl.otlp_receiver.store import SpanStore
 
     path = args.db or os.environ.get("OTEL_SPANRL_RECEIVER_DB") or "spanrl.db"
     if not os.path.exists(path):
-        raise SystemExit(f"spanrl inspect: no span store at {path} (use --db PATH)")
+        raise UserError(f"no span store at {path} (use --db PATH)")
     return SpanStore(path)
 
 
 def _table(headers: list[str], rows: list[list]) -> str:
     cells = [[("" if c is None else str(c)) for c in row] for row in rows]
     widths = [max([len(h)] + [len(r[i]) for r in cells]) for i, h in enumerate(headers)]
-    line = lambda values: "  ".join(v.ljust(w) for v, w in zip(values, widths)).rstrip()  # noqa: E731
+    line = lambda values: "  ".join(v.ljust(w) for v, w in zip(values, widths, strict=False)).rstrip()  # noqa: E731
     return "\n".join([line(headers), line(["-" * w for w in widths])] + [line(r) for r in cells])
 
 

@@ -1,8 +1,13 @@
-"""Settings of ``spanrl run``: YAML file, ``--flags`` and ``OTEL_SPANRL_RUN_*`` variables."""
+"""Settings of ``spanrl run``: YAML file, ``--flags`` and ``OTEL_SPANRL_RUN_*`` variables.
+
+Read by ``run_cli`` through ``spanrl/settings_loader.py``; the runner loop (``runner.py``) uses them.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+from spanrl.errors import SettingError
 
 
 @dataclass
@@ -29,17 +34,21 @@ class RunnerSettings:
     python_path: list = field(
         default_factory=list, metadata={"help": "folders added to sys.path to import the agent"}
     )
-    env: dict = field(default_factory=dict, metadata={"help": "extra environment for the agent"})
+    env: dict = field(
+        default_factory=dict,
+        metadata={"help": "extra environment for the agent (a JSON object on the command line); values "
+                  "of keys like *KEY*, *TOKEN*, *SECRET*, *PASSWORD* are printed as ***"},
+    )
     bridge_wait_s: float = field(
         default=120.0, metadata={"help": "give up when the bridge cannot be reached this long"}
     )
 
     def __post_init__(self) -> None:
         if (self.agent is None) == (self.command is None):
-            raise ValueError("set exactly one of 'agent' (module:function) or 'command'")
+            raise SettingError("set exactly one of 'agent' (module:function) or 'command'")
         if self.agent is not None and ":" not in self.agent:
-            raise ValueError(f"agent must look like 'module:function', got {self.agent!r}")
+            raise SettingError(f"agent must look like 'module:function', got {self.agent!r}")
         if self.command is not None and not self.command:
-            raise ValueError("command is empty: give the program to run, e.g. [\"python\", \"agent.py\"]")
+            raise SettingError("command is empty: give the program to run, e.g. [\"python\", \"agent.py\"]")
         if self.concurrency < 1:
-            raise ValueError(f"concurrency must be at least 1, got {self.concurrency}")
+            raise SettingError(f"concurrency must be at least 1, got {self.concurrency}")

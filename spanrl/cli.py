@@ -2,7 +2,17 @@
 
 Each subcommand lives in its component's own ``*_cli`` module, which exposes
 ``add_parser(subparsers)`` and sets ``func`` on its parser. Those modules import nothing heavy
-at module level, so ``spanrl --help`` stays fast and never imports torch.
+at module level, so ``spanrl --help`` stays fast and never imports torch. A module that fails
+to import is a bug: ``spanrl`` stops with its traceback instead of dropping the command.
+
+A command with a settings object registers a ``settings_loader.CommandSettings`` (its parser's
+``settings_spec`` default): ``main`` builds the settings (flags > ``OTEL_SPANRL_*`` > YAML >
+defaults), prints them (secrets masked) and calls ``func(settings)``; ``--print-settings``
+stops there. Other commands get ``func(args)``.
+
+Errors are told apart in one place, ``main``: a ``spanrl.errors.UserError`` (bad setting,
+missing file, taken port) is one line on stderr, ``spanrl <command>: <message>``, exit 2;
+anything else is a bug and shows its traceback, exit 1; Ctrl-C exits 130.
 """
 
 from __future__ import annotations
@@ -11,6 +21,10 @@ import argparse
 import importlib
 import logging
 import sys
+import traceback
+from typing import Any
+
+from .errors import UserError
 
 # command name -> module that defines it (in the order ``--help`` lists them)
 COMMAND_MODULES = {
@@ -24,6 +38,10 @@ COMMAND_MODULES = {
 }
 
 
+class CommandImportError(ImportError):
+    """A subcommand's module cannot be imported: a broken install or a bug, never skipped."""
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="spanrl",
@@ -34,28 +52,59 @@ def build_parser() -> argparse.ArgumentParser:
     for name, module_name in COMMAND_MODULES.items():
         try:
             module = importlib.import_module(module_name)
-        except ModuleNotFoundError as exc:
-            if exc.name is not None and exc.name.startswith("spanrl"):
-                continue  # a component not built yet in this checkout
-            raise
+        except Exception as exc:
+            raise CommandImportError(
+                f"the {name!r} command's module {module_name} failed to import: {type(exc).__name__}: {exc}"
+            ) from exc
         module.add_parser(subparsers)
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=getattr(logging, str(args.log_level).upper(), logging.INFO),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
-    if not getattr(args, "func", None):
-        parser.print_help()
-        return 2
-    try:
+def settings_from_args(argv: list[str]) -> Any:
+    """The settings object ``spanrl <argv>`` would run with, built without running the command."""
+    args = build_parser().parse_args(argv)
+    spec = getattr(args, "settings_spec", None)
+    if spec is None:
+        raise UserError(f"`spanrl {' '.join(argv)}` has no settings object")
+    return spec.from_args(args)
+
+
+def _run(args: argparse.Namespace) -> int:
+    spec = getattr(args, "settings_spec", None)
+    if spec is None:
         return int(args.func(args) or 0)
+    settings = spec.from_args(args)
+    print(spec.describe(settings), flush=True)
+    if args.print_settings:
+        return 0
+    return int(args.func(settings) or 0)
+
+
+def main(argv: list[str] | None = None) -> int:
+    command = "spanrl"
+    try:
+        parser = build_parser()
+        args = parser.parse_args(argv)
+        logging.basicConfig(
+            level=getattr(logging, str(args.log_level).upper(), logging.INFO),
+            format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        )
+        if not getattr(args, "func", None):
+            parser.print_help()
+            return 2
+        spec = getattr(args, "settings_spec", None)
+        command = f"spanrl {spec.command if spec is not None else args.command}"
+        return _run(args)
+    except UserError as exc:
+        print(f"{command}: {exc}", file=sys.stderr, flush=True)
+        return 2
     except KeyboardInterrupt:
         return 130
+    except Exception:  # a bug: the traceback is what a report needs
+        traceback.print_exc()
+        print(f"{command}: internal error (a bug, not a setting): please report it with the traceback above",
+              file=sys.stderr, flush=True)
+        return 1
 
 
 if __name__ == "__main__":

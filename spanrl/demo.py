@@ -19,32 +19,46 @@ import socket
 import subprocess
 import sys
 import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from spanrl.settings_loader import CommandSettings
 
 CALC_AGENT = "spanrl.examples.calc_agent.agent:solve"
 CALC_REWARD = "spanrl.examples.calc_agent.reward:reward"
+
+
+def _setting(default: Any, help_text: str) -> Any:
+    return field(default=default, metadata={"help": help_text})
+
+
+@dataclass(frozen=True)
+class DemoSettings:
+    output_dir: str = _setting("spanrl-demo", "where everything is written")
+    steps: int = _setting(30, "at most this many GRPO steps")
+    stop_at_reward: float = _setting(0.95, "stop once the mean reward reaches this for 2 steps")
+    sft_steps: int = _setting(400, "warm-start SFT steps")
+    sft_batch_size: int = _setting(64, "warm-start SFT batch size")
+    # 1e-3: at 3e-3 the tiny model stays on the plateau where it has not learned to copy.
+    sft_learning_rate: float = _setting(1e-3, "warm-start SFT learning rate")
+    group_size: int = _setting(8, "rollouts per task (G)")
+    tasks_per_step: int = _setting(16, "tasks per GRPO update")
+    learning_rate: float = _setting(2e-4, "GRPO learning rate")
+    concurrency: int = _setting(32, "agents running at once")
+    seed: int = _setting(0, "random seed")
+    threads: int = _setting(0, "torch threads for the trainer (0 = torch's default)")
+
+
+SETTINGS = CommandSettings("demo", DemoSettings, "DEMO")
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "demo",
         help="train the bundled calculator agent end to end on CPU",
-        description=__doc__.splitlines()[0],
+        description=(__doc__ or "").splitlines()[0],
     )
-    parser.add_argument("--output-dir", default="spanrl-demo", help="where everything is written")
-    parser.add_argument("--steps", type=int, default=30, help="at most this many GRPO steps")
-    parser.add_argument("--stop-at-reward", type=float, default=0.95,
-                        help="stop once the mean reward reaches this for 2 steps")
-    parser.add_argument("--sft-steps", type=int, default=400, help="warm-start SFT steps")
-    parser.add_argument("--sft-batch-size", type=int, default=64)
-    # 1e-3: at 3e-3 the tiny model stays on the plateau where it has not learned to copy.
-    parser.add_argument("--sft-learning-rate", type=float, default=1e-3)
-    parser.add_argument("--group-size", type=int, default=8, help="rollouts per task (G)")
-    parser.add_argument("--tasks-per-step", type=int, default=16)
-    parser.add_argument("--learning-rate", type=float, default=2e-4, help="GRPO learning rate")
-    parser.add_argument("--concurrency", type=int, default=32, help="agents running at once")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--threads", type=int, default=0,
-                        help="torch threads for the trainer (0 = torch's default)")
+    SETTINGS.add_to(parser)
     parser.set_defaults(func=demo_command)
 
 
@@ -66,7 +80,7 @@ def wait_for_port(port: int, process: subprocess.Popen, what: str, timeout_s: fl
     raise RuntimeError(f"{what} did not open port {port} within {timeout_s:.0f} s")
 
 
-def prepare_model(args: argparse.Namespace, out: str) -> str:
+def prepare_model(settings: DemoSettings, out: str) -> str:
     """Create the tiny model and warm-start it; returns the warm model's directory."""
     from spanrl.examples.calc_agent.demonstrations import curriculum_batches, write_demonstrations
     from spanrl.trainer_bridge.torch_backend.model_init import create_model_dir
@@ -75,33 +89,33 @@ def prepare_model(args: argparse.Namespace, out: str) -> str:
     base_dir = os.path.join(out, "model-init")
     warm_dir = os.path.join(out, "model-warm")
     corpus = os.path.join(out, "demonstrations.jsonl")
-    write_demonstrations(corpus, count=2000, seed=args.seed)
-    create_model_dir(base_dir, preset="tiny", corpus_files=[corpus], seed=args.seed,
+    write_demonstrations(corpus, count=2000, seed=settings.seed)
+    create_model_dir(base_dir, preset="tiny", corpus_files=[corpus], seed=settings.seed,
                      overwrite=True)
     print(f"[1/3] created a tiny model in {base_dir}")
     started = time.monotonic()
-    trainer = TorchTrainer(base_dir, TrainerConfig(sft_lr=args.sft_learning_rate, device="cpu",
-                                                   seed=args.seed))
-    batches = curriculum_batches(args.sft_steps, args.sft_batch_size, seed=args.seed)
-    trainer.sft_steps(batches, lr=args.sft_learning_rate, max_steps=args.sft_steps)
+    trainer = TorchTrainer(base_dir, TrainerConfig(sft_learning_rate=settings.sft_learning_rate, device="cpu",
+                                                   seed=settings.seed))
+    batches = curriculum_batches(settings.sft_steps, settings.sft_batch_size, seed=settings.seed)
+    trainer.sft_steps(batches, lr=settings.sft_learning_rate, max_steps=settings.sft_steps)
     trainer.save_checkpoint(warm_dir)
-    print(f"[2/3] warm start: {args.sft_steps} SFT steps in {time.monotonic() - started:.0f} s "
+    print(f"[2/3] warm start: {settings.sft_steps} SFT steps in {time.monotonic() - started:.0f} s "
           f"-> {warm_dir}")
     return warm_dir
 
 
-def demo_command(args: argparse.Namespace) -> int:
+def demo_command(settings: DemoSettings) -> int:
     from spanrl.trainer_bridge.train_settings import TrainSettings
     from spanrl.trainer_bridge.training_loop import run_training
 
-    if args.threads:
+    if settings.threads:
         import torch
 
-        torch.set_num_threads(args.threads)
-    out = os.path.abspath(args.output_dir)
+        torch.set_num_threads(settings.threads)
+    out = os.path.abspath(settings.output_dir)
     os.makedirs(out, exist_ok=True)
     started = time.monotonic()
-    model_dir = prepare_model(args, out)
+    model_dir = prepare_model(settings, out)
 
     tasks_file = os.path.join(out, "tasks.jsonl")
     from spanrl.examples.calc_agent.tasks import make_tasks
@@ -109,7 +123,7 @@ def demo_command(args: argparse.Namespace) -> int:
     with open(tasks_file, "w", encoding="utf-8") as f:
         import json
 
-        for task in make_tasks(1000, seed=args.seed + 1):
+        for task in make_tasks(1000, seed=settings.seed + 1):
             f.write(json.dumps(task) + "\n")
 
     shutil.rmtree(os.path.join(out, "run"), ignore_errors=True)  # the demo starts afresh
@@ -133,20 +147,20 @@ def demo_command(args: argparse.Namespace) -> int:
             [sys.executable, "-m", "spanrl", "run", "--agent", CALC_AGENT,
              "--bridge-url", f"http://127.0.0.1:{bridge_port}",
              "--otlp-endpoint", f"http://127.0.0.1:{grpc_port}",
-             "--concurrency", str(args.concurrency)],
+             "--concurrency", str(settings.concurrency)],
             stdout=logs["runner"], stderr=subprocess.STDOUT,
         )
         children.append(runner)
         print(f"[3/3] receiver on 127.0.0.1:{grpc_port} (OTLP/gRPC), policy on "
-              f"127.0.0.1:{policy_port}, runner with {args.concurrency} agents; training:")
-        settings = TrainSettings(
+              f"127.0.0.1:{policy_port}, runner with {settings.concurrency} agents; training:")
+        train_settings = TrainSettings(
             tasks=tasks_file, model=model_dir, output_dir=os.path.join(out, "run"), store=db,
-            reward=CALC_REWARD, group_size=args.group_size, tasks_per_step=args.tasks_per_step,
-            steps=args.steps, stop_at_reward=args.stop_at_reward,
-            learning_rate=args.learning_rate, rollout_timeout_s=60.0, checkpoint_every=5,
-            policy_port=policy_port, bridge_port=bridge_port, device="cpu", seed=args.seed,
+            reward=CALC_REWARD, group_size=settings.group_size, tasks_per_step=settings.tasks_per_step,
+            steps=settings.steps, stop_at_reward=settings.stop_at_reward,
+            learning_rate=settings.learning_rate, rollout_timeout_s=60.0, checkpoint_every=5,
+            policy_port=policy_port, bridge_port=bridge_port, device="cpu", seed=settings.seed,
         )
-        summary = run_training(settings)
+        summary = run_training(train_settings)
     except RuntimeError as exc:  # a component did not start: say where its log is
         print(f"spanrl demo: {exc}; see the logs in {out}")
         return 1

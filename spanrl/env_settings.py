@@ -8,16 +8,16 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar, cast
+
+from .errors import SettingError
+
+__all__ = ["SettingError", "env_value", "parse_bool"]
 
 T = TypeVar("T")
 
 TRUE_WORDS = {"1", "true", "yes", "on"}
 FALSE_WORDS = {"0", "false", "no", "off"}
-
-
-class SettingError(ValueError):
-    """An environment variable or flag has a value that cannot be used."""
 
 
 def parse_bool(text: str) -> bool:
@@ -37,14 +37,16 @@ def env_value(name: str, default: T, parse: Callable[[str], T] | None = None) ->
     raw = os.environ.get(name)
     if raw is None or raw.strip() == "":
         return default
-    if parse is None:
-        if isinstance(default, bool):
-            parse = parse_bool  # type: ignore[assignment]
-        elif default is None:
-            parse = str  # type: ignore[assignment]
-        else:
-            parse = type(default)
+    reader: Callable[[str], Any]
+    if parse is not None:
+        reader = parse
+    elif isinstance(default, bool):
+        reader = parse_bool
+    elif default is None:
+        reader = str
+    else:
+        reader = cast(Callable[[str], Any], type(default))
     try:
-        return parse(raw)  # type: ignore[misc]
+        return cast(T, reader(raw))
     except (ValueError, SettingError) as exc:
         raise SettingError(f"environment variable {name}={raw!r} is invalid: {exc}") from exc

@@ -7,17 +7,19 @@ import importlib
 from collections.abc import Callable
 from typing import Any
 
+from .errors import UserError
+
 
 def load_callable(spec: str) -> Callable[[dict], Any]:
     module_name, _, attribute = spec.partition(":")
     try:
         target: Any = importlib.import_module(module_name)
     except ImportError as exc:
-        raise ValueError(f"cannot import module {module_name!r}: {exc}") from exc
+        raise UserError(f"cannot import module {module_name!r}: {exc}") from exc
     for part in attribute.split("."):
         if not hasattr(target, part):
-            raise ValueError(f"module {module_name!r} has no attribute {attribute!r}")
+            raise UserError(f"module {module_name!r} has no attribute {attribute!r}")
         target = getattr(target, part)
     if not callable(target):
-        raise ValueError(f"{spec!r} is not callable")
+        raise UserError(f"{spec!r} is not callable")
     return target

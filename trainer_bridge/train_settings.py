@@ -1,8 +1,26 @@
-"""Settings of ``spanrl train``: YAML file, ``--flags`` and ``OTEL_SPANRL_TRAIN_*`` variables."""
+"""Settings of ``spanrl train``: YAML file, ``--flags`` and ``OTEL_SPANRL_TRAIN_*`` variables.
+
+Read by ``train_cli`` through ``spanrl/settings_loader.py``. The torch trainer and the policy
+engine are set through the nested ``trainer:`` and ``engine:`` blocks (``TrainerConfig`` and
+``EngineConfig``); the few of their settings that the top level owns (``TRAINER_FROM_TOP_LEVEL``,
+``ENGINE_FROM_TOP_LEVEL``) have only their top-level name, and ``__post_init__`` copies them
+into the blocks, so ``settings.trainer`` and ``settings.engine`` are what runs.
+"""
 
 from __future__ import annotations
 
+import dataclasses
+import os
 from dataclasses import dataclass, field
+
+from spanrl.errors import SettingError
+from spanrl.trainer_bridge.torch_backend.config import EngineConfig, TrainerConfig
+
+# trainer settings owned by a top-level key of the same name (users' train.yaml files use them)
+TRAINER_FROM_TOP_LEVEL = ("learning_rate", "loss_agg_mode", "kl_coef", "device", "seed", "checkpoint_every")
+# set by spanrl train itself: checkpoints go to <output_dir>/checkpoints
+TRAINER_DERIVED = ("checkpoint_dir",)
+ENGINE_FROM_TOP_LEVEL = ("device",)
 
 
 @dataclass
@@ -23,8 +41,11 @@ class TrainSettings:
     stop_at_reward: float | None = field(
         default=None, metadata={"help": "stop early once reward_mean reaches this for 2 steps"}
     )
-    learning_rate: float = field(default=2e-4, metadata={"help": "AdamW learning rate"})
-    loss_agg_mode: str = field(default="token-mean", metadata={"help": "GRPO loss aggregation"})
+    learning_rate: float = field(default=2e-4, metadata={"help": "GRPO AdamW learning rate"})
+    loss_agg_mode: str = field(
+        default="token-mean",
+        metadata={"help": "GRPO loss aggregation: token-mean, seq-mean-token-mean or seq-mean-token-sum-norm"},
+    )
     norm_adv_by_std: bool = field(
         default=True, metadata={"help": "GRPO (divide by group std); off = Dr.GRPO"}
     )
@@ -47,25 +68,43 @@ class TrainSettings:
     policy_model_name: str = field(default="policy", metadata={"help": "model name agents use"})
     bridge_host: str = field(default="127.0.0.1", metadata={"help": "task API host for runners"})
     bridge_port: int = field(default=8100, metadata={"help": "task API port for runners"})
-    device: str = field(default="auto", metadata={"help": "cpu, cuda or auto"})
+    device: str = field(
+        default="auto", metadata={"help": "device of the trainer and the policy engine: auto | cpu | cuda | cuda:N"}
+    )
     seed: int = field(default=0, metadata={"help": "random seed (task order, sampling)"})
     python_path: list = field(
         default_factory=list, metadata={"help": "folders added to sys.path to import the reward"}
     )
+    trainer: TrainerConfig = field(
+        default_factory=TrainerConfig,
+        metadata={"help": "the torch trainer (learning_rate, loss_agg_mode, kl_coef, device, seed and "
+                  "checkpoint_every are top-level keys)", "exclude": TRAINER_FROM_TOP_LEVEL + TRAINER_DERIVED},
+    )
+    engine: EngineConfig = field(
+        default_factory=EngineConfig,
+        metadata={"help": "the embedded policy engine (device is the top-level key)",
+                  "exclude": ENGINE_FROM_TOP_LEVEL},
+    )
 
     def __post_init__(self) -> None:
         if not self.tasks:
-            raise ValueError("'tasks' is required: a JSONL file of tasks")
+            raise SettingError("'tasks' is required: a JSONL file of tasks")
         if not self.model:
-            raise ValueError("'model' is required: a Hugging Face model directory")
+            raise SettingError("'model' is required: a Hugging Face model directory")
         if self.backend != "torch":
-            raise ValueError(f"backend {self.backend!r} is not available here; use 'torch'")
+            raise SettingError(f"backend {self.backend!r} is not available here; use 'torch'")
         if self.reward != "events" and ":" not in self.reward:
-            raise ValueError(f"reward must be 'events' or 'module:function', got {self.reward!r}")
+            raise SettingError(f"reward must be 'events' or 'module:function', got {self.reward!r}")
         if self.group_size < 2:
-            raise ValueError("group_size must be at least 2: GRPO needs a group to compare")
+            raise SettingError("group_size must be at least 2: GRPO needs a group to compare")
         if self.advantage_level not in ("rollout", "transition"):
-            raise ValueError("advantage_level must be 'rollout' or 'transition'")
+            raise SettingError("advantage_level must be 'rollout' or 'transition'")
         for name in ("tasks_per_step", "steps"):
             if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be at least 1")
+                raise SettingError(f"{name} must be at least 1")
+        # the blocks run with the top-level values: one name per setting
+        self.trainer = dataclasses.replace(
+            self.trainer, checkpoint_dir=os.path.join(self.output_dir, "checkpoints"),
+            **{name: getattr(self, name) for name in TRAINER_FROM_TOP_LEVEL},
+        )
+        self.engine = dataclasses.replace(self.engine, **{name: getattr(self, name) for name in ENGINE_FROM_TOP_LEVEL})

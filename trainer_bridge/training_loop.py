@@ -24,6 +24,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from spanrl.errors import UserError
+
 from .task_dispatch import Attempt, Outcome, TaskDispatcher, task_id_of
 from .train_settings import TrainSettings
 
@@ -43,14 +45,14 @@ def load_tasks(path: str) -> list[tuple[str, dict]]:
                 try:
                     task = json.loads(line)
                 except json.JSONDecodeError as exc:
-                    raise ValueError(f"{path}:{number}: not JSON: {exc}") from exc
+                    raise UserError(f"{path}:{number}: not JSON: {exc}") from exc
                 if not isinstance(task, dict):
-                    raise ValueError(f"{path}:{number}: a task must be a JSON object")
+                    raise UserError(f"{path}:{number}: a task must be a JSON object")
                 tasks.append((task_id_of(task, len(tasks)), task))
     except FileNotFoundError as exc:
-        raise ValueError(f"task file not found: {path}") from exc
+        raise UserError(f"task file not found: {path}") from exc
     if not tasks:
-        raise ValueError(f"task file {path} holds no tasks")
+        raise UserError(f"task file {path} holds no tasks")
     return tasks
 
 
@@ -209,7 +211,7 @@ def _prepare_output(settings: TrainSettings, checkpoints: str) -> None:
     old = [p for p in (os.path.join(settings.output_dir, "metrics.jsonl"), checkpoints)
            if os.path.exists(p) and (os.path.isfile(p) or os.listdir(p))]
     if old:
-        raise ValueError(f"output_dir {settings.output_dir!r} already holds a training run "
+        raise UserError(f"output_dir {settings.output_dir!r} already holds a training run "
                          f"({', '.join(old)}); pass --resume to continue it, or choose "
                          "another --output-dir")
 
@@ -217,14 +219,9 @@ def _prepare_output(settings: TrainSettings, checkpoints: str) -> None:
 def _start_trainer(settings: TrainSettings, checkpoints: str):
     """The torch trainer (resumed from the newest checkpoint with --resume) and the model
     directory the policy server should load."""
-    from .torch_backend.config import TrainerConfig
     from .torch_backend.trainer import TorchTrainer, list_checkpoints
 
-    config = TrainerConfig(
-        lr=settings.learning_rate, loss_agg_mode=settings.loss_agg_mode,
-        kl_coef=settings.kl_coef, device=settings.device, seed=settings.seed,
-        checkpoint_every=settings.checkpoint_every, checkpoint_dir=checkpoints,
-    )
+    config = settings.trainer  # its checkpoint_dir is ``checkpoints``: see TrainSettings.__post_init__
     if settings.resume and list_checkpoints(checkpoints):
         trainer = TorchTrainer.resume(checkpoints, config)
         return trainer, str(list_checkpoints(checkpoints)[-1])
@@ -266,26 +263,31 @@ def run_training(settings: TrainSettings, show_progress: bool = True) -> dict:
     from .torch_backend.server.api_process import serve_in_process
 
     if not os.path.isfile(os.path.join(settings.model, "config.json")):
-        raise ValueError(f"model {settings.model!r} is not a Hugging Face model directory "
-                         "(no config.json); create one with `spanrl model init DIR`")
-    checkpoints = os.path.join(settings.output_dir, "checkpoints")
+        raise UserError(f"model {settings.model!r} is not a Hugging Face model directory "
+                        "(no config.json); create one with `spanrl model init DIR`")
+    checkpoints = settings.trainer.checkpoint_dir or os.path.join(settings.output_dir, "checkpoints")
     _prepare_output(settings, checkpoints)
     loop = TrainingLoop(settings)
     trainer, serving_dir = _start_trainer(settings, checkpoints)
     metrics = MetricsLog(settings.output_dir)
     # A resumed run continues from its checkpoint: later rows of metrics.jsonl are redone.
     metrics.keep_up_to_version(trainer.policy_version)
+    if settings.engine.threads > 0:  # torch intra-op threads of this process (trainer and engine)
+        import torch
+
+        torch.set_num_threads(settings.engine.threads)
     with ExitStack() as cleanup:  # whatever started is stopped, also when start-up fails
         engine = PolicyEngine.from_pretrained(
-            serving_dir, device=settings.device, model_name=settings.policy_model_name,
-            version=trainer.policy_version,
+            serving_dir, device=settings.engine.device, dtype=settings.engine.dtype,
+            model_name=settings.policy_model_name, version=trainer.policy_version,
+            max_batch_size=settings.engine.max_batch_size, batch_wait_s=settings.engine.batch_wait_ms / 1000.0,
         )
         # HTTP in its own process: agents' requests are not held up by this process's training steps
         try:
             server = serve_in_process(engine, settings.policy_host, settings.policy_port)
         except OSError as exc:  # a setting the user can change: said in one line by `spanrl train`
-            raise ValueError(f"the policy server cannot listen on {settings.policy_host}:"
-                             f"{settings.policy_port} (policy_port): {exc}") from exc
+            raise UserError(f"the policy server cannot listen on {settings.policy_host}:"
+                            f"{settings.policy_port} (policy_port): {exc}") from exc
         cleanup.callback(server.stop)
         api = BridgeAPI(
             loop.dispatcher, PolicyInfo(server.base_url, settings.policy_model_name),

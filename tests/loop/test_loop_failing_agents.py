@@ -14,6 +14,7 @@ import subprocess
 import sys
 
 from spanrl.demo import free_port, wait_for_port
+from spanrl.errors import UserError
 from spanrl.trainer_bridge.torch_backend.model_init import create_model_dir
 from spanrl.trainer_bridge.train_settings import TrainSettings
 from spanrl.trainer_bridge.training_loop import run_training
@@ -85,5 +86,5 @@ def test_a_taken_policy_port_is_a_clear_settings_error(tmp_path):
             tasks=str(tasks), model=str(model_dir), output_dir=str(tmp_path / "run"),
             store=str(tmp_path / "spanrl.db"), reward="spanrl.examples.calc_agent.reward:reward",
             steps=1, policy_port=port, bridge_port=free_port(), device="cpu")
-        with pytest.raises(ValueError, match=f"policy server cannot listen on 127.0.0.1:{port} .policy_port."):
+        with pytest.raises(UserError, match=f"policy server cannot listen on 127.0.0.1:{port} .policy_port."):
             run_training(settings, show_progress=False)

@@ -7,6 +7,7 @@ import argparse
 import pytest
 
 from spanrl.env_settings import SettingError
+from spanrl.errors import UserError
 from spanrl.runner.settings import RunnerSettings
 from spanrl.settings_loader import add_settings_flags, load_settings
 from spanrl.trainer_bridge.train_settings import TrainSettings
@@ -44,14 +45,14 @@ def test_unknown_yaml_key_and_bad_values_are_named(tmp_path, monkeypatch):
     with pytest.raises(SettingError, match="OTEL_SPANRL_TRAIN_GROUP_SIZE"):
         load_settings(TrainSettings, "TRAIN", str(config), None)
     monkeypatch.setenv("OTEL_SPANRL_TRAIN_GROUP_SIZE", "1")
-    with pytest.raises(ValueError, match="group_size"):
+    with pytest.raises(SettingError, match="group_size"):
         load_settings(TrainSettings, "TRAIN", str(config), None)
 
 
 def test_runner_needs_exactly_one_way_to_run_the_agent(monkeypatch):
-    with pytest.raises(ValueError, match="exactly one"):
+    with pytest.raises(SettingError, match="exactly one"):
         RunnerSettings()
-    with pytest.raises(ValueError, match="module:function"):
+    with pytest.raises(SettingError, match="module:function"):
         RunnerSettings(agent="not_a_callable_spec")
     args = _parse(RunnerSettings, "RUN", ["--command", '["python", "a.py"]', "--concurrency", "3"])
     settings = load_settings(RunnerSettings, "RUN", None, args)
@@ -66,7 +67,7 @@ def test_a_new_run_refuses_an_output_dir_holding_an_old_run(tmp_path):
     settings = TrainSettings(tasks="t.jsonl", model="m", output_dir=str(out))
     _prepare_output(settings, str(out / "checkpoints"))  # empty: fine
     (out / "metrics.jsonl").write_text('{"step": 1}\n')
-    with pytest.raises(ValueError, match="--resume"):
+    with pytest.raises(UserError, match="--resume"):
         _prepare_output(settings, str(out / "checkpoints"))
     settings.resume = True
     _prepare_output(settings, str(out / "checkpoints"))  # resuming continues it

@@ -31,7 +31,7 @@ def fixed_samples(seed: int = 0, count: int = 12) -> list[TrainingSample]:
 
 def test_grpo_steps_raise_a_toy_reward(tiny_model_dir, engine):
     """Reward: the share of digit tokens in the response. A few GRPO steps must raise it."""
-    trainer = TorchTrainer(tiny_model_dir, TrainerConfig(lr=1e-2, device="cpu", seed=0))
+    trainer = TorchTrainer(tiny_model_dir, TrainerConfig(learning_rate=1e-2, device="cpu", seed=0))
     digits = {trainer.tokenizer.convert_tokens_to_ids(str(d)) for d in range(10)}
     prompts = [engine.encode_chat([{"role": "user", "content": f"Say a number, please ({i})"}]) for i in range(4)]
 
@@ -116,7 +116,7 @@ CRASHING_RUN = textwrap.dedent("""
     model_dir, checkpoints, samples_file = sys.argv[1:4]
     import json
     batches = [[TrainingSample(*s) for s in b] for b in json.load(open(samples_file))]
-    trainer = TorchTrainer(model_dir, TrainerConfig(device="cpu", lr=5e-3, checkpoint_every=2,
+    trainer = TorchTrainer(model_dir, TrainerConfig(device="cpu", learning_rate=5e-3, checkpoint_every=2,
                                                     checkpoint_dir=checkpoints, keep_checkpoints=1))
     for number, batch in enumerate(batches):
         trainer.grpo_step(batch)
@@ -150,7 +150,7 @@ def test_resume_after_a_crash_continues_from_the_same_step_and_version(tiny_mode
         stats = resumed.grpo_step(batch)
     assert (stats["step"], stats["policy_version"]) == (4, 4)
 
-    straight = TorchTrainer(tiny_model_dir, TrainerConfig(device="cpu", lr=5e-3))
+    straight = TorchTrainer(tiny_model_dir, TrainerConfig(device="cpu", learning_rate=5e-3))
     for batch in batches:
         straight.grpo_step(batch)
     for (name, a), b in zip(straight.model.state_dict().items(), resumed.model.state_dict().values()):
@@ -159,7 +159,7 @@ def test_resume_after_a_crash_continues_from_the_same_step_and_version(tiny_mode
 
 def test_lora_with_kl_trains_serves_and_resumes(tiny_model_dir, engine, tmp_path):
     config = TrainerConfig(device="cpu", lora_rank=4, lora_alpha=8, kl_coef=0.1, kl_estimator="low_var_kl",
-                           lr=1e-2)
+                           learning_rate=1e-2)
     trainer = TorchTrainer(tiny_model_dir, config)
     trainable = sum(p.numel() for p in trainer.model.parameters() if p.requires_grad)
     total = sum(p.numel() for p in trainer.model.parameters())
@@ -221,7 +221,7 @@ def test_resume_restores_the_torch_rng_state(tiny_model_dir, tmp_path):
 
 
 def test_resumed_full_fine_tune_keeps_kl_to_the_base_model(tiny_model_dir, tmp_path):
-    config = TrainerConfig(device="cpu", kl_coef=0.1, lr=1e-2)
+    config = TrainerConfig(device="cpu", kl_coef=0.1, learning_rate=1e-2)
     trainer = TorchTrainer(tiny_model_dir, config)
     samples = fixed_samples(7)
     assert trainer.grpo_step(samples)["kl_loss"] == pytest.approx(0.0, abs=1e-7)

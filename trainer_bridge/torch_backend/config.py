@@ -1,57 +1,75 @@
 """Settings of the embedded torch backend, torch-free so ``--help`` and settings files read them.
 
 ``TrainerConfig`` drives ``trainer.TorchTrainer``; ``EngineConfig`` drives the policy engine
-(``engine.policy_engine.PolicyEngine``). ``spanrl train`` and ``spanrl serve`` expose their
-fields as flags, ``OTEL_SPANRL_*`` variables and YAML keys.
+(``engine.policy_engine.PolicyEngine``). ``spanrl train`` exposes every field through its
+``trainer:`` and ``engine:`` blocks (flags ``--trainer-<field>``, variables
+``OTEL_SPANRL_TRAIN_TRAINER_<FIELD>``; see ``spanrl/settings_loader.py``), the help of each
+field is its ``metadata["help"]``. Only ``__post_init__`` imports torch (through ``grpo``),
+for the lists it validates against.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
+
+from spanrl.errors import SettingError
+
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def _setting(default: Any, help_text: str) -> Any:
+    """A dataclass field with its help text (shown by ``--help``)."""
+    return field(default=default, metadata={"help": help_text})
 
 
 @dataclass
 class TrainerConfig:
-    """Settings of the torch trainer (the bridge fills them from its config file)."""
+    """Settings of the torch trainer (``spanrl train`` fills them from its settings)."""
 
-    lr: float = 2e-4                       # GRPO learning rate (the prototype: 1e-3 harms copying)
-    sft_lr: float = 3e-3                   # SFT warm-start learning rate (override per call)
-    weight_decay: float = 0.0
-    betas: tuple[float, float] = (0.9, 0.999)
-    grad_clip: float = 1.0                 # max global grad norm; 0 = off
-    ppo_epochs: int = 1                    # optimizer steps per grpo_step on the same batch
-    clip_ratio_low: float = 0.2
-    clip_ratio_high: float = 0.2
-    clip_ratio_c: float = 3.0              # dual-clip bound for negative advantages
-    loss_agg_mode: str = "token-mean"      # one of grpo.LOSS_AGG_MODES
-    loss_scale_factor: float | None = None  # seq-mean-token-sum-norm divisor (default: longest response)
-    kl_coef: float = 0.0                   # > 0 loads a frozen reference model
-    kl_estimator: str = "low_var_kl"       # grpo.KL_ESTIMATORS: kl (k1), low_var_kl (k3), ...
-    micro_batch_tokens: int = 8192         # padded tokens per forward/backward pass
-    device: str = "auto"                   # auto | cpu | cuda | cuda:N
-    autocast_dtype: str | None = None      # e.g. "bfloat16" on CUDA; weights stay float32
-    gradient_checkpointing: bool = False
-    lora_rank: int = 0                     # > 0 trains a LoRA adapter (peft) instead of all weights
-    lora_alpha: int = 32
-    lora_dropout: float = 0.0
-    lora_target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj",
-                                            "gate_proj", "up_proj", "down_proj")
-    checkpoint_every: int = 0              # save every N grpo steps into checkpoint_dir; 0 = never
-    checkpoint_dir: str | None = None
-    keep_checkpoints: int = 2
-    seed: int = 0
+    learning_rate: float = _setting(2e-4, "GRPO AdamW learning rate")
+    sft_learning_rate: float = _setting(3e-3, "SFT warm-start learning rate (sft_steps may override it)")
+    weight_decay: float = _setting(0.0, "AdamW weight decay")
+    betas: tuple[float, float] = _setting((0.9, 0.999), "AdamW betas, e.g. 0.9,0.999")
+    grad_clip: float = _setting(1.0, "max global gradient norm; 0 = off")
+    ppo_epochs: int = _setting(1, "optimizer steps per GRPO update on the same batch")
+    clip_ratio_low: float = _setting(0.2, "PPO clip: lower ratio bound 1 - clip_ratio_low")
+    clip_ratio_high: float = _setting(0.2, "PPO clip: upper ratio bound 1 + clip_ratio_high")
+    clip_ratio_c: float = _setting(3.0, "dual-clip bound for negative advantages")
+    loss_agg_mode: str = _setting(
+        "token-mean", "loss aggregation: token-mean, seq-mean-token-mean or seq-mean-token-sum-norm")
+    loss_scale_factor: float | None = _setting(
+        None, "seq-mean-token-sum-norm divisor (default: the longest response)")
+    kl_coef: float = _setting(0.0, "KL penalty to the initial policy; > 0 loads a frozen reference model")
+    kl_estimator: str = _setting("low_var_kl", "KL estimator: kl (k1), low_var_kl (k3), mse, abs; '+' suffix: "
+                                 "straight-through gradient")
+    micro_batch_tokens: int = _setting(8192, "padded tokens per forward/backward pass")
+    device: str = _setting("auto", "auto | cpu | cuda | cuda:N")
+    autocast_dtype: str | None = _setting(None, "autocast dtype, e.g. bfloat16 on CUDA (weights stay float32)")
+    gradient_checkpointing: bool = _setting(False, "recompute activations in backward to save memory")
+    lora_rank: int = _setting(0, "> 0 trains a LoRA adapter (peft) instead of all weights")
+    lora_alpha: int = _setting(32, "LoRA alpha")
+    lora_dropout: float = _setting(0.0, "LoRA dropout")
+    lora_target_modules: tuple[str, ...] = _setting(LORA_TARGETS, "module names LoRA adapts")
+    checkpoint_every: int = _setting(0, "save every N GRPO steps into checkpoint_dir; 0 = never")
+    checkpoint_dir: str | None = _setting(None, "folder of periodic checkpoints")
+    keep_checkpoints: int = _setting(2, "periodic checkpoints kept (older ones are deleted)")
+    seed: int = _setting(0, "random seed")
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         from spanrl.trainer_bridge import grpo  # torch: only once settings are built, not for --help
 
         if self.loss_agg_mode not in grpo.LOSS_AGG_MODES:
-            raise ValueError(f"loss_agg_mode must be one of {grpo.LOSS_AGG_MODES}, got {self.loss_agg_mode!r}")
+            raise SettingError(f"loss_agg_mode must be one of {grpo.LOSS_AGG_MODES}, got {self.loss_agg_mode!r}")
         base = self.kl_estimator.rstrip("+")
         if base not in grpo.KL_ESTIMATORS:
-            raise ValueError(f"kl_estimator must be one of {sorted(grpo.KL_ESTIMATORS)}")
+            raise SettingError(f"kl_estimator must be one of {sorted(grpo.KL_ESTIMATORS)} (optionally with '+'), "
+                               f"got {self.kl_estimator!r}")
         if self.checkpoint_every and not self.checkpoint_dir:
-            raise ValueError("checkpoint_every needs checkpoint_dir")
-        self.betas = tuple(self.betas)
+            raise SettingError("checkpoint_every needs checkpoint_dir")
+        if len(tuple(self.betas)) != 2:
+            raise SettingError(f"betas must be two numbers, got {self.betas!r}")
+        self.betas = (float(self.betas[0]), float(self.betas[1]))
         self.lora_target_modules = tuple(self.lora_target_modules)
 
 
@@ -59,8 +77,8 @@ class TrainerConfig:
 class EngineConfig:
     """Settings of the embedded policy engine (generation with continuous batching)."""
 
-    device: str = "auto"                   # auto | cpu | cuda | cuda:N
-    dtype: str = "auto"                    # auto | float32 | bfloat16 | float16 (auto: fp32 on CPU)
-    max_batch_size: int = 64               # most sequences decoded together in one batch
-    batch_wait_ms: float = 20.0            # newcomers join a running batch after waiting this long at most
-    threads: int = 0                       # torch intra-op threads; 0 = torch's default
+    device: str = _setting("auto", "auto | cpu | cuda | cuda:N")
+    dtype: str = _setting("auto", "auto | float32 | bfloat16 | float16 (auto: float32 on CPU)")
+    max_batch_size: int = _setting(64, "most sequences decoded together in one batch")
+    batch_wait_ms: float = _setting(20.0, "newcomers join a running batch after waiting this long at most")
+    threads: int = _setting(0, "torch intra-op threads of the process; 0 = torch's default")

@@ -1,12 +1,43 @@
 """``spanrl model init DIR``: create a small Hugging Face model directory locally.
 
-Registered by ``spanrl/cli.py``; the work is done by ``model_init.create_model_dir``. Imports
-nothing heavy at module level.
+Registered by ``spanrl/cli.py``, which builds ``ModelInitSettings`` (flags, then
+``OTEL_SPANRL_MODEL_INIT_<FIELD>`` variables, then the ``--config`` YAML file, then defaults) and
+calls ``_init``; the work is done by ``model_init.create_model_dir``. Imports nothing heavy at
+module level (``model_init`` imports torch and tokenizers only inside its functions).
 """
 
 from __future__ import annotations
 
-import argparse
+from dataclasses import dataclass, field
+
+from spanrl.errors import SettingError, UserError
+from spanrl.settings_loader import CommandSettings
+
+
+@dataclass(frozen=True)
+class ModelInitSettings:
+    dir: str = field(metadata={"help": "output directory (created; must be empty unless --force)",
+                               "positional": True})
+    preset: str = field(default="tiny", metadata={
+        "help": "tiny: 2 layers, hidden 128 (~0.5 M params); small: 4 layers, hidden 256"})
+    corpus: list[str] = field(default_factory=list, metadata={
+        "help": "text or chat JSONL files to train the tokenizer on"})
+    vocab_size: int | None = field(default=None, metadata={
+        "help": "target tokenizer vocabulary (default: 384 tiny, 1024 small)"})
+    seed: int = field(default=0, metadata={"help": "seed for weights"})
+    force: bool = field(default=False, metadata={"help": "overwrite a non-empty directory"})
+
+    def __post_init__(self) -> None:
+        from .model_init import PRESETS, SPECIAL_TOKENS
+
+        if self.preset not in PRESETS:
+            raise SettingError(f"preset must be one of {sorted(PRESETS)}, got {self.preset!r}")
+        minimum = len(SPECIAL_TOKENS) + 256
+        if self.vocab_size is not None and self.vocab_size < minimum:
+            raise SettingError(f"vocab_size must be at least {minimum} (256 bytes + special tokens)")
+
+
+SETTINGS = CommandSettings("model init", ModelInitSettings, "MODEL_INIT")
 
 
 def add_parser(subparsers) -> None:
@@ -16,29 +47,19 @@ def add_parser(subparsers) -> None:
         "init",
         help="create a Qwen2-style HF model: config, random weights, BPE tokenizer, chat template",
     )
-    init.add_argument("dir", help="output directory (created; must be empty unless --force)")
-    init.add_argument("--preset", choices=["tiny", "small"], default="tiny",
-                      help="tiny: 2 layers, hidden 128 (~0.5 M params); small: 4 layers, hidden 256")
-    init.add_argument("--corpus", action="append", default=[], metavar="FILE",
-                      help="text or chat JSONL file to train the tokenizer on (repeatable)")
-    init.add_argument("--vocab-size", type=int, default=None,
-                      help="target tokenizer vocabulary (default: 384 tiny, 1024 small)")
-    init.add_argument("--seed", type=int, default=0, help="seed for weights (default 0)")
-    init.add_argument("--force", action="store_true", help="overwrite a non-empty directory")
+    SETTINGS.add_to(init)
     init.set_defaults(func=_init)
     parser.set_defaults(func=lambda args: (parser.print_help(), 2)[1])
 
 
-def _init(args: argparse.Namespace) -> int:
-    from spanrl.trainer_bridge.torch_backend.model_init import PRESETS, CorpusError, create_model_dir
+def _init(settings: ModelInitSettings) -> int:
+    from .model_init import CorpusError, create_model_dir
 
-    print(f"spanrl model init: dir={args.dir} preset={args.preset} corpus={args.corpus} "
-          f"vocab_size={args.vocab_size or PRESETS[args.preset].vocab_size} seed={args.seed}")
     try:
-        out = create_model_dir(args.dir, preset=args.preset, corpus_files=args.corpus,
-                               vocab_size=args.vocab_size, seed=args.seed, overwrite=args.force)
-    except (CorpusError, FileExistsError, ValueError) as exc:
-        print(f"error: {exc}")
-        return 2
+        out = create_model_dir(settings.dir, preset=settings.preset, corpus_files=settings.corpus,
+                               vocab_size=settings.vocab_size, seed=settings.seed, overwrite=settings.force)
+    except (CorpusError, FileExistsError) as exc:
+        raise UserError(str(exc)) from exc
     print(f"created {out}")
     return 0
+

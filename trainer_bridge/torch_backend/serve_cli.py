@@ -1,7 +1,8 @@
 """``spanrl serve MODEL_DIR``: the embedded OpenAI-compatible policy server, standalone.
 
-Registered by ``spanrl/cli.py``. Settings come from flags, then ``OTEL_SPANRL_SERVE_*``
-environment variables, then defaults (``ServeSettings``); they are printed at start-up.
+Registered by ``spanrl/cli.py``, which builds ``ServeSettings`` (flags, then
+``OTEL_SPANRL_SERVE_<FIELD>`` variables, then the ``--config`` YAML file, then defaults; see
+``spanrl/settings_loader.py``), prints them at start-up and calls ``_serve``.
 The engine is ``policy_engine.PolicyEngine``, the HTTP app ``policy_server.create_app``; the
 app runs in a child process (``api_process.py``) unless ``--single-process`` is given.
 Imports nothing heavy at module level.
@@ -9,85 +10,54 @@ Imports nothing heavy at module level.
 
 from __future__ import annotations
 
-import argparse
-import sys
-from dataclasses import asdict, dataclass
+import os
+from dataclasses import dataclass, field
+from typing import Any
 
-from spanrl.env_settings import env_value
+from spanrl.errors import UserError
+from spanrl.settings_loader import CommandSettings
 
-ENV_PREFIX = "OTEL_SPANRL_SERVE_"
+
+def _setting(default: Any, help_text: str, **more: Any) -> Any:
+    return field(default=default, metadata={"help": help_text, **more})
 
 
 @dataclass(frozen=True)
 class ServeSettings:
-    model_dir: str
-    host: str = "127.0.0.1"
-    port: int = 8000
-    token: str | None = None
-    device: str = "auto"
-    dtype: str = "auto"
-    max_batch_size: int = 64
-    served_model_name: str | None = None
-    policy_version: int = 0
-    threads: int = 0  # torch intra-op threads; 0 = torch's default
-    batch_wait_ms: float = 20.0
-    single_process: bool = False  # HTTP in the engine's process (one GIL for both; slower under load)
+    model_dir: str = field(metadata={
+        "help": "Hugging Face model directory (e.g. from `spanrl model init`)", "positional": True})
+    host: str = _setting("127.0.0.1", "bind address")
+    port: int = _setting(8000, "port")
+    token: str | None = _setting(None, "require 'Authorization: Bearer TOKEN'", secret=True)
+    device: str = _setting("auto", "auto | cpu | cuda | cuda:N")
+    dtype: str = _setting("auto", "auto | float32 | bfloat16 | float16 (auto: float32 on CPU)")
+    max_batch_size: int = _setting(64, "most sequences decoded together in one batch")
+    served_model_name: str | None = _setting(
+        None, "the model name clients send (default: the directory's name)",
+        deprecated_env="OTEL_SPANRL_SERVE_MODEL_NAME")  # the name before 0.2; read with a warning
+    policy_version: int = _setting(0, "initial policy version")
+    threads: int = _setting(0, "torch CPU threads; 0 = torch's choice (1 is steadier on a busy machine)")
+    batch_wait_ms: float = _setting(
+        20.0, "while a batch decodes, newcomers gather until they are a quarter of it, but join after "
+        "waiting this long at most")
+    single_process: bool = _setting(
+        False, "serve HTTP from the engine's own process instead of a child process (one process; under "
+        "concurrent load both then share one GIL and it is slower)")
 
-    @classmethod
-    def from_args(cls, args: argparse.Namespace) -> ServeSettings:
-        def pick(flag, name, default):
-            return flag if flag is not None else env_value(ENV_PREFIX + name, default)
 
-        return cls(
-            model_dir=args.model_dir,
-            host=pick(args.host, "HOST", cls.host),
-            port=pick(args.port, "PORT", cls.port),
-            token=pick(args.token, "TOKEN", None),
-            device=pick(args.device, "DEVICE", cls.device),
-            dtype=pick(args.dtype, "DTYPE", cls.dtype),
-            max_batch_size=pick(args.max_batch_size, "MAX_BATCH_SIZE", cls.max_batch_size),
-            served_model_name=pick(args.served_model_name, "MODEL_NAME", None),
-            policy_version=pick(args.policy_version, "POLICY_VERSION", cls.policy_version),
-            threads=pick(args.threads, "THREADS", cls.threads),
-            batch_wait_ms=pick(args.batch_wait_ms, "BATCH_WAIT_MS", cls.batch_wait_ms),
-            single_process=pick(args.single_process, "SINGLE_PROCESS", cls.single_process),
-        )
-
-    def printable(self) -> dict:
-        shown = asdict(self)
-        if shown["token"]:
-            shown["token"] = "***"
-        return shown
+SETTINGS = CommandSettings("serve", ServeSettings, "SERVE")
 
 
 def add_parser(subparsers) -> None:
     parser = subparsers.add_parser("serve", help="serve a model directory as an OpenAI-compatible endpoint")
-    parser.add_argument("model_dir", help="Hugging Face model directory (e.g. from `spanrl model init`)")
-    parser.add_argument("--host", default=None, help="bind address (default 127.0.0.1; env OTEL_SPANRL_SERVE_HOST)")
-    parser.add_argument("--port", type=int, default=None, help="port (default 8000; env OTEL_SPANRL_SERVE_PORT)")
-    parser.add_argument("--token", default=None,
-                        help="require 'Authorization: Bearer TOKEN' (env OTEL_SPANRL_SERVE_TOKEN)")
-    parser.add_argument("--device", default=None, help="auto | cpu | cuda | cuda:N (default auto)")
-    parser.add_argument("--dtype", default=None, help="auto | float32 | bfloat16 | float16 (auto: fp32 on CPU)")
-    parser.add_argument("--max-batch-size", type=int, default=None,
-                        help="most sequences decoded together in one batch (default 64)")
-    parser.add_argument("--served-model-name", default=None,
-                        help="the model name clients send (default: the directory's name)")
-    parser.add_argument("--policy-version", type=int, default=None, help="initial policy version (default 0)")
-    parser.add_argument("--threads", type=int, default=None,
-                        help="torch CPU threads (default: torch's choice; 1 is steadier on a busy machine)")
-    parser.add_argument("--batch-wait-ms", type=float, default=None,
-                        help="while a batch decodes, newcomers gather until they are a quarter of it, "
-                             "but join after waiting this long at most (default 20)")
-    parser.add_argument("--single-process", action="store_true", default=None,
-                        help="serve HTTP from the engine's own process instead of a child process "
-                             "(one process; under concurrent load both then share one GIL and it is slower)")
+    SETTINGS.add_to(parser)
     parser.set_defaults(func=_serve)
 
 
-def _serve(args: argparse.Namespace) -> int:
-    settings = ServeSettings.from_args(args)
-    print(f"spanrl serve: {settings.printable()}")
+def _serve(settings: ServeSettings) -> int:
+    if not os.path.isfile(os.path.join(settings.model_dir, "config.json")):
+        raise UserError(f"{settings.model_dir!r} is not a Hugging Face model directory (no config.json); "
+                        "create one with `spanrl model init DIR`")
     import torch
     import uvicorn
 
@@ -114,10 +84,12 @@ def _serve(args: argparse.Namespace) -> int:
 
     try:
         handle = serve_in_process(engine, settings.host, settings.port, settings.token, log_level="info")
-    except (OSError, RuntimeError) as exc:  # the address is taken, or the front end did not start
+    except OSError as exc:  # the address is taken: a setting the user can change
         engine.stop()
-        print(f"spanrl serve: cannot serve on {settings.host}:{settings.port}: {exc}", file=sys.stderr)
-        return 1
+        raise UserError(f"cannot serve on {settings.host}:{settings.port}: {exc}") from exc
+    except RuntimeError:  # the front end did not start: not the user's doing, shown with its traceback
+        engine.stop()
+        raise
     print(f"serving model {engine.model_name!r} on {handle.base_url} (HTTP in process {handle.process.pid})")
     try:
         status = handle.wait()  # Ctrl-C reaches both processes; the front end shuts down cleanly

@@ -114,7 +114,7 @@ class TorchTrainer:
         self.model.train()
         self.step = 0
         self.policy_version = 0
-        self.optimizer = self._new_optimizer(self.config.lr)
+        self.optimizer = self._new_optimizer(self.config.learning_rate)
         self._sft_optimizer = None
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         trainable = sum(p.numel() for p in self.model.parameters() if p.requires_grad)
@@ -408,7 +408,7 @@ class TorchTrainer:
         """
         from tqdm.auto import tqdm
 
-        rate = lr if lr is not None else self.config.sft_lr
+        rate = lr if lr is not None else self.config.sft_learning_rate
         if self._sft_optimizer is None:
             self._sft_optimizer = self._new_optimizer(rate)
         for group in self._sft_optimizer.param_groups:
@@ -529,7 +529,7 @@ class TorchTrainer:
         saved_optim = torch.load(path / OPTIMIZER_FILE, map_location=trainer.device, weights_only=False)
         trainer.optimizer.load_state_dict(saved_optim["optimizer"])
         if saved_optim.get("sft_optimizer") is not None:
-            trainer._sft_optimizer = trainer._new_optimizer(config.sft_lr)
+            trainer._sft_optimizer = trainer._new_optimizer(config.sft_learning_rate)
             trainer._sft_optimizer.load_state_dict(saved_optim["sft_optimizer"])
         # map_location put the RNG state on the trainer's device; set_rng_state takes only a
         # CPU ByteTensor (on CUDA it raised "RNG state must be a torch.ByteTensor").
