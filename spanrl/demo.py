@@ -47,6 +47,7 @@ class DemoSettings:
     concurrency: int = _setting(32, "agents running at once")
     seed: int = _setting(0, "random seed")
     threads: int = _setting(0, "torch threads for the trainer (0 = torch's default)")
+    device: str = _setting("cpu", "where the model trains and serves: cpu, cuda, cuda:N or auto (docs/gpu.md)")
 
 
 SETTINGS = CommandSettings("demo", DemoSettings, "DEMO")
@@ -94,7 +95,7 @@ def prepare_model(settings: DemoSettings, out: str) -> str:
                      overwrite=True)
     print(f"[1/3] created a tiny model in {base_dir}")
     started = time.monotonic()
-    trainer = TorchTrainer(base_dir, TrainerConfig(sft_learning_rate=settings.sft_learning_rate, device="cpu",
+    trainer = TorchTrainer(base_dir, TrainerConfig(sft_learning_rate=settings.sft_learning_rate, device=settings.device,
                                                    seed=settings.seed))
     batches = curriculum_batches(settings.sft_steps, settings.sft_batch_size, seed=settings.seed)
     trainer.sft_steps(batches, lr=settings.sft_learning_rate, max_steps=settings.sft_steps)
@@ -158,7 +159,7 @@ def demo_command(settings: DemoSettings) -> int:
             reward=CALC_REWARD, group_size=settings.group_size, tasks_per_step=settings.tasks_per_step,
             steps=settings.steps, stop_at_reward=settings.stop_at_reward,
             learning_rate=settings.learning_rate, rollout_timeout_s=60.0, checkpoint_every=5,
-            policy_port=policy_port, bridge_port=bridge_port, device="cpu", seed=settings.seed,
+            policy_port=policy_port, bridge_port=bridge_port, device=settings.device, seed=settings.seed,
         )
         summary = run_training(train_settings)
     except RuntimeError as exc:  # a component did not start: say where its log is
