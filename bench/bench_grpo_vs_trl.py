@@ -51,10 +51,12 @@ def make_batch(tokenizer, count: int, seed: int, workload: str = "single"):
 
 
 def spanrl_side(model_dir, batches, lr):
-    from spanrl.trainer_bridge.torch_backend.trainer import TorchTrainer, TrainerConfig, TrainingSample
+    from spanrl.trainer_bridge.backend import TrainingSample
+    from spanrl.trainer_bridge.torch_backend.config import TrainerConfig
+    from spanrl.trainer_bridge.torch_backend.trainer import TorchTrainer
 
-    trainer = TorchTrainer(model_dir, TrainerConfig(lr=lr, device="cpu", grad_clip=1.0,
-                                                    loss_agg_mode="token-mean", ))  # default micro-batching: length-sorted, 8192 tokens
+    # default micro-batching: length-sorted, 8192 tokens
+    trainer = TorchTrainer(model_dir, TrainerConfig(lr=lr, device="cpu", grad_clip=1.0, loss_agg_mode="token-mean"))
 
     def step(batch):
         trainer.grpo_step([TrainingSample(p, c, a) for p, c, a in batch])
@@ -153,7 +155,8 @@ def main() -> None:
         ours = timed(spanrl_side(model_dir, batches, args.lr), batches)
         theirs = timed(trl_side(model_dir, batches, args.lr, str(Path(scratch) / "trl")), batches)
     print(f"spanrl TorchTrainer.grpo_step : {tokens / ours:10.0f} tokens/s ({ours / args.steps * 1000:.0f} ms/step)")
-    print(f"TRL GRPOTrainer update        : {tokens / theirs:10.0f} tokens/s ({theirs / args.steps * 1000:.0f} ms/step)")
+    print(f"TRL GRPOTrainer update        : {tokens / theirs:10.0f} tokens/s "
+          f"({theirs / args.steps * 1000:.0f} ms/step)")
     print(f"ratio spanrl / TRL: {theirs / ours:.2f}x (goal >= 2x)")
 
 
