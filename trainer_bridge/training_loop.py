@@ -57,7 +57,7 @@ def load_tasks(path: str) -> list[tuple[str, dict]]:
     return tasks
 
 
-def load_reward_function(spec: str, python_path: list) -> Callable[[dict, dict], Any]:
+def load_reward_function(spec: str, python_path: list) -> Callable[..., Any]:
     """The ``module:function`` reward, importable from ``python_path`` folders; it is called
     as ``reward(task, variables)`` and returns a number."""
     for folder in python_path:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -120,7 +121,7 @@ def decoder_and_head(model: torch.nn.Module) -> tuple[torch.nn.Module | None, to
     ``(None, None)`` (use the full forward) for models whose logits are post-processed after
     the head (e.g. Gemma's soft-capping).
     """
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    base: Any = model.get_base_model() if hasattr(model, "get_base_model") else model
     if getattr(base.config, "final_logit_softcapping", None):
         return None, None
     decoder = getattr(base, "model", None)
