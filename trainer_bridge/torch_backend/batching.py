@@ -115,7 +115,7 @@ def grpo_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
 
 
-def decoder_and_head(model: torch.nn.Module) -> tuple[torch.nn.Module | None, torch.nn.Module | None]:
+def decoder_and_head(model: Any) -> tuple[torch.nn.Module | None, torch.nn.Module | None]:
     """The decoder stack and LM head of a plain or PEFT-wrapped HF causal LM, or ``(None, None)``.
 
     ``(None, None)`` (use the full forward) for models whose logits are post-processed after
