@@ -50,11 +50,14 @@ def make_batch(tokenizer, count: int, seed: int, workload: str = "single"):
     return samples
 
 
-def spanrl_side(model_dir, batches, lr):
-    from spanrl.trainer_bridge.torch_backend.trainer import TorchTrainer, TrainerConfig, TrainingSample
+def spanrl_side(model_dir, batches, lr, device="cpu"):
+    from spanrl.trainer_bridge.backend import TrainingSample
+    from spanrl.trainer_bridge.torch_backend.config import TrainerConfig
+    from spanrl.trainer_bridge.torch_backend.trainer import TorchTrainer
 
-    trainer = TorchTrainer(model_dir, TrainerConfig(learning_rate=lr, device="cpu", grad_clip=1.0,
-                                                    loss_agg_mode="token-mean", ))  # default micro-batching: length-sorted, 8192 tokens
+    # default micro-batching: length-sorted, 8192 tokens
+    trainer = TorchTrainer(model_dir, TrainerConfig(learning_rate=lr, device=device, grad_clip=1.0,
+                                                    loss_agg_mode="token-mean"))
 
     def step(batch):
         trainer.grpo_step([TrainingSample(p, c, a) for p, c, a in batch])
@@ -128,6 +131,8 @@ def main() -> None:
                         help="single-turn prompts, or multi-turn agent transitions (prompts up to ~600 tokens)")
     parser.add_argument("--steps", type=int, default=5, help="timed steps per side (after one warm-up)")
     parser.add_argument("--lr", type=float, default=1e-5)
+    parser.add_argument("--device", default="cpu",
+                        help="cpu or cuda for spanrl's side (TRL picks the GPU itself when there is one)")
     parser.add_argument("--threads", type=int, default=None,
                         help="torch intra-op threads for both sides (1 is steadier on a busy machine)")
     args = parser.parse_args()
@@ -150,10 +155,11 @@ def main() -> None:
         print(f"model {model_dir.name} ({args.preset}), {args.workload} workload, batch {args.batch}, "
               f"{args.steps} timed steps, "
               f"{tokens} tokens, torch threads {torch.get_num_threads()}")
-        ours = timed(spanrl_side(model_dir, batches, args.lr), batches)
+        ours = timed(spanrl_side(model_dir, batches, args.lr, args.device), batches)
         theirs = timed(trl_side(model_dir, batches, args.lr, str(Path(scratch) / "trl")), batches)
     print(f"spanrl TorchTrainer.grpo_step : {tokens / ours:10.0f} tokens/s ({ours / args.steps * 1000:.0f} ms/step)")
-    print(f"TRL GRPOTrainer update        : {tokens / theirs:10.0f} tokens/s ({theirs / args.steps * 1000:.0f} ms/step)")
+    print(f"TRL GRPOTrainer update        : {tokens / theirs:10.0f} tokens/s "
+          f"({theirs / args.steps * 1000:.0f} ms/step)")
     print(f"ratio spanrl / TRL: {theirs / ours:.2f}x (goal >= 2x)")
 
 

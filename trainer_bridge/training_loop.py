@@ -4,10 +4,12 @@ One step: open a round of ``tasks_per_step`` tasks x ``group_size`` attempts for
 wait until every attempt is reported (ok, failed, timed out, or lost with its runner); read
 the assembled rollouts of the ok attempts from the receiver's store; score them (the agent's
 reward events or the configured reward function); turn every usable transition into a
-training sample with its group advantage; run one GRPO update; swap the new weights into the
-embedded policy server, so agents keep calling the same URL and get the new policy.
-Rollouts that failed, timed out, never assembled or carry no usable transition are counted
-in the metrics and never trained on.
+training sample with its group advantage; hand the samples to the backend
+(``backend.PolicyBackend.update``), which trains and publishes the new policy at the same URL.
+Rollouts that failed, timed out, never assembled, carry no usable transition or whose reward
+function raised are counted in the metrics (``rollouts_left_out``) and never trained on.
+Called by ``spanrl train`` (``train_cli``) and ``spanrl demo``; which backend runs is decided
+by ``backend.make_backend`` alone.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from typing import Any
 
 from spanrl.errors import UserError
 
+from .backend import PolicyBackend, TrainingSample, make_backend
 from .task_dispatch import Attempt, Outcome, TaskDispatcher, task_id_of
 from .train_settings import TrainSettings
 
@@ -36,7 +39,7 @@ STORE_POLL_S = 0.1
 
 def load_tasks(path: str) -> list[tuple[str, dict]]:
     """``(task_id, task)`` pairs from a JSONL file; bad lines are named in the error."""
-    tasks = []
+    tasks: list[tuple[str, dict]] = []
     try:
         with open(path, encoding="utf-8") as f:
             for number, line in enumerate(f, 1):
@@ -56,7 +59,9 @@ def load_tasks(path: str) -> list[tuple[str, dict]]:
     return tasks
 
 
-def load_reward_function(spec: str, python_path: list) -> Callable[[dict, dict], float]:
+def load_reward_function(spec: str, python_path: list) -> Callable[..., Any]:
+    """The ``module:function`` reward, importable from ``python_path`` folders; it is called
+    as ``reward(task, variables)`` and returns a number."""
     for folder in python_path:
         if os.path.abspath(folder) not in sys.path:
             sys.path.insert(0, os.path.abspath(folder))
@@ -67,6 +72,8 @@ def load_reward_function(spec: str, python_path: list) -> Callable[[dict, dict],
 
 @dataclass(frozen=True)
 class ScoredRollout:
+    """An ok rollout with its score and the transitions to train on (the selected agents')."""
+
     attempt: Attempt
     score: float
     transitions: tuple  # of spanrl.otlp_receiver.transitions.Transition
@@ -81,6 +88,8 @@ class StepReport:
 
 
 class TrainingLoop:
+    """Tasks, rounds of attempts, and collecting and scoring their rollouts from the store."""
+
     def __init__(self, settings: TrainSettings) -> None:
         self.settings = settings
         self.tasks = load_tasks(settings.tasks)
@@ -100,7 +109,7 @@ class TrainingLoop:
     # --- rounds ----------------------------------------------------------------------------
     def next_tasks(self) -> list[tuple[str, dict]]:
         """``tasks_per_step`` tasks, each epoch in a fresh random order."""
-        chosen = []
+        chosen: list[tuple[str, dict]] = []
         while len(chosen) < self.settings.tasks_per_step:
             if not self._task_order:
                 self._task_order = list(range(len(self.tasks)))
@@ -137,14 +146,22 @@ class TrainingLoop:
             if rollout.status != "ok":
                 left_out["failed"] += 1
                 continue
+            if not rollout.transitions:
+                left_out["no_transitions"] += 1
+                continue
+            # selective optimisation: only the named agents' calls are trained on
             transitions = tuple(
                 t for t in rollout.transitions
                 if not self.settings.agents or t.agent_name in self.settings.agents
             )
             if not transitions:
-                left_out["no_transitions"] += 1
+                left_out["no_selected_agent"] += 1
                 continue
-            score = self.score(attempt, rollout)
+            try:
+                score = self.score(attempt, rollout)
+            except RewardFunctionError:
+                left_out["reward_error"] += 1
+                continue
             if score is None:
                 left_out["no_reward"] += 1
                 continue
@@ -152,23 +169,49 @@ class TrainingLoop:
         return StepReport(scored, left_out)
 
     def score(self, attempt: Attempt, rollout: Any) -> float | None:
+        """The rollout's score: its total reward (``reward: events``) or the reward function's
+        value; ``None`` when there is none (no reward event, a non-finite value). Raises
+        ``RewardFunctionError`` (logged, with the task id) when the reward function raised."""
         if self.reward_fn is None:
             total = rollout.total_reward
             return total if total is not None and math.isfinite(total) else None
         try:
             score = float(self.reward_fn(attempt.task, dict(rollout.variables)))
-        except Exception:  # a broken reward function must not kill training: skip the rollout
-            logger.exception("reward function failed on rollout %s", rollout.rollout_id)
-            return None
+        except Exception as exc:  # a broken reward function must not kill training: skip the rollout
+            logger.exception("reward function %s failed on task %s (rollout %s): rollout left out",
+                             self.settings.reward, attempt.task_id, rollout.rollout_id)
+            raise RewardFunctionError(f"reward function failed on task {attempt.task_id}") from exc
         if not math.isfinite(score):
-            logger.warning("reward function gave %r for rollout %s: left out", score,
-                           rollout.rollout_id)
+            logger.warning("reward function gave %r for task %s (rollout %s): left out", score,
+                           attempt.task_id, rollout.rollout_id)
             return None
         return score
 
+    def run_step(self, step: int, backend: PolicyBackend,
+                 on_wait: Callable[[int, int], None] | None = None) -> dict:
+        """One training step: a round of attempts, their rollouts, one update; its metrics row.
+
+        A step with no usable sample makes no update (the policy version stays)."""
+        started = time.monotonic()
+        attempts = self.dispatcher.open_round(step, self.next_tasks(), self.settings.group_size)
+        outcomes = self.dispatcher.wait_round(on_wait=on_wait)
+        report = self.collect(attempts, outcomes)
+        rollout_seconds = time.monotonic() - started
+        samples, dropped = training_samples(
+            report.scored, self.settings.advantage_level, self.settings.norm_adv_by_std,
+            transition_returns=self.settings.advantage_level == "transition" and self.reward_fn is None,
+        )
+        stats = backend.update(samples).as_metrics() if samples else {}
+        return _step_row(step, backend.policy_version, attempts, report, samples, dropped, stats,
+                         rollout_seconds, started)
+
+
+class RewardFunctionError(Exception):
+    """The configured reward function raised on a rollout (which is then left out)."""
+
 
 def training_samples(scored: list[ScoredRollout], level: str, norm_adv_by_std: bool,
-                     transition_returns: bool = False):
+                     transition_returns: bool = False) -> tuple[list[TrainingSample], int]:
     """GRPO samples of all usable transitions, with their group advantages.
 
     ``transition_returns``: score each transition by its own credit-assigned return (reward
@@ -176,9 +219,11 @@ def training_samples(scored: list[ScoredRollout], level: str, norm_adv_by_std: b
     Returns ``(samples, dropped_rollouts)``: rollouts of a group of one are dropped.
     """
     from .grpo import group_advantages
-    from .torch_backend.trainer import TrainingSample
 
-    returns, groups, rollout_ids, transitions = [], [], [], []
+    returns: list[float] = []
+    groups: list[str] = []
+    rollout_ids: list[str] = []
+    transitions: list[Any] = []
     for item in scored:
         for transition in item.transitions:
             returns.append(transition.return_ if transition_returns else item.score)
@@ -198,9 +243,9 @@ def training_samples(scored: list[ScoredRollout], level: str, norm_adv_by_std: b
             advantage=float(a),
             old_logprobs=None if t.response_logprobs is None else list(t.response_logprobs),
         )
-        for t, a, k in zip(transitions, advantages, keep) if k and t.response_token_ids
+        for t, a, k in zip(transitions, advantages, keep, strict=True) if k and t.response_token_ids
     ]
-    dropped = len({r for r, k in zip(rollout_ids, keep) if not k})
+    dropped = len({r for r, k in zip(rollout_ids, keep, strict=True) if not k})
     return samples, dropped
 
 
@@ -216,26 +261,15 @@ def _prepare_output(settings: TrainSettings, checkpoints: str) -> None:
                          "another --output-dir")
 
 
-def _start_trainer(settings: TrainSettings, checkpoints: str):
-    """The torch trainer (resumed from the newest checkpoint with --resume) and the model
-    directory the policy server should load."""
-    from .torch_backend.trainer import TorchTrainer, list_checkpoints
-
-    config = settings.trainer  # its checkpoint_dir is ``checkpoints``: see TrainSettings.__post_init__
-    if settings.resume and list_checkpoints(checkpoints):
-        trainer = TorchTrainer.resume(checkpoints, config)
-        return trainer, str(list_checkpoints(checkpoints)[-1])
-    return TorchTrainer(settings.model, config), settings.model
-
-
-def _step_row(step: int, trainer, attempts, report: StepReport, samples, dropped: int,
-              stats: dict, rollout_seconds: float, started: float) -> dict:
+def _step_row(step: int, policy_version: int, attempts: list[Attempt], report: StepReport,
+              samples: list[TrainingSample], dropped: int, stats: dict, rollout_seconds: float,
+              started: float) -> dict:
     """One line of metrics.jsonl."""
     scores = [s.score for s in report.scored]
     row = {
         "step": step + 1,  # updates done so far: step k published policy version k
         "reward_mean": sum(scores) / len(scores) if scores else 0.0,
-        "policy_version": trainer.policy_version,
+        "policy_version": policy_version,
         "transitions": len(samples),
         "rollouts": len(attempts),
         "rollouts_used": len(report.scored) - dropped,
@@ -259,8 +293,6 @@ def run_training(settings: TrainSettings, show_progress: bool = True) -> dict:
 
     from .bridge_api import BridgeAPI, PolicyInfo
     from .metrics import MetricsLog
-    from .torch_backend.engine.policy_engine import PolicyEngine
-    from .torch_backend.server.api_process import serve_in_process
 
     if not os.path.isfile(os.path.join(settings.model, "config.json")):
         raise UserError(f"model {settings.model!r} is not a Hugging Face model directory "
@@ -268,79 +300,51 @@ def run_training(settings: TrainSettings, show_progress: bool = True) -> dict:
     checkpoints = settings.trainer.checkpoint_dir or os.path.join(settings.output_dir, "checkpoints")
     _prepare_output(settings, checkpoints)
     loop = TrainingLoop(settings)
-    trainer, serving_dir = _start_trainer(settings, checkpoints)
-    metrics = MetricsLog(settings.output_dir)
-    # A resumed run continues from its checkpoint: later rows of metrics.jsonl are redone.
-    metrics.keep_up_to_version(trainer.policy_version)
-    if settings.engine.threads > 0:  # torch intra-op threads of this process (trainer and engine)
-        import torch
-
-        torch.set_num_threads(settings.engine.threads)
     with ExitStack() as cleanup:  # whatever started is stopped, also when start-up fails
-        engine = PolicyEngine.from_pretrained(
-            serving_dir, device=settings.engine.device, dtype=settings.engine.dtype,
-            model_name=settings.policy_model_name, version=trainer.policy_version,
-            max_batch_size=settings.engine.max_batch_size, batch_wait_s=settings.engine.batch_wait_ms / 1000.0,
-        )
-        # HTTP in its own process: agents' requests are not held up by this process's training steps
-        try:
-            server = serve_in_process(engine, settings.policy_host, settings.policy_port)
-        except OSError as exc:  # a setting the user can change: said in one line by `spanrl train`
-            raise UserError(f"the policy server cannot listen on {settings.policy_host}:"
-                            f"{settings.policy_port} (policy_port): {exc}") from exc
-        cleanup.callback(server.stop)
+        backend = make_backend(settings, checkpoints)
+        cleanup.callback(backend.close)
+        metrics = MetricsLog(settings.output_dir)
+        # A resumed run continues from its checkpoint: later rows of metrics.jsonl are redone.
+        metrics.keep_up_to_version(backend.policy_version)
         api = BridgeAPI(
-            loop.dispatcher, PolicyInfo(server.base_url, settings.policy_model_name),
-            lambda: trainer.policy_version, settings.bridge_host, settings.bridge_port,
+            loop.dispatcher, PolicyInfo(backend.endpoint_url, settings.policy_model_name),
+            lambda: backend.policy_version, settings.bridge_host, settings.bridge_port,
         ).start()
         cleanup.callback(api.stop)
         # let runners hear "training finished" (410) before the API goes away
         cleanup.callback(time.sleep, 1.0)
         cleanup.callback(loop.dispatcher.close)
         logger.info("policy endpoint %s, task API %s, output %s",
-                    server.base_url, api.url, settings.output_dir)
+                    backend.endpoint_url, api.url, settings.output_dir)
         first_step = len(metrics.rows)
         bar = tqdm(total=settings.steps, initial=first_step, disable=not show_progress,
                    desc="spanrl train", unit="step", dynamic_ncols=True)
         cleanup.callback(bar.close)
         good_steps = 0
         for step in range(first_step, settings.steps):
-            started = time.monotonic()
-            attempts = loop.dispatcher.open_round(step, loop.next_tasks(), settings.group_size)
-            outcomes = loop.dispatcher.wait_round(
-                on_wait=lambda done, total: bar.set_postfix_str(f"rollouts {done}/{total}")
+            row = loop.run_step(
+                step, backend,
+                on_wait=lambda done, total: bar.set_postfix_str(f"rollouts {done}/{total}"),
             )
-            report = loop.collect(attempts, outcomes)
-            rollout_seconds = time.monotonic() - started
-            samples, dropped = training_samples(
-                report.scored, settings.advantage_level, settings.norm_adv_by_std,
-                transition_returns=settings.advantage_level == "transition" and loop.reward_fn is None,
-            )
-            stats = trainer.grpo_step(samples) if samples else {}
-            if samples:
-                engine.swap_weights(trainer.policy_state_dict(), trainer.policy_version)
-            row = _step_row(step, trainer, attempts, report, samples, dropped, stats,
-                            rollout_seconds, started)
             metrics.append(row)
             metrics.plot()
-            if report.left_out:
-                logger.warning("step %d left out rollouts: %s", step + 1, dict(report.left_out))
+            if row["rollouts_left_out"]:
+                logger.warning("step %d left out rollouts: %s", step + 1, row["rollouts_left_out"])
             bar.update(1)
-            bar.set_postfix(reward=f"{row['reward_mean']:.2f}", version=trainer.policy_version,
+            bar.set_postfix(reward=f"{row['reward_mean']:.2f}", version=backend.policy_version,
                             rps=f"{row['rollouts_per_s']:.1f}")
             reached = settings.stop_at_reward is not None and row["reward_mean"] >= settings.stop_at_reward
             good_steps = good_steps + 1 if reached else 0
             if good_steps >= 2:
                 logger.info("reward_mean reached %.2f for 2 steps: stopping", settings.stop_at_reward)
                 break
-        final_checkpoint = trainer.save_checkpoint(
-            os.path.join(checkpoints, f"step-{trainer.step:06d}"))
+        final_checkpoint = backend.save_checkpoint(checkpoints)
     rewards = [r["reward_mean"] for r in metrics.rows]
     return {
         "steps": len(metrics.rows),
         "first_reward": rewards[0] if rewards else None,
         "last_reward": rewards[-1] if rewards else None,
-        "policy_version": trainer.policy_version,
+        "policy_version": backend.policy_version,
         "metrics": metrics.path,
         "plot": metrics.plot_path,
         "checkpoint": str(final_checkpoint),

@@ -14,9 +14,11 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+from spanrl.trainer_bridge.backend import TrainingSample
 from spanrl.trainer_bridge.grpo import group_advantages
+from spanrl.trainer_bridge.torch_backend.config import TrainerConfig
 from spanrl.trainer_bridge.torch_backend.engine.policy_engine import SamplingParams
-from spanrl.trainer_bridge.torch_backend.trainer import TorchTrainer, TrainerConfig, TrainingSample
+from spanrl.trainer_bridge.torch_backend.trainer import TorchTrainer
 
 
 def fixed_samples(seed: int = 0, count: int = 12) -> list[TrainingSample]:
@@ -40,7 +42,8 @@ def test_grpo_steps_raise_a_toy_reward(tiny_model_dir, engine):
         for group, prompt in enumerate(prompts):
             reply = engine.generate(prompt, SamplingParams(max_tokens=8, n=8, logprobs=True, seed=seed + group))
             for choice in reply.choices:
-                results.append((group, prompt, choice, sum(t in digits for t in choice.token_ids) / len(choice.token_ids)))
+                share = sum(t in digits for t in choice.token_ids) / len(choice.token_ids)
+                results.append((group, prompt, choice, share))
         return results
 
     before = sum(r[3] for r in rollouts(1000)) / 32
@@ -49,7 +52,8 @@ def test_grpo_steps_raise_a_toy_reward(tiny_model_dir, engine):
         advantages, keep = group_advantages([r[3] for r in batch], [r[0] for r in batch],
                                             list(range(len(batch))), level="rollout")
         samples = [TrainingSample(prompt, choice.token_ids, advantage, old_logprobs=choice.logprobs)
-                   for (group, prompt, choice, _), advantage, kept in zip(batch, advantages, keep) if kept]
+                   for (group, prompt, choice, _), advantage, kept in zip(batch, advantages, keep, strict=True)
+                   if kept]
         stats = trainer.grpo_step(samples)
         assert stats["step"] == step + 1 and stats["policy_version"] == step + 1
         engine.swap_weights(trainer.policy_state_dict(), trainer.policy_version)
@@ -62,7 +66,7 @@ def test_engine_old_logprobs_are_used_when_given(tiny_model_dir):
     samples = fixed_samples(1)
     current = trainer.sequence_logprobs(samples)
     given = [TrainingSample(s.prompt_token_ids, s.response_token_ids, s.advantage, [v + 1.0 for v in lp])
-             for s, lp in zip(samples, current)]
+             for s, lp in zip(samples, current, strict=False)]
     stats = trainer.grpo_step(given)
     assert stats["ppo_kl"] == pytest.approx(1.0, abs=1e-3)  # mean(old - new) = +1
     recomputed = trainer.grpo_step(samples)
@@ -78,7 +82,7 @@ def test_micro_batches_give_the_full_batch_loss_and_gradient(tiny_model_dir, mod
                                                              micro_batch_tokens=budget))
         old = [[v - 0.3 for v in lp] for lp in trainer.sequence_logprobs(samples)]
         results.append(trainer.grpo_step([TrainingSample(s.prompt_token_ids, s.response_token_ids,
-                                                         s.advantage, o) for s, o in zip(samples, old)]))
+                                                         s.advantage, o) for s, o in zip(samples, old, strict=False)]))
     whole, split = results
     assert whole["micro_batches"] == 1 and split["micro_batches"] > 3
     assert split["loss"] == pytest.approx(whole["loss"], rel=1e-5, abs=1e-7)
@@ -90,7 +94,7 @@ def test_sft_learns_assistant_tokens_only(tiny_model_dir, make_calc_example, tmp
     rng = random.Random(0)
     example = make_calc_example(rng)
     ids, mask = trainer.encode_chat_example(example["messages"])
-    learned = trainer.tokenizer.decode([t for t, m in zip(ids, mask) if m])
+    learned = trainer.tokenizer.decode([t for t, m in zip(ids, mask, strict=False) if m])
     a_turn, b_turn = example["messages"][2]["content"], example["messages"][4]["content"]
     assert learned == f"{a_turn}<|im_end|>{b_turn}<|im_end|>"
 
@@ -112,7 +116,9 @@ def test_sft_learns_assistant_tokens_only(tiny_model_dir, make_calc_example, tmp
 
 CRASHING_RUN = textwrap.dedent("""
     import os, random, signal, sys
-    from spanrl.trainer_bridge.torch_backend.trainer import TorchTrainer, TrainerConfig, TrainingSample
+    from spanrl.trainer_bridge.backend import TrainingSample
+    from spanrl.trainer_bridge.torch_backend.config import TrainerConfig
+    from spanrl.trainer_bridge.torch_backend.trainer import TorchTrainer
     model_dir, checkpoints, samples_file = sys.argv[1:4]
     import json
     batches = [[TrainingSample(*s) for s in b] for b in json.load(open(samples_file))]
@@ -153,7 +159,7 @@ def test_resume_after_a_crash_continues_from_the_same_step_and_version(tiny_mode
     straight = TorchTrainer(tiny_model_dir, TrainerConfig(device="cpu", learning_rate=5e-3))
     for batch in batches:
         straight.grpo_step(batch)
-    for (name, a), b in zip(straight.model.state_dict().items(), resumed.model.state_dict().values()):
+    for (name, a), b in zip(straight.model.state_dict().items(), resumed.model.state_dict().values(), strict=False):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=name)
 
 
@@ -191,7 +197,7 @@ def test_mismatched_old_logprobs_are_recomputed_with_one_warning(tiny_model_dir,
     samples = fixed_samples(3)
     current = trainer.sequence_logprobs(samples)
     given = [TrainingSample(s.prompt_token_ids, s.response_token_ids, s.advantage, [v + 1.0 for v in lp])
-             for s, lp in zip(samples, current)]
+             for s, lp in zip(samples, current, strict=False)]
     bad = [0, 5]  # one logprob too many / too few: as from an engine that counts differently
     given[0] = TrainingSample(given[0].prompt_token_ids, given[0].response_token_ids, given[0].advantage,
                               list(given[0].old_logprobs) + [0.0])

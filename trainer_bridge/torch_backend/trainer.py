@@ -1,17 +1,17 @@
 """The embedded torch backend's trainer: GRPO updates and SFT warm start on any HF causal LM.
 
-Driven by the bridge loop (``spanrl train`` with backend ``torch``), by the demo and by tests.
-``TorchTrainer(model_dir, TrainerConfig(...))`` loads the model (CPU or CUDA, optionally
-LoRA through peft), and offers:
+Driven by the torch backend (``backend.TorchBackend``, behind the bridge loop of ``spanrl
+train``), by the demo and by tests. ``TorchTrainer(model_dir, TrainerConfig(...))`` loads the
+model (CPU or CUDA, optionally LoRA through peft), and offers:
 
 - ``grpo_step(samples)``: one policy update on ``TrainingSample``s whose advantages the
   caller computed (``grpo.group_advantages``): dual-clip PPO loss, verl's loss aggregation,
   optional KL to a frozen reference, AdamW with gradient clipping, micro-batches cut by a
-  token budget whose losses add up to the whole batch's loss.
+  token budget whose losses add up to the whole batch's loss (``batching``).
 - ``sft_steps(batches)`` / ``sft_from_jsonl(path)``: cross-entropy on assistant tokens of
-  chat examples (``{"messages": [...]}``), the ``<|im_end|>`` that closes each included.
+  chat examples (``{"messages": [...]}``), the ``<|im_end|>`` that closes each included (``sft``).
 - ``save_checkpoint(dir)`` / ``TorchTrainer.resume(dir)``: HF-format weights
-  (``from_pretrained``-loadable) plus optimizer state, step and policy version.
+  (``from_pretrained``-loadable) plus optimizer state, step and policy version (``checkpoints``).
 - ``policy_state_dict()``: weights for ``PolicyEngine.swap_weights`` (LoRA merged).
 
 Each ``grpo_step`` and each ``sft_steps`` call produces a new policy: ``policy_version`` +1.
@@ -20,54 +20,41 @@ Each ``grpo_step`` and each ``sft_steps`` call produces a new policy: ``policy_v
 from __future__ import annotations
 
 import copy
-import json
 import logging
-import os
-import random
-import shutil
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import asdict, dataclass, field, fields
+from contextlib import AbstractContextManager
+from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from spanrl.trainer_bridge import grpo
+from spanrl.trainer_bridge.backend import TrainingSample
+from spanrl.trainer_bridge.torch_backend import sft
+from spanrl.trainer_bridge.torch_backend.batching import (
+    MaskedSequence,
+    PaddedBatch,
+    micro_batches,
+    pad_batch,
+    sample_sequences,
+    token_logprobs,
+)
+from spanrl.trainer_bridge.torch_backend.checkpoints import (
+    latest_checkpoint,
+    list_checkpoints,
+    resume_trainer,
+    save_checkpoint,
+    save_periodic_checkpoint,
+)
 from spanrl.trainer_bridge.torch_backend.config import TrainerConfig
 from spanrl.trainer_bridge.torch_backend.devices import resolve_device
 
+# Older imports name these here: ``from ...torch_backend.trainer import TrainingSample``.
+__all__ = ["TorchTrainer", "TrainerConfig", "TrainingSample", "latest_checkpoint", "list_checkpoints"]
+
 logger = logging.getLogger(__name__)
-
-STATE_FILE = "trainer_state.json"
-OPTIMIZER_FILE = "optimizer.pt"
-ADAPTER_DIR = "adapter"
-CHECKPOINT_PREFIX = "step-"
-
-
-@dataclass(frozen=True)
-class TrainingSample:
-    """One transition to train on: the call's prompt ids, its response ids and its advantage.
-
-    ``old_logprobs``: the engine's logprob of each response token when it sampled them
-    (``None``: recomputed with the current weights before the update).
-    """
-
-    prompt_token_ids: Sequence[int]
-    response_token_ids: Sequence[int]
-    advantage: float
-    old_logprobs: Sequence[float] | None = None
-
-
-@dataclass
-class _Batch:
-    """A padded micro-batch: ``input_ids [B, L]`` and response positions ``[B, T]``."""
-
-    input_ids: torch.Tensor
-    attention_mask: torch.Tensor
-    gather_index: torch.Tensor      # [B, T] position in the next-token logprob row
-    targets: torch.Tensor           # [B, T] response token ids
-    response_mask: torch.Tensor     # [B, T] float
-    rows: list[int] = field(default_factory=list)  # indices into the caller's list
 
 
 class TorchTrainer:
@@ -79,15 +66,16 @@ class TorchTrainer:
 
         self.config = config or TrainerConfig()
         self.model_dir = str(model_dir)
+        self.base_model_dir = self.model_dir  # the model training started from (resume sets it)
         self.device = resolve_device(self.config.device)
         torch.manual_seed(self.config.seed)
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
-        model = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=torch.float32)
+        model: Any = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=torch.float32)
         model.to(self.device)
         if self.config.gradient_checkpointing:
             model.gradient_checkpointing_enable()
             model.config.use_cache = False
-        self.reference = None
+        self.reference: Any = None
         if self.config.kl_coef > 0 and not self.config.lora_rank:
             # KL is to the initial policy: a resumed full fine-tune (``_reference_dir``: the
             # base model) must not take the checkpoint it starts from as its reference.
@@ -96,7 +84,7 @@ class TorchTrainer:
                     raise FileNotFoundError(
                         f"the KL reference (the base model the checkpoint was trained from) is not "
                         f"a model directory: {str(_reference_dir)!r}")
-                reference = AutoModelForCausalLM.from_pretrained(str(_reference_dir), dtype=torch.float32)
+                reference: Any = AutoModelForCausalLM.from_pretrained(str(_reference_dir), dtype=torch.float32)
                 self.reference = reference.to(self.device).eval().requires_grad_(False)
             else:
                 self.reference = copy.deepcopy(model).eval().requires_grad_(False)
@@ -110,12 +98,12 @@ class TorchTrainer:
                     r=self.config.lora_rank, lora_alpha=self.config.lora_alpha,
                     lora_dropout=self.config.lora_dropout,
                     target_modules=list(self.config.lora_target_modules), task_type="CAUSAL_LM"))
-        self.model = model
+        self.model: Any = model
         self.model.train()
         self.step = 0
         self.policy_version = 0
-        self.optimizer = self._new_optimizer(self.config.learning_rate)
-        self._sft_optimizer = None
+        self.optimizer = self.new_optimizer(self.config.learning_rate)
+        self.sft_optimizer: torch.optim.Optimizer | None = None
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         trainable = sum(p.numel() for p in self.model.parameters() if p.requires_grad)
         logger.info("torch trainer: %s on %s, %d trainable parameters, config %s",
@@ -126,12 +114,14 @@ class TorchTrainer:
     def _trainable(self) -> list[torch.nn.Parameter]:
         return [p for p in self.model.parameters() if p.requires_grad]
 
-    def _new_optimizer(self, lr: float) -> torch.optim.Optimizer:
+    def new_optimizer(self, lr: float) -> torch.optim.Optimizer:
+        """AdamW over the trainable parameters with the configured betas and weight decay."""
         return torch.optim.AdamW(self._trainable(), lr=lr, betas=self.config.betas,
                                  weight_decay=self.config.weight_decay,
                                  foreach=self.device.type == "cuda")
 
-    def _autocast(self):
+    def autocast(self) -> AbstractContextManager:
+        """The autocast context of forward passes (off unless ``config.autocast_dtype``)."""
         if self.config.autocast_dtype:
             from spanrl.trainer_bridge.torch_backend.devices import resolve_dtype
 
@@ -154,81 +144,18 @@ class TorchTrainer:
             self.model.unmerge_adapter()
         return merged
 
-    # ------------------------------------------------------------------ batching
+    def _pad(self, sequences: list[MaskedSequence], rows: list[int]) -> PaddedBatch:
+        return pad_batch(sequences, rows, self.pad_id, self.device)
 
-    def _micro_batches(self, sequences: list[tuple[list[int], int]]) -> list[list[int]]:
-        """Indices grouped so ``rows * longest`` stays within ``micro_batch_tokens``."""
-        order = sorted(range(len(sequences)), key=lambda i: len(sequences[i][0]))
-        groups: list[list[int]] = []
-        current: list[int] = []
-        longest = 0
-        for index in order:
-            length = len(sequences[index][0])
-            if current and (len(current) + 1) * max(longest, length) > self.config.micro_batch_tokens:
-                groups.append(current)
-                current, longest = [], 0
-            current.append(index)
-            longest = max(longest, length)
-        if current:
-            groups.append(current)
-        return groups
-
-    def _pad(self, sequences: list[tuple[list[int], list[int]]], rows: list[int]) -> _Batch:
-        """Right-padded ``ids`` with the positions of the loss tokens (``label_mask`` 1)."""
-        chosen = [sequences[i] for i in rows]
-        width = max(len(ids) for ids, _ in chosen)
-        targets_width = max(max(1, sum(mask)) for _, mask in chosen)
-        batch = len(chosen)
-        input_ids = torch.full((batch, width), self.pad_id, dtype=torch.long)
-        attention = torch.zeros((batch, width), dtype=torch.long)
-        gather_index = torch.zeros((batch, targets_width), dtype=torch.long)
-        targets = torch.zeros((batch, targets_width), dtype=torch.long)
-        response_mask = torch.zeros((batch, targets_width), dtype=torch.float32)
-        for b, (ids, mask) in enumerate(chosen):
-            input_ids[b, : len(ids)] = torch.tensor(ids, dtype=torch.long)
-            attention[b, : len(ids)] = 1
-            positions = [t for t in range(1, len(ids)) if mask[t]]
-            if positions:
-                gather_index[b, : len(positions)] = torch.tensor(positions) - 1
-                targets[b, : len(positions)] = torch.tensor([ids[t] for t in positions])
-                response_mask[b, : len(positions)] = 1.0
-        return _Batch(input_ids.to(self.device), attention.to(self.device), gather_index.to(self.device),
-                      targets.to(self.device), response_mask.to(self.device), rows)
-
-    def _token_logprobs(self, model, batch: _Batch) -> torch.Tensor:
-        """``log p(target | prefix)`` of every loss token, ``[B, T]`` float32.
-
-        The LM head runs only on the positions that are scored (not on prompt tokens): the
-        decoder's hidden states are gathered first, which saves most of the head's work and
-        memory for large vocabularies.
-        """
-        rows = torch.arange(batch.input_ids.shape[0], device=batch.input_ids.device).unsqueeze(1)
-        decoder, head = _decoder_and_head(model)
-        with self._autocast():
-            if decoder is None:
-                logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
-                picked = logits[rows, batch.gather_index]
-            else:
-                hidden = decoder(input_ids=batch.input_ids, attention_mask=batch.attention_mask).last_hidden_state
-                picked = head(hidden[rows, batch.gather_index])  # [B, T, V]
-        return grpo_logprobs(picked, batch.targets)
-
-    @staticmethod
-    def _sample_sequences(samples: Sequence[TrainingSample]) -> list[tuple[list[int], list[int]]]:
-        sequences = []
-        for number, sample in enumerate(samples):
-            prompt, response = list(sample.prompt_token_ids), list(sample.response_token_ids)
-            if not prompt or not response:
-                raise ValueError(f"sample {number} has an empty prompt or response")
-            sequences.append((prompt + response, [0] * len(prompt) + [1] * len(response)))
-        return sequences
+    def _token_logprobs(self, model: Any, batch: PaddedBatch) -> torch.Tensor:
+        return token_logprobs(model, batch, self.autocast())
 
     def sequence_logprobs(self, samples: Sequence[TrainingSample]) -> list[list[float]]:
         """Current policy's logprob of each response token of each sample (no gradient)."""
-        sequences = self._sample_sequences(samples)
+        sequences = sample_sequences(samples)
         out: list[list[float]] = [[] for _ in samples]
         with torch.no_grad():
-            for rows in self._micro_batches(sequences):
+            for rows in micro_batches(sequences, self.config.micro_batch_tokens):
                 batch = self._pad(sequences, rows)
                 values = self._token_logprobs(self.model, batch)
                 for b, i in enumerate(rows):
@@ -248,8 +175,8 @@ class TorchTrainer:
             raise ValueError("grpo_step needs at least one sample")
         started = time.perf_counter()
         config = self.config
-        sequences = self._sample_sequences(samples)
-        groups = self._micro_batches(sequences)
+        sequences = sample_sequences(samples)
+        groups = micro_batches(sequences, self.config.micro_batch_tokens)
         batches = [self._pad(sequences, rows) for rows in groups]
         total_tokens = float(sum(len(s.response_token_ids) for s in samples))
         total_sequences = float(len(samples))
@@ -310,7 +237,7 @@ class TorchTrainer:
                 totals["pg_loss"] += float(pg_loss.detach())
                 for key in ("pg_clipfrac", "ppo_kl", "pg_clipfrac_lower"):
                     totals[key] += metrics[key] * share
-            grad_norm = self._clip_and_step(self.optimizer)
+            grad_norm = self.clip_and_step(self.optimizer)
         self.step += 1
         self.policy_version += 1
         seconds = time.perf_counter() - started
@@ -330,7 +257,7 @@ class TorchTrainer:
             "policy_version": float(self.policy_version),
         })
         if config.checkpoint_every and self.step % config.checkpoint_every == 0:
-            self._periodic_checkpoint()
+            save_periodic_checkpoint(self, str(config.checkpoint_dir), config.keep_checkpoints)
         return stats
 
     @staticmethod
@@ -352,13 +279,14 @@ class TorchTrainer:
                            ", ..." if len(mismatched) > 3 else "")
         return usable
 
-    def _reference_logprobs(self, batch: _Batch) -> torch.Tensor:
+    def _reference_logprobs(self, batch: PaddedBatch) -> torch.Tensor:
         if self.reference is not None:
             return self._token_logprobs(self.reference, batch).float()
         with self.model.disable_adapter():  # LoRA: the base weights are the reference
             return self._token_logprobs(self.model, batch).float()
 
-    def _clip_and_step(self, optimizer: torch.optim.Optimizer) -> float:
+    def clip_and_step(self, optimizer: torch.optim.Optimizer) -> float:
+        """Clip the gradient norm, step ``optimizer`` (skipped on a non-finite norm); the norm."""
         params = self._trainable()
         if self.config.grad_clip and self.config.grad_clip > 0:
             norm = torch.nn.utils.clip_grad_norm_(params, self.config.grad_clip)
@@ -373,27 +301,19 @@ class TorchTrainer:
         optimizer.zero_grad(set_to_none=True)
         return norm_value
 
-    # ------------------------------------------------------------------ SFT
+    # ------------------------------------------------------------------ SFT (``sft``)
 
-    def encode_chat_example(self, messages: list[dict]) -> tuple[list[int], list[int]]:
+    def encode_chat_example(self, messages: list[dict]) -> MaskedSequence:
         """Token ids of a chat and a 0/1 mask of the assistant tokens to learn.
 
         Assistant tokens are the ids a serving engine would sample after the chat template's
         generation prompt: the content and the end-of-turn token (``<|im_end|>``).
         """
-        return encode_chat_for_sft(self.tokenizer, messages)
+        return sft.encode_chat_for_sft(self.tokenizer, messages)
 
     def sft_loss(self, examples: Sequence[dict]) -> float:
         """Mean cross-entropy on the assistant tokens of ``examples`` (no update)."""
-        sequences = [self.encode_chat_example(_messages_of(e)) for e in examples]
-        total_tokens = float(sum(sum(mask) for _, mask in sequences))
-        loss = 0.0
-        with torch.no_grad():
-            for rows in self._micro_batches(sequences):
-                batch = self._pad(sequences, rows)
-                logprobs = self._token_logprobs(self.model, batch)
-                loss += float(-(logprobs * batch.response_mask).sum()) / total_tokens
-        return loss
+        return sft.sft_loss(self, examples)
 
     def sft_steps(self, batches: Iterable[Sequence[dict]], lr: float | None = None,
                   max_steps: int | None = None, progress: bool = True,
@@ -406,64 +326,14 @@ class TorchTrainer:
         ``policy_version`` once per call. Returns ``steps``, ``loss_first``, ``loss_last``,
         ``tokens``, ``seconds``, ``policy_version``.
         """
-        from tqdm.auto import tqdm
-
-        rate = lr if lr is not None else self.config.sft_learning_rate
-        if self._sft_optimizer is None:
-            self._sft_optimizer = self._new_optimizer(rate)
-        for group in self._sft_optimizer.param_groups:
-            group["lr"] = rate
-        started = time.perf_counter()
-        losses: list[float] = []
-        tokens = 0
-        bar = tqdm(total=max_steps, desc="sft", unit="step", disable=not progress)
-        self.model.train()
-        for number, examples in enumerate(batches):
-            if max_steps is not None and number >= max_steps:
-                break
-            sequences = [self.encode_chat_example(_messages_of(e)) for e in examples]
-            batch_tokens = float(sum(sum(mask) for _, mask in sequences))
-            if batch_tokens == 0:
-                raise ValueError(f"SFT batch {number} has no assistant tokens to learn")
-            step_loss = 0.0
-            for rows in self._micro_batches(sequences):
-                batch = self._pad(sequences, rows)
-                logprobs = self._token_logprobs(self.model, batch)
-                loss = -(logprobs * batch.response_mask).sum() / batch_tokens
-                loss.backward()
-                step_loss += float(loss.detach())
-            self._clip_and_step(self._sft_optimizer)
-            losses.append(step_loss)
-            tokens += int(batch_tokens)
-            bar.update(1)
-            bar.set_postfix(loss=f"{step_loss:.3f}")
-            if on_step is not None:
-                on_step(number, {"loss": step_loss, "tokens": batch_tokens})
-        bar.close()
-        if losses:
-            self.policy_version += 1
-        return {
-            "steps": float(len(losses)),
-            "loss_first": losses[0] if losses else float("nan"),
-            "loss_last": losses[-1] if losses else float("nan"),
-            "tokens": float(tokens),
-            "seconds": time.perf_counter() - started,
-            "policy_version": float(self.policy_version),
-        }
+        return sft.sft_steps(self, batches, lr=lr, max_steps=max_steps, progress=progress, on_step=on_step)
 
     def sft_from_jsonl(self, path: str | Path, steps: int, batch_size: int = 64, lr: float | None = None,
                        seed: int = 0, progress: bool = True) -> dict[str, float]:
         """``sft_steps`` on random batches drawn from a chat JSONL file (one example a line)."""
-        examples = load_chat_jsonl(path)
-        rng = random.Random(seed)
+        return sft.sft_from_jsonl(self, path, steps, batch_size=batch_size, lr=lr, seed=seed, progress=progress)
 
-        def batches():
-            while True:
-                yield [rng.choice(examples) for _ in range(batch_size)]
-
-        return self.sft_steps(batches(), lr=lr, max_steps=steps, progress=progress)
-
-    # ------------------------------------------------------------------ checkpoints
+    # ------------------------------------------------------------------ checkpoints (``checkpoints``)
 
     def save_checkpoint(self, out_dir: str | Path) -> Path:
         """Write an HF model directory plus trainer state to ``out_dir`` (atomically replaced).
@@ -471,43 +341,7 @@ class TorchTrainer:
         ``from_pretrained(out_dir)`` loads the policy (LoRA merged); ``TorchTrainer.resume``
         continues with the same step, policy version and optimizer state.
         """
-        out = Path(out_dir)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        staging = out.parent / f".{out.name}.partial-{os.getpid()}"
-        shutil.rmtree(staging, ignore_errors=True)
-        staging.mkdir()
-        if self.config.lora_rank:
-            self.model.get_base_model().save_pretrained(staging, state_dict=self.policy_state_dict())
-            self.model.save_pretrained(staging / ADAPTER_DIR)
-        else:
-            self.model.save_pretrained(staging)
-        self.tokenizer.save_pretrained(staging)
-        torch.save({"optimizer": self.optimizer.state_dict(),
-                    "sft_optimizer": self._sft_optimizer.state_dict() if self._sft_optimizer else None,
-                    "torch_rng": torch.get_rng_state()}, staging / OPTIMIZER_FILE)
-        state = {"step": self.step, "policy_version": self.policy_version,
-                 "base_model_dir": self._base_model_dir(), "lora": bool(self.config.lora_rank),
-                 "config": asdict(self.config), "saved_at": time.time()}
-        (staging / STATE_FILE).write_text(json.dumps(state, indent=2))  # written last: marks complete
-        if out.exists():
-            old = out.parent / f".{out.name}.old-{os.getpid()}"
-            out.rename(old)
-            staging.rename(out)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            staging.rename(out)
-        logger.info("checkpoint saved: %s (step %d, policy version %d)", out, self.step, self.policy_version)
-        return out
-
-    def _base_model_dir(self) -> str:
-        return getattr(self, "_base_dir", None) or self.model_dir
-
-    def _periodic_checkpoint(self) -> None:
-        root = Path(self.config.checkpoint_dir)
-        self.save_checkpoint(root / f"{CHECKPOINT_PREFIX}{self.step:06d}")
-        kept = sorted(list_checkpoints(root))
-        for stale in kept[: max(0, len(kept) - max(1, self.config.keep_checkpoints))]:
-            shutil.rmtree(stale, ignore_errors=True)
+        return save_checkpoint(self, out_dir)
 
     @classmethod
     def resume(cls, checkpoint: str | Path, config: TrainerConfig | None = None) -> TorchTrainer:
@@ -516,142 +350,4 @@ class TorchTrainer:
         ``config`` overrides the saved settings (e.g. another device); by default the saved
         ones are used.
         """
-        path = latest_checkpoint(checkpoint)
-        state = json.loads((path / STATE_FILE).read_text())
-        if config is None:
-            saved = {f.name: state["config"][f.name] for f in fields(TrainerConfig) if f.name in state["config"]}
-            config = TrainerConfig(**saved)
-        if state.get("lora"):
-            trainer = cls(state["base_model_dir"], config, _adapter_dir=path / ADAPTER_DIR)
-        else:
-            trainer = cls(path, config, _reference_dir=state["base_model_dir"])
-        trainer._base_dir = state["base_model_dir"]
-        saved_optim = torch.load(path / OPTIMIZER_FILE, map_location=trainer.device, weights_only=False)
-        trainer.optimizer.load_state_dict(saved_optim["optimizer"])
-        if saved_optim.get("sft_optimizer") is not None:
-            trainer._sft_optimizer = trainer._new_optimizer(config.sft_learning_rate)
-            trainer._sft_optimizer.load_state_dict(saved_optim["sft_optimizer"])
-        # map_location put the RNG state on the trainer's device; set_rng_state takes only a
-        # CPU ByteTensor (on CUDA it raised "RNG state must be a torch.ByteTensor").
-        torch.set_rng_state(saved_optim["torch_rng"].cpu())
-        trainer.step = int(state["step"])
-        trainer.policy_version = int(state["policy_version"])
-        logger.info("resumed from %s: step %d, policy version %d", path, trainer.step, trainer.policy_version)
-        return trainer
-
-
-# ----------------------------------------------------------------------------- helpers
-
-
-def grpo_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """``log_softmax(logits)[targets]`` in float32 without materialising the full softmax twice.
-
-    ``logits [B, T, V]``, ``targets [B, T]`` -> ``[B, T]``.
-    """
-    logits = logits.float()
-    return logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
-
-
-def _decoder_and_head(model):
-    """The decoder stack and LM head of a plain or PEFT-wrapped HF causal LM, or ``(None, None)``.
-
-    ``(None, None)`` (use the full forward) for models whose logits are post-processed after
-    the head (e.g. Gemma's soft-capping).
-    """
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    if getattr(base.config, "final_logit_softcapping", None):
-        return None, None
-    decoder = getattr(base, "model", None)
-    head = base.get_output_embeddings() if hasattr(base, "get_output_embeddings") else None
-    if decoder is None or head is None or not hasattr(decoder, "forward"):
-        return None, None
-    return decoder, head
-
-
-def list_checkpoints(root: str | Path) -> list[Path]:
-    """Complete checkpoints (``step-NNNNNN`` with a state file) under ``root``, oldest first."""
-    root = Path(root)
-    if not root.is_dir():
-        return []
-    found = [p for p in root.iterdir() if p.name.startswith(CHECKPOINT_PREFIX) and (p / STATE_FILE).is_file()]
-    return sorted(found, key=lambda p: p.name)
-
-
-def latest_checkpoint(path: str | Path) -> Path:
-    """``path`` itself when it is a checkpoint, else its newest complete ``step-*`` checkpoint."""
-    path = Path(path)
-    if (path / STATE_FILE).is_file():
-        return path
-    found = list_checkpoints(path)
-    if not found:
-        raise FileNotFoundError(f"no complete checkpoint (with {STATE_FILE}) in {path}")
-    return found[-1]
-
-
-def _messages_of(example) -> list[dict]:
-    if isinstance(example, dict) and isinstance(example.get("messages"), list):
-        return example["messages"]
-    if isinstance(example, list):
-        return example
-    raise ValueError('an SFT example must be {"messages": [{"role": ..., "content": ...}, ...]}')
-
-
-def load_chat_jsonl(path: str | Path) -> list[dict]:
-    """Chat examples from a JSONL file; a bad line raises an error naming its line number."""
-    examples = []
-    with Path(path).open(encoding="utf-8") as handle:
-        for number, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-                messages = _messages_of(record)
-                if not all(isinstance(m, dict) and "role" in m and "content" in m for m in messages):
-                    raise ValueError("every message needs 'role' and 'content'")
-            except (json.JSONDecodeError, ValueError) as exc:
-                raise ValueError(f"{path}:{number}: not a chat example: {exc}") from exc
-            examples.append({"messages": messages})
-    if not examples:
-        raise ValueError(f"{path} holds no chat examples")
-    return examples
-
-
-def encode_chat_for_sft(tokenizer, messages: list[dict]) -> tuple[list[int], list[int]]:
-    """``(ids, mask)`` for a chat: mask 1 on each assistant message's sampled tokens.
-
-    For every assistant message ``i`` the ids before it are the chat template of
-    ``messages[:i]`` with the generation prompt — exactly the prompt the server sends to the
-    model — and its tokens are the content plus the end-of-turn token, up to the first eos
-    that follows (the template's trailing newline is context, not learned).
-    """
-    def render(upto: int, generation_prompt: bool) -> list[int]:
-        text = tokenizer.apply_chat_template(messages[:upto], add_generation_prompt=generation_prompt,
-                                             tokenize=False)
-        return list(tokenizer.encode(text, add_special_tokens=False))
-
-    eos = tokenizer.eos_token_id
-    full = render(len(messages), False)
-    mask = [0] * len(full)
-    for index, message in enumerate(messages):
-        if message.get("role") != "assistant":
-            continue
-        prefix = render(index, True)
-        through = render(index + 1, False)
-        start = len(prefix)
-        if full[: len(through)] != through or through[:start] != prefix:
-            start = _common_prefix(prefix, through)  # a template that re-tokenizes across the seam
-        end = len(through)
-        for position in range(start, len(through)):
-            if through[position] == eos:
-                end = position + 1
-                break
-        for position in range(start, min(end, len(full))):
-            mask[position] = 1
-    return full, mask
-
-
-def _common_prefix(a: list[int], b: list[int]) -> int:
-    n = 0
-    while n < min(len(a), len(b)) and a[n] == b[n]:
-        n += 1
-    return n
+        return resume_trainer(cls, checkpoint, config)

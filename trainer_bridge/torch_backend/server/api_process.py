@@ -84,7 +84,7 @@ def serve_in_process(engine: PolicyEngine, host: str = "127.0.0.1", port: int = 
     listener = socket.create_server((host, port), backlog=1024)
     bound_port = listener.getsockname()[1]
     ours, theirs = socket.socketpair()
-    owns_engine = engine._thread is None
+    owns_engine = not engine.is_running
     engine.start()
     env = dict(os.environ)
     # the child finds spanrl where this process does, also on a path added at run time

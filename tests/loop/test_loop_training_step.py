@@ -1,0 +1,300 @@
+"""One training step through the real parts: what the loop hands to the torch backend.
+
+Rollouts are sent with the real OTel SDK and OTLP/gRPC exporter to an in-process receiver,
+which stores and assembles them into a real SQLite store; ``TrainingLoop.run_step`` opens a
+round, waits for the attempts (played by a thread that claims them from the dispatcher, as a
+runner would), collects and scores the rollouts and calls ``update`` on the real torch
+backend (tiny model, policy server in a child process). The backend is wrapped only to
+remember the samples it was given.
+
+Checked: selective optimisation (``agents: [writer]``), transition-level advantages from
+intermediate rewards, and a reward function that raises.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import statistics
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+
+import pytest
+from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+
+from spanrl.instrumentation import semconv
+from spanrl.otlp_receiver.server import ReceiverServer
+from spanrl.otlp_receiver.settings import ReceiverSettings
+from spanrl.trainer_bridge.backend import PolicyBackend, TrainingSample, UpdateStats
+from spanrl.trainer_bridge.grpo import GRPO_EPSILON
+from spanrl.trainer_bridge.task_dispatch import Attempt
+from spanrl.trainer_bridge.train_settings import TrainSettings
+from spanrl.trainer_bridge.training_loop import TrainingLoop
+
+AGENTS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "agents")
+AGENT_CODES = {"planner": 0, "writer": 1, "critic": 2, "solver": 3}
+
+# One LLM call of a played rollout: (agent name, its own reward event or None)
+Call = tuple[str, float | None]
+
+
+class RecordingBackend:
+    """The real torch backend; remembers the samples of each ``update`` the loop made."""
+
+    def __init__(self, backend: PolicyBackend) -> None:
+        self.backend = backend
+        self.updates: list[list[TrainingSample]] = []
+
+    @property
+    def policy_version(self) -> int:
+        return self.backend.policy_version
+
+    @property
+    def endpoint_url(self) -> str:
+        return self.backend.endpoint_url
+
+    def update(self, samples) -> UpdateStats:
+        self.updates.append(list(samples))
+        return self.backend.update(samples)
+
+    def save_checkpoint(self, root: str) -> str:
+        return self.backend.save_checkpoint(root)
+
+    def close(self) -> None:
+        self.backend.close()
+
+
+@pytest.fixture(scope="module")
+def torch_backend(tmp_path_factory):
+    """The torch backend on a fresh tiny model (one for the module: its policy server takes a
+    few seconds to start). Tests compare policy versions before and after their steps."""
+    import torch
+
+    from spanrl.trainer_bridge.torch_backend.backend import start_torch_backend
+    from spanrl.trainer_bridge.torch_backend.model_init import create_model_dir
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    root = tmp_path_factory.mktemp("backend")
+    model_dir = create_model_dir(root / "model", preset="tiny", seed=0)
+    settings = TrainSettings(tasks=str(root / "unused.jsonl"), model=str(model_dir), device="cpu",
+                             policy_port=0, checkpoint_every=0, learning_rate=1e-3)
+    backend = start_torch_backend(settings, str(root / "checkpoints"))
+    assert isinstance(backend, PolicyBackend)
+    try:
+        yield backend
+    finally:
+        backend.close()
+        torch.set_num_threads(threads)
+
+
+@pytest.fixture
+def receiver(tmp_path):
+    """Start an in-process receiver (credit assignment as asked) and a tracer exporting to it."""
+    started: list[tuple[ReceiverServer, TracerProvider]] = []
+
+    def start(credit: str = "identical"):
+        server = ReceiverServer(ReceiverSettings(
+            grpc_port=0, http_port=0, db=str(tmp_path / "spanrl.db"), grace_s=0.2, poll_s=0.05,
+            idle_timeout_s=0, credit=credit)).start()
+        provider = TracerProvider(resource=Resource.create({"service.name": "loop-test-agent"}))
+        provider.add_span_processor(SimpleSpanProcessor(
+            OTLPSpanExporter(endpoint=f"127.0.0.1:{server.grpc_port}", insecure=True, timeout=10)))
+        started.append((server, provider))
+        return server, provider.get_tracer("loop-test-agent")
+
+    yield start
+    for server, provider in started:
+        provider.shutdown()
+        server.stop()
+
+
+def prompt_ids(task_number: int, attempt: int, call: int) -> tuple[int, ...]:
+    """Token ids that say which call of which rollout a sample came from."""
+    return (1, 10 + task_number, 30 + attempt, 40 + call)
+
+
+def emit_rollout(tracer, attempt: Attempt, calls: list[Call], answer: str | None = None) -> None:
+    """The spans an instrumented agent sends for one attempt: the rollout span, one LLM span per
+    call (token ids, agent name, its reward), the answer as a semantic variable."""
+    identity = {semconv.ROLLOUT_ID: attempt.rollout_id, semconv.TASK_ID: attempt.task_id,
+                semconv.ATTEMPT: attempt.attempt}
+    with tracer.start_as_current_span(semconv.ROLLOUT_SPAN_NAME, attributes=identity) as root:
+        for index, (agent_name, reward) in enumerate(calls):
+            attributes = {
+                **identity, "openinference.span.kind": "LLM", semconv.AGENT_NAME: agent_name,
+                semconv.LLM_PROMPT_TOKEN_IDS: list(prompt_ids(attempt.task["number"], attempt.attempt, index)),
+                semconv.llm_response_token_ids(0): [60 + AGENT_CODES[agent_name], 70 + index, 2],
+            }
+            with tracer.start_as_current_span(f"llm-{index}", attributes=attributes) as span:
+                if reward is not None:
+                    span.add_event(semconv.REWARD_EVENT, {semconv.REWARD_VALUE: reward})
+        if answer is not None:
+            root.set_attribute(semconv.variable("answer"), answer)
+
+
+def play_round(loop: TrainingLoop, tracer, count: int, play) -> Future:
+    """Claim ``count`` attempts from the loop's dispatcher in a thread, send each one's spans
+    (``play(tracer, attempt)``) and report it ok; a failure is reported, never left waiting."""
+    def work() -> list[str]:
+        errors: list[str] = []
+        served = 0
+        deadline = time.monotonic() + 60
+        while served < count and time.monotonic() < deadline:
+            attempt = loop.dispatcher.claim()
+            if attempt is None:
+                time.sleep(0.01)
+                continue
+            try:
+                play(tracer, attempt)
+                loop.dispatcher.finish(attempt.rollout_id, "ok")
+            except Exception as exc:  # reported so the step ends; the test fails on it
+                errors.append(f"{attempt.rollout_id}: {exc!r}")
+                loop.dispatcher.finish(attempt.rollout_id, "failed", repr(exc))
+            served += 1
+        return errors
+
+    executor = ThreadPoolExecutor(max_workers=1)
+    future = executor.submit(work)
+    executor.shutdown(wait=False)
+    return future
+
+
+def run_one_step(loop: TrainingLoop, tracer, backend: RecordingBackend, play, step: int = 0) -> dict:
+    settings = loop.settings
+    played = play_round(loop, tracer, settings.tasks_per_step * settings.group_size, play)
+    row = loop.run_step(step, backend)
+    assert played.result(timeout=30) == []
+    return row
+
+
+def make_settings(tmp_path, tasks: list[dict], **overrides) -> TrainSettings:
+    path = tmp_path / f"tasks-{tasks[0]['id']}.jsonl"
+    path.write_text("".join(json.dumps({**task, "number": n}) + "\n" for n, task in enumerate(tasks)))
+    values = dict(tasks=str(path), model="unused-by-the-loop", store=str(tmp_path / "spanrl.db"),
+                  group_size=2, tasks_per_step=len(tasks), rollout_timeout_s=20.0, assembly_wait_s=20.0)
+    return TrainSettings(**{**values, **overrides})
+
+
+def test_only_the_selected_agents_calls_reach_the_update(tmp_path, receiver, torch_backend):
+    _, tracer = receiver()
+    settings = make_settings(tmp_path, [{"id": "mixed-a"}, {"id": "mixed-b"}, {"id": "critic-only"}],
+                             agents=["writer"])
+    loop = TrainingLoop(settings)
+    backend = RecordingBackend(torch_backend)
+    version = backend.policy_version
+
+    def play(tracer, attempt: Attempt) -> None:
+        if attempt.task_id == "critic-only":
+            calls: list[Call] = [("critic", None), ("critic", None)]
+        else:  # planner, writer, writer; the rollout's reward differs between the two attempts
+            calls = [("planner", None), ("writer", None), ("writer", float(attempt.attempt))]
+        emit_rollout(tracer, attempt, calls)
+
+    row = run_one_step(loop, tracer, backend, play)
+    loop.dispatcher.close()
+
+    assert len(backend.updates) == 1
+    samples = backend.updates[0]
+    expected = {prompt_ids(n, a, call) for n in (0, 1) for a in (0, 1) for call in (1, 2)}
+    assert {tuple(s.prompt_token_ids) for s in samples} == expected
+    assert len(samples) == len(expected)
+    assert {s.response_token_ids[0] for s in samples} == {60 + AGENT_CODES["writer"]}
+    # the two critic-only rollouts have no call to train: left out and counted
+    assert row["rollouts_left_out"] == {"no_selected_agent": 2}
+    assert row["rollouts"] == 6 and row["rollouts_used"] == 4 and row["transitions"] == 8
+    assert row["policy_version"] == backend.policy_version == version + 1
+
+
+def test_transition_level_advantages_from_intermediate_rewards(tmp_path, receiver, torch_backend):
+    """Each call carries its own reward; the receiver's ``discounted`` credit (gamma 1) makes
+    reward-to-go returns; ``advantage_level: transition`` normalises them over all transitions
+    of the task's group, as verl's GRPO does with one score per sample."""
+    _, tracer = receiver(credit="discounted")
+    settings = make_settings(tmp_path, [{"id": "t0"}, {"id": "t1"}], group_size=3,
+                             advantage_level="transition")
+    loop = TrainingLoop(settings)
+    backend = RecordingBackend(torch_backend)
+    # rewards[(task number, attempt)] = the reward of each call, in call order
+    rewards = {
+        (0, 0): [0.5, 0.0, 1.0], (0, 1): [0.0, -0.25], (0, 2): [0.125, 0.25, 0.0, 2.0],
+        (1, 0): [1.0], (1, 1): [0.0, 0.0, 0.75], (1, 2): [-1.0, 0.5],
+    }
+
+    def play(tracer, attempt: Attempt) -> None:
+        values = rewards[(attempt.task["number"], attempt.attempt)]
+        emit_rollout(tracer, attempt, [("solver", value) for value in values])
+
+    row = run_one_step(loop, tracer, backend, play)
+    loop.dispatcher.close()
+
+    expected: dict[tuple[int, ...], float] = {}
+    for task_number in (0, 1):
+        returns = {}
+        for attempt in range(3):
+            values = rewards[(task_number, attempt)]
+            for call in range(len(values)):
+                returns[prompt_ids(task_number, attempt, call)] = sum(values[call:])  # reward-to-go
+        mean, std = statistics.mean(returns.values()), statistics.stdev(returns.values())
+        expected.update({key: (value - mean) / (std + GRPO_EPSILON) for key, value in returns.items()})
+
+    assert len(backend.updates) == 1
+    given = {tuple(s.prompt_token_ids): s.advantage for s in backend.updates[0]}
+    assert set(given) == set(expected)
+    for key, advantage in expected.items():
+        assert given[key] == pytest.approx(advantage, rel=1e-5, abs=1e-6), key
+    # transition-level: calls of one rollout get different advantages
+    assert given[prompt_ids(0, 0, 0)] != pytest.approx(given[prompt_ids(0, 0, 2)])
+    assert row["transitions"] == sum(len(v) for v in rewards.values()) and row["rollouts_left_out"] == {}
+
+
+def test_a_raising_reward_function_leaves_the_rollout_out_and_training_goes_on(
+        tmp_path, receiver, torch_backend, caplog):
+    _, tracer = receiver()
+    reward = "picky_reward:reward"
+    mixed = TrainingLoop(make_settings(
+        tmp_path, [{"id": "good-1", "answer": "7"}, {"id": "good-2", "answer": "9"},
+                   {"id": "buggy", "answer": "3", "reward": "raise"}],
+        reward=reward, python_path=[AGENTS_DIR]))
+    backend = RecordingBackend(torch_backend)
+    version = backend.policy_version
+
+    def play(tracer, attempt: Attempt) -> None:  # attempt 0 answers right, attempt 1 wrong
+        answer = attempt.task["answer"] if attempt.attempt == 0 else "0"
+        emit_rollout(tracer, attempt, [("solver", None)], answer=answer)
+
+    with caplog.at_level(logging.ERROR, logger="spanrl.trainer_bridge.training_loop"):
+        row = run_one_step(mixed, tracer, backend, play)
+    failures = [r for r in caplog.records if "reward function" in r.getMessage()]
+    assert len(failures) == 2 and all("task buggy" in r.getMessage() for r in failures)
+    assert all(r.exc_info and "no grading rule for task buggy" in str(r.exc_info[1]) for r in failures)
+    assert row["rollouts_left_out"] == {"reward_error": 2}
+    assert row["rollouts_used"] == 4 and row["reward_mean"] == pytest.approx(0.5)
+    trained = {tuple(s.prompt_token_ids)[1] - 10 for s in backend.updates[0]}
+    assert trained == {0, 1}  # task numbers of good-1 and good-2; nothing of the buggy task
+    assert row["policy_version"] == version + 1
+
+    # A step where the reward function raised on every rollout: no update (the policy version
+    # stays), the row says why, reward_mean is reported as 0.0, and the next step trains again.
+    caplog.clear()
+    all_buggy = TrainingLoop(make_settings(
+        tmp_path, [{"id": "buggy-1", "answer": "1", "reward": "raise"},
+                   {"id": "buggy-2", "answer": "2", "reward": "raise"}],
+        reward=reward, python_path=[AGENTS_DIR]))
+    with caplog.at_level(logging.ERROR, logger="spanrl.trainer_bridge.training_loop"):
+        empty = run_one_step(all_buggy, tracer, backend, play)
+    assert len(backend.updates) == 1
+    assert empty["rollouts_left_out"] == {"reward_error": 4}
+    assert empty["transitions"] == 0 and empty["rollouts_used"] == 0 and empty["reward_mean"] == 0.0
+    assert empty["policy_version"] == version + 1 and "loss" not in empty
+    assert len([r for r in caplog.records if "reward function" in r.getMessage()]) == 4
+
+    again = run_one_step(mixed, tracer, backend, play, step=1)
+    assert again["rollouts_left_out"] == {"reward_error": 2}
+    assert len(backend.updates) == 2 and again["policy_version"] == version + 2
+    for loop in (mixed, all_buggy):
+        loop.dispatcher.close()

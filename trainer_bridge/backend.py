@@ -1,0 +1,112 @@
+"""The seam between the training loop and a training backend; torch-free.
+
+``training_loop`` hands out tasks, collects and scores rollouts, computes group advantages
+and logs metrics; everything that trains weights and serves them sits behind
+``PolicyBackend``: ``update(samples)`` makes a new policy version that the endpoint at
+``endpoint_url`` serves from then on (agents keep calling the same URL), plus checkpoints.
+Backends are sibling folders (``torch_backend/``, later ``verl_backend/``); ``make_backend``
+picks one by ``settings.backend`` and is the only place that knows which one runs.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+from spanrl.errors import UserError
+
+if TYPE_CHECKING:
+    from .train_settings import TrainSettings
+
+# backend name -> "module:factory"; the factory is called as factory(settings, checkpoint_dir)
+BACKENDS: dict[str, str] = {
+    "torch": "spanrl.trainer_bridge.torch_backend.backend:start_torch_backend",
+}
+
+
+@dataclass(frozen=True)
+class TrainingSample:
+    """One transition to train on: the call's prompt ids, its response ids and its advantage.
+
+    ``old_logprobs``: the engine's logprob of each response token when it sampled them
+    (``None``: recomputed with the current weights before the update).
+    """
+
+    prompt_token_ids: Sequence[int]
+    response_token_ids: Sequence[int]
+    advantage: float
+    old_logprobs: Sequence[float] | None = None
+
+
+@dataclass(frozen=True)
+class UpdateStats:
+    """What one ``update`` did: the policy version it published and the update's statistics.
+
+    ``details`` holds every statistic the backend reports (``pg_loss``, ``kl_loss``,
+    ``pg_clipfrac``, ``tokens_per_s``, ...); the named fields are the ones every backend has.
+    """
+
+    policy_version: int
+    step: int
+    loss: float
+    grad_norm: float
+    seconds: float
+    details: Mapping[str, float] = field(default_factory=dict)
+
+    def as_metrics(self) -> dict[str, float]:
+        """All statistics as one flat dict (a row of ``metrics.jsonl`` takes them)."""
+        return {**self.details, "loss": self.loss, "grad_norm": self.grad_norm, "seconds": self.seconds,
+                "step": float(self.step), "policy_version": float(self.policy_version)}
+
+
+@runtime_checkable
+class PolicyBackend(Protocol):
+    """What the training loop needs from a backend (see the module docstring)."""
+
+    @property
+    def policy_version(self) -> int:
+        """The version the endpoint serves now; +1 per ``update``."""
+        ...
+
+    @property
+    def endpoint_url(self) -> str:
+        """The OpenAI-compatible base URL agents call (``.../v1``); the same for every version."""
+        ...
+
+    def update(self, samples: Sequence[TrainingSample]) -> UpdateStats:
+        """One policy update on ``samples`` (advantages already computed), then publish the new
+        weights to the endpoint. ``samples`` is never empty."""
+        ...
+
+    def save_checkpoint(self, root: str) -> str:
+        """Write a resumable checkpoint of the current policy under ``root``; its path.
+
+        A backend started with ``settings.resume`` continues from the newest one under the
+        same root."""
+        ...
+
+    def close(self) -> None:
+        """Stop serving and free what the backend holds."""
+        ...
+
+
+class BackendUnavailable(UserError):
+    """The configured backend is unknown or cannot be imported here."""
+
+
+def make_backend(settings: TrainSettings, checkpoint_dir: str) -> PolicyBackend:
+    """Start the backend ``settings.backend`` (resumed from ``checkpoint_dir`` with
+    ``settings.resume``), serving its policy at its ``endpoint_url``."""
+    target = BACKENDS.get(settings.backend)
+    if target is None:
+        raise BackendUnavailable(f"unknown backend {settings.backend!r}; choose one of {sorted(BACKENDS)}")
+    module_name, factory_name = target.split(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise BackendUnavailable(f"backend {settings.backend!r} cannot be imported ({exc}); "
+                                 "install its dependencies") from exc
+    backend: PolicyBackend = getattr(module, factory_name)(settings, checkpoint_dir)
+    return backend

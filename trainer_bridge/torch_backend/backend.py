@@ -1,0 +1,96 @@
+"""The embedded torch backend behind ``backend.PolicyBackend``: trainer, engine and server in one.
+
+``start_torch_backend(settings, checkpoint_dir)`` is what ``backend.make_backend`` calls for
+``backend: torch``: a ``TorchTrainer`` (resumed from the newest checkpoint with ``resume``),
+a ``PolicyEngine`` on the same weights and the OpenAI-compatible server in a child process.
+``update`` runs one GRPO step and swaps the new weights into the engine, so agents keep
+calling the same URL and get the new policy.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from spanrl.errors import UserError
+from spanrl.trainer_bridge.backend import TrainingSample, UpdateStats
+from spanrl.trainer_bridge.torch_backend.checkpoints import checkpoint_name, list_checkpoints
+from spanrl.trainer_bridge.torch_backend.trainer import TorchTrainer
+
+if TYPE_CHECKING:
+    from spanrl.trainer_bridge.torch_backend.engine.policy_engine import PolicyEngine
+    from spanrl.trainer_bridge.train_settings import TrainSettings
+
+logger = logging.getLogger(__name__)
+
+
+class TorchBackend:
+    """A ``PolicyBackend``: ``trainer`` updates, ``engine`` serves through ``server``.
+
+    ``server`` is a handle of ``serve_in_process`` or ``serve_in_thread`` (``base_url``,
+    ``stop()``); ``close()`` stops it (and with it the engine it started).
+    """
+
+    def __init__(self, trainer: TorchTrainer, engine: PolicyEngine, server: Any) -> None:
+        self.trainer = trainer
+        self.engine = engine
+        self.server = server
+
+    @property
+    def policy_version(self) -> int:
+        return self.trainer.policy_version
+
+    @property
+    def endpoint_url(self) -> str:
+        return str(self.server.base_url)
+
+    def update(self, samples: Sequence[TrainingSample]) -> UpdateStats:
+        stats = self.trainer.grpo_step(samples)
+        self.engine.swap_weights(self.trainer.policy_state_dict(), self.trainer.policy_version)
+        return UpdateStats(
+            policy_version=self.trainer.policy_version, step=self.trainer.step, loss=stats["loss"],
+            grad_norm=stats["grad_norm"], seconds=stats["seconds"], details=stats,
+        )
+
+    def save_checkpoint(self, root: str) -> str:
+        return str(self.trainer.save_checkpoint(os.path.join(root, checkpoint_name(self.trainer.step))))
+
+    def close(self) -> None:
+        self.server.stop()
+
+
+def start_torch_backend(settings: TrainSettings, checkpoint_dir: str) -> TorchBackend:
+    """Trainer, engine and HTTP server from ``spanrl train``'s settings (see the module docstring)."""
+    from spanrl.trainer_bridge.torch_backend.engine.policy_engine import PolicyEngine
+    from spanrl.trainer_bridge.torch_backend.server.api_process import serve_in_process
+
+    if settings.engine.threads > 0:  # torch intra-op threads of this process (trainer and engine)
+        import torch
+
+        torch.set_num_threads(settings.engine.threads)
+    trainer, serving_dir = _start_trainer(settings, checkpoint_dir)
+    engine = PolicyEngine.from_pretrained(
+        serving_dir, device=settings.engine.device, dtype=settings.engine.dtype,
+        model_name=settings.policy_model_name, version=trainer.policy_version,
+        max_batch_size=settings.engine.max_batch_size, batch_wait_s=settings.engine.batch_wait_ms / 1000.0,
+    )
+    # HTTP in its own process: agents' requests are not held up by this process's training steps
+    try:
+        server = serve_in_process(engine, settings.policy_host, settings.policy_port)
+    except OSError as exc:  # a setting the user can change: said in one line by `spanrl train`
+        engine.stop()
+        raise UserError(f"the policy server cannot listen on {settings.policy_host}:"
+                        f"{settings.policy_port} (policy_port): {exc}") from exc
+    return TorchBackend(trainer, engine, server)
+
+
+def _start_trainer(settings: TrainSettings, checkpoints: str) -> tuple[TorchTrainer, str]:
+    """The torch trainer (resumed from the newest checkpoint with --resume) and the model
+    directory the policy server should load."""
+    config = settings.trainer  # its checkpoint_dir is ``checkpoints``: see TrainSettings.__post_init__
+    if settings.resume and list_checkpoints(checkpoints):
+        trainer = TorchTrainer.resume(checkpoints, config)
+        return trainer, str(list_checkpoints(checkpoints)[-1])
+    return TorchTrainer(settings.model, config), settings.model

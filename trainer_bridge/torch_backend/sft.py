@@ -1,0 +1,170 @@
+"""Supervised warm start of the torch trainer: chat examples -> cross-entropy on assistant tokens.
+
+``TorchTrainer.sft_steps`` / ``sft_loss`` / ``sft_from_jsonl`` call these functions (the demo
+and ``bench/`` warm-start a model with them before GRPO). An example is ``{"messages": [...]}``;
+the tokens learned are those a serving engine samples after the chat template's generation
+prompt: each assistant message's content and the ``<|im_end|>`` that closes it.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from spanrl.trainer_bridge.torch_backend.batching import MaskedSequence, micro_batches, pad_batch, token_logprobs
+
+if TYPE_CHECKING:
+    from spanrl.trainer_bridge.torch_backend.trainer import TorchTrainer
+
+
+def sft_loss(trainer: TorchTrainer, examples: Sequence[Any]) -> float:
+    """Mean cross-entropy on the assistant tokens of ``examples`` (no update)."""
+    sequences = [encode_chat_for_sft(trainer.tokenizer, messages_of(e)) for e in examples]
+    total_tokens = float(sum(sum(mask) for _, mask in sequences))
+    loss = 0.0
+    with torch.no_grad():
+        for rows in micro_batches(sequences, trainer.config.micro_batch_tokens):
+            batch = pad_batch(sequences, rows, trainer.pad_id, trainer.device)
+            logprobs = token_logprobs(trainer.model, batch, trainer.autocast())
+            loss += float(-(logprobs * batch.response_mask).sum()) / total_tokens
+    return loss
+
+
+def sft_steps(trainer: TorchTrainer, batches: Iterable[Sequence[Any]], lr: float | None = None,
+              max_steps: int | None = None, progress: bool = True,
+              on_step: Callable[[int, dict], None] | None = None) -> dict[str, float]:
+    """Supervised steps: one AdamW step per batch of chat examples (see ``TorchTrainer.sft_steps``)."""
+    from tqdm.auto import tqdm
+
+    rate = lr if lr is not None else trainer.config.sft_learning_rate
+    if trainer.sft_optimizer is None:
+        trainer.sft_optimizer = trainer.new_optimizer(rate)
+    optimizer = trainer.sft_optimizer
+    for group in optimizer.param_groups:
+        group["lr"] = rate
+    started = time.perf_counter()
+    losses: list[float] = []
+    tokens = 0
+    bar = tqdm(total=max_steps, desc="sft", unit="step", disable=not progress)
+    trainer.model.train()
+    for number, examples in enumerate(batches):
+        if max_steps is not None and number >= max_steps:
+            break
+        sequences = [encode_chat_for_sft(trainer.tokenizer, messages_of(e)) for e in examples]
+        batch_tokens = float(sum(sum(mask) for _, mask in sequences))
+        if batch_tokens == 0:
+            raise ValueError(f"SFT batch {number} has no assistant tokens to learn")
+        step_loss = 0.0
+        for rows in micro_batches(sequences, trainer.config.micro_batch_tokens):
+            batch = pad_batch(sequences, rows, trainer.pad_id, trainer.device)
+            logprobs = token_logprobs(trainer.model, batch, trainer.autocast())
+            loss = -(logprobs * batch.response_mask).sum() / batch_tokens
+            loss.backward()
+            step_loss += float(loss.detach())
+        trainer.clip_and_step(optimizer)
+        losses.append(step_loss)
+        tokens += int(batch_tokens)
+        bar.update(1)
+        bar.set_postfix(loss=f"{step_loss:.3f}")
+        if on_step is not None:
+            on_step(number, {"loss": step_loss, "tokens": batch_tokens})
+    bar.close()
+    if losses:
+        trainer.policy_version += 1
+    return {
+        "steps": float(len(losses)),
+        "loss_first": losses[0] if losses else float("nan"),
+        "loss_last": losses[-1] if losses else float("nan"),
+        "tokens": float(tokens),
+        "seconds": time.perf_counter() - started,
+        "policy_version": float(trainer.policy_version),
+    }
+
+
+def sft_from_jsonl(trainer: TorchTrainer, path: str | Path, steps: int, batch_size: int = 64,
+                   lr: float | None = None, seed: int = 0, progress: bool = True) -> dict[str, float]:
+    """``sft_steps`` on random batches drawn from a chat JSONL file (one example a line)."""
+    examples = load_chat_jsonl(path)
+    rng = random.Random(seed)
+
+    def batches() -> Iterator[list[dict]]:
+        while True:
+            yield [rng.choice(examples) for _ in range(batch_size)]
+
+    return sft_steps(trainer, batches(), lr=lr, max_steps=steps, progress=progress)
+
+
+def messages_of(example: Any) -> list[dict]:
+    """The message list of an example (``{"messages": [...]}`` or the bare list)."""
+    if isinstance(example, dict) and isinstance(example.get("messages"), list):
+        return example["messages"]
+    if isinstance(example, list):
+        return example
+    raise ValueError('an SFT example must be {"messages": [{"role": ..., "content": ...}, ...]}')
+
+
+def load_chat_jsonl(path: str | Path) -> list[dict]:
+    """Chat examples from a JSONL file; a bad line raises an error naming its line number."""
+    examples = []
+    with Path(path).open(encoding="utf-8") as handle:
+        for number, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+                messages = messages_of(record)
+                if not all(isinstance(m, dict) and "role" in m and "content" in m for m in messages):
+                    raise ValueError("every message needs 'role' and 'content'")
+            except (json.JSONDecodeError, ValueError) as exc:
+                raise ValueError(f"{path}:{number}: not a chat example: {exc}") from exc
+            examples.append({"messages": messages})
+    if not examples:
+        raise ValueError(f"{path} holds no chat examples")
+    return examples
+
+
+def encode_chat_for_sft(tokenizer: Any, messages: list[dict]) -> MaskedSequence:
+    """``(ids, mask)`` for a chat: mask 1 on each assistant message's sampled tokens.
+
+    For every assistant message ``i`` the ids before it are the chat template of
+    ``messages[:i]`` with the generation prompt — exactly the prompt the server sends to the
+    model — and its tokens are the content plus the end-of-turn token, up to the first eos
+    that follows (the template's trailing newline is context, not learned).
+    """
+    def render(upto: int, generation_prompt: bool) -> list[int]:
+        text = tokenizer.apply_chat_template(messages[:upto], add_generation_prompt=generation_prompt,
+                                             tokenize=False)
+        return list(tokenizer.encode(text, add_special_tokens=False))
+
+    eos = tokenizer.eos_token_id
+    full = render(len(messages), False)
+    mask = [0] * len(full)
+    for index, message in enumerate(messages):
+        if message.get("role") != "assistant":
+            continue
+        prefix = render(index, True)
+        through = render(index + 1, False)
+        start = len(prefix)
+        if full[: len(through)] != through or through[:start] != prefix:
+            start = _common_prefix(prefix, through)  # a template that re-tokenizes across the seam
+        end = len(through)
+        for position in range(start, len(through)):
+            if through[position] == eos:
+                end = position + 1
+                break
+        for position in range(start, min(end, len(full))):
+            mask[position] = 1
+    return full, mask
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return n
