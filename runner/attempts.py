@@ -26,9 +26,8 @@ from opentelemetry import baggage, trace
 from opentelemetry import context as otel_context
 from opentelemetry.trace import Status, StatusCode
 
+from spanrl.bridge_protocol import ClaimedAttempt
 from spanrl.instrumentation import rollout, semconv, set_variable
-
-from .bridge_client import Claim
 
 logger = logging.getLogger(__name__)
 
@@ -51,7 +50,7 @@ class AgentTimedOut(Exception):
     """The agent did not finish within the rollout timeout."""
 
 
-def run_callable_attempt(agent: Callable[[dict], Any], claim: Claim) -> AttemptResult:
+def run_callable_attempt(agent: Callable[[dict], Any], claim: ClaimedAttempt) -> AttemptResult:
     """Call ``agent(task)`` in its own thread inside the rollout's span.
 
     The span is ended here, not by the agent's thread: an agent that hangs past the timeout
@@ -96,7 +95,7 @@ def run_callable_attempt(agent: Callable[[dict], Any], claim: Claim) -> AttemptR
     return AttemptResult("ok", output=outcome.get("output"))
 
 
-def _start_rollout_span(claim: Claim):
+def _start_rollout_span(claim: ClaimedAttempt):
     """The ``spanrl.rollout`` span of an attempt and a context that carries it and the rollout
     identity (as W3C baggage, which spanrl's span processor stamps on every span)."""
     identity = {semconv.ROLLOUT_ID: claim.rollout_id, semconv.TASK_ID: claim.task_id,
@@ -119,7 +118,7 @@ async def _await(awaitable: Any) -> Any:
     return await awaitable
 
 
-def command_environment(claim: Claim, otlp_endpoint: str, extra_env: dict) -> dict[str, str]:
+def command_environment(claim: ClaimedAttempt, otlp_endpoint: str, extra_env: dict) -> dict[str, str]:
     """The child's environment: rollout identity, policy endpoint, OTLP endpoint, the task."""
     env = dict(os.environ)
     env.update({str(k): str(v) for k, v in extra_env.items()})
@@ -146,7 +145,7 @@ def opentelemetry_instrument_path() -> str:
 
 
 def run_command_attempt(
-    command: list[str], claim: Claim, otlp_endpoint: str, wrap: bool = True,
+    command: list[str], claim: ClaimedAttempt, otlp_endpoint: str, wrap: bool = True,
     extra_env: dict | None = None,
 ) -> AttemptResult:
     """Run the agent command once; its last stdout line is the output."""
