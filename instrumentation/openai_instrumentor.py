@@ -57,7 +57,7 @@ _TOKEN_ID_PATHS = ("/chat/completions", "/completions")
 _STRICT_HOSTS = ("api.openai.com",)
 
 
-class SpanrlOpenAIInstrumentor(BaseInstrumentor):  # type: ignore[misc]
+class SpanrlOpenAIInstrumentor(BaseInstrumentor):
     """Adds engine token ids and the policy version to openinference's OpenAI LLM spans."""
 
     def instrumentation_dependencies(self) -> Collection[str]:
