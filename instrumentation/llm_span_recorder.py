@@ -154,7 +154,7 @@ class LLMSpanRecorder:
         prompt_ids = data.get(semconv.RESPONSE_PROMPT_TOKEN_IDS)
         if prompt_ids is not None:
             try:
-                self._set_prompt_ids(prompt_ids, "prompt_token_ids")
+                self._set_prompt_ids(prompt_ids, semconv.RESPONSE_PROMPT_TOKEN_IDS)
             except MalformedTokenData as exc:
                 problems.append(exc)
         choices = data.get("choices")
@@ -178,7 +178,7 @@ class LLMSpanRecorder:
         prompt_ids = choice.get(semconv.RESPONSE_PROMPT_TOKEN_IDS)
         if prompt_ids is not None:
             try:
-                self._set_prompt_ids(prompt_ids, f"choices[{index}].prompt_token_ids")
+                self._set_prompt_ids(prompt_ids, f"choices[{index}].{semconv.RESPONSE_PROMPT_TOKEN_IDS}")
             except MalformedTokenData as exc:
                 problem = exc
         tokens = self._choices.get(index)
@@ -188,7 +188,8 @@ class LLMSpanRecorder:
         raw_ids = choice.get(semconv.RESPONSE_CHOICE_TOKEN_IDS)
         if raw_ids is not None:
             try:
-                tokens.token_ids.extend(parse_token_ids(raw_ids, f"choices[{index}].token_ids"))
+                where = f"choices[{index}].{semconv.RESPONSE_CHOICE_TOKEN_IDS}"
+                tokens.token_ids.extend(parse_token_ids(raw_ids, where))
                 tokens.has_token_ids = got_new = True
             except MalformedTokenData as exc:
                 tokens.broken_token_ids, problem = True, exc

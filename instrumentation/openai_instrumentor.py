@@ -57,7 +57,7 @@ _TOKEN_ID_PATHS = ("/chat/completions", "/completions")
 _STRICT_HOSTS = ("api.openai.com",)
 
 
-class SpanrlOpenAIInstrumentor(BaseInstrumentor):  # type: ignore[misc]
+class SpanrlOpenAIInstrumentor(BaseInstrumentor):
     """Adds engine token ids and the policy version to openinference's OpenAI LLM spans."""
 
     def instrumentation_dependencies(self) -> Collection[str]:
@@ -120,6 +120,12 @@ class SpanrlOpenAIInstrumentor(BaseInstrumentor):  # type: ignore[misc]
         forwarded = {k: v for k, v in kwargs.items() if k in ("tracer_provider", "config")}
         openinference.instrument(**forwarded)
         self._instrumented_openinference = openinference.is_instrumented_by_opentelemetry
+        if not self._instrumented_openinference:
+            conflict = openinference._check_dependency_conflicts()
+            logger.warning(
+                "spanrl: openinference's OpenAI instrumentor did not turn on (%s), so no LLM spans and no "
+                "token ids are recorded; install an openai version it supports, or an "
+                "openinference-instrumentation-openai that supports yours", conflict or "see its log")
 
 
 # Set by the opentelemetry-instrument hooks (spanrl.exporter.hook) around the instrumentors.

@@ -7,6 +7,11 @@ key is spelled anywhere else in spanrl: import it from here.
 
 from __future__ import annotations
 
+from openinference.semconv.trace import OpenInferenceSpanKindValues, SpanAttributes
+
+# Every spanrl key starts with this; the receiver type-checks exactly the keys under it.
+NAMESPACE_PREFIX = "spanrl."
+
 # --- Rollout identity: on every span of a rollout -------------------------------------------
 ROLLOUT_ID = "spanrl.rollout.id"  # string
 TASK_ID = "spanrl.task.id"  # string
@@ -73,3 +78,9 @@ RESPONSE_MODEL_REQUEST_FIELDS = "request_fields"  # /v1/models entry of spanrl's
 
 # --- Environment variables ------------------------------------------------------------------
 ENV_PREFIX = "OTEL_SPANRL_"
+
+# --- openinference attributes spanrl reads (openinference's own constants, re-exported) -------
+OPENINFERENCE_SPAN_KIND = SpanAttributes.OPENINFERENCE_SPAN_KIND  # "LLM", "TOOL", "CHAIN", ...
+SPAN_KIND_LLM = OpenInferenceSpanKindValues.LLM.value
+INPUT_VALUE = SpanAttributes.INPUT_VALUE  # prompt text, when no messages were recorded
+OUTPUT_VALUE = SpanAttributes.OUTPUT_VALUE  # response text, likewise

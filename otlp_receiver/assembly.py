@@ -38,7 +38,7 @@ from spanrl.otlp_receiver.air import AirRule
 from spanrl.otlp_receiver.credit import credit_function
 from spanrl.otlp_receiver.retokenize import RetokenizeError, Retokenizer
 from spanrl.otlp_receiver.span_tree import SpanRecord, SpanTree, as_list
-from spanrl.otlp_receiver.transitions import Reward, Rollout, Transition
+from spanrl.otlp_receiver.transitions import STATUS_FAILED, STATUS_OK, Reward, Rollout, Transition
 
 logger = logging.getLogger(__name__)
 
@@ -56,7 +56,7 @@ class AssemblyOptions:
 
 
 def is_llm_span(record: SpanRecord) -> bool:
-    if record.span_kind == "LLM":
+    if record.span_kind == semconv.SPAN_KIND_LLM:
         return True
     return has_token_ids(record)
 
@@ -216,7 +216,7 @@ def assemble_rollout(
         rollout_id=rollout_id,
         task_id=identity.get(semconv.TASK_ID),
         attempt=identity.get(semconv.ATTEMPT),
-        status="failed" if failed else "ok",
+        status=STATUS_FAILED if failed else STATUS_OK,
         error=(root.status_message or "the rollout span ended with status ERROR") if failed else None,
         end_reason=end_reason,
         total_reward=total_reward,

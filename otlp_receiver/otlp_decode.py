@@ -312,7 +312,7 @@ def span_problem(span, identity: dict | None = None) -> str | None:
         return "parent_span_id must be empty or 8 bytes"
     for kv in span.attributes:
         key = kv.key
-        if key.startswith("spanrl."):
+        if key.startswith(semconv.NAMESPACE_PREFIX):
             value = kv.value
             problem = attribute_problem(key, value)
             if problem is not None:

@@ -86,12 +86,10 @@ def _load():
         file = pool.FindFileByName("spanrl/otlp_shadow.proto")
     return {
         name: message_factory.GetMessageClass(file.message_types_by_name[name])
-        for name in ("AnyValue", "KeyValue", "Span", "ExportTraceServiceRequest")
+        for name in ("Span", "ExportTraceServiceRequest")
     }
 
 
 _CLASSES = _load()
-ShadowAnyValue = _CLASSES["AnyValue"]
-ShadowKeyValue = _CLASSES["KeyValue"]
 ShadowSpan = _CLASSES["Span"]
 ShadowExportRequest = _CLASSES["ExportTraceServiceRequest"]

@@ -16,7 +16,15 @@ import re
 from pathlib import Path
 from typing import Any
 
-_MESSAGE_KEY = re.compile(r"^llm\.(input|output)_messages\.(\d+)\.message\.(role|content)$")
+from openinference.semconv.trace import MessageAttributes, SpanAttributes
+
+from spanrl.instrumentation import semconv
+
+# openinference's message keys: llm.input_messages.<i>.message.role / .content (and output)
+_MESSAGE_KEY = re.compile(
+    rf"^({re.escape(SpanAttributes.LLM_INPUT_MESSAGES)}|{re.escape(SpanAttributes.LLM_OUTPUT_MESSAGES)})"
+    rf"\.(\d+)\.({re.escape(MessageAttributes.MESSAGE_ROLE)}|{re.escape(MessageAttributes.MESSAGE_CONTENT)})$"
+)
 
 
 class RetokenizeError(ValueError):
@@ -67,22 +75,22 @@ class Retokenizer:
         for key, value in attributes.items():
             match = _MESSAGE_KEY.match(key)
             if match and isinstance(value, str):
-                side = inputs if match.group(1) == "input" else outputs
+                side = inputs if match.group(1) == SpanAttributes.LLM_INPUT_MESSAGES else outputs
                 side.setdefault(int(match.group(2)), {})[match.group(3)] = value
         if inputs:
+            role, content = MessageAttributes.MESSAGE_ROLE, MessageAttributes.MESSAGE_CONTENT
             messages = [
-                {"role": m.get("role", "user"), "content": m.get("content", "")}
-                for _, m in sorted(inputs.items())
+                {"role": m.get(role, "user"), "content": m.get(content, "")} for _, m in sorted(inputs.items())
             ]
             prompt_text = self.render_prompt(messages)
-        elif isinstance(attributes.get("input.value"), str):
-            prompt_text = attributes["input.value"]
+        elif isinstance(attributes.get(semconv.INPUT_VALUE), str):
+            prompt_text = attributes[semconv.INPUT_VALUE]
         else:
             raise RetokenizeError("the span has no prompt text (llm.input_messages or input.value)")
         if outputs:
-            response_text = outputs[min(outputs)].get("content", "")
-        elif isinstance(attributes.get("output.value"), str):
-            response_text = attributes["output.value"]
+            response_text = outputs[min(outputs)].get(MessageAttributes.MESSAGE_CONTENT, "")
+        elif isinstance(attributes.get(semconv.OUTPUT_VALUE), str):
+            response_text = attributes[semconv.OUTPUT_VALUE]
         else:
             raise RetokenizeError("the span has no response text (llm.output_messages or output.value)")
         return self.encode(prompt_text), self.encode(response_text)

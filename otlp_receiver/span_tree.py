@@ -21,7 +21,6 @@ from spanrl.instrumentation import semconv
 from spanrl.otlp_receiver.otlp_decode import any_value_to_python
 from spanrl.otlp_receiver.otlp_shadow import ShadowSpan
 
-OPENINFERENCE_SPAN_KIND = "openinference.span.kind"
 VIRTUAL_ROOT_ID = "virtual-root"
 
 
@@ -54,7 +53,7 @@ class SpanRecord:
 
     @property
     def span_kind(self) -> str | None:
-        kind = self.attributes.get(OPENINFERENCE_SPAN_KIND)
+        kind = self.attributes.get(semconv.OPENINFERENCE_SPAN_KIND)
         return kind.upper() if isinstance(kind, str) else None
 
 

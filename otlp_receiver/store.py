@@ -25,7 +25,14 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from spanrl.otlp_receiver.otlp_decode import SpanRow
-from spanrl.otlp_receiver.transitions import Rollout, rollout_from_dict, rollout_to_dict
+from spanrl.otlp_receiver.transitions import (
+    END_EXPLICIT,
+    END_IDLE_TIMEOUT,
+    END_ROLLOUT_SPAN,
+    Rollout,
+    rollout_from_dict,
+    rollout_to_dict,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -257,16 +264,16 @@ class SpanStore:
             if requested_at is not None:
                 if span_count == 0 and now - requested_at < EMPTY_ROLLOUT_WAIT_S:
                     continue  # completed before any span arrived: give the exporter time
-                triggers.append((requested_at, "explicit"))
+                triggers.append((requested_at, END_EXPLICIT))
             if on_rollout_span and root_seen_at is not None:
-                triggers.append((root_seen_at, "rollout_span"))
+                triggers.append((root_seen_at, END_ROLLOUT_SPAN))
             if triggers:
                 first_at, reason = min(triggers)
                 if now - max(first_at, last_seen) >= grace_s:
                     ready.append(ReadyRollout(rollout_id, reason))
                     continue
             if idle_timeout_s is not None and idle_timeout_s > 0 and now - last_seen >= idle_timeout_s:
-                ready.append(ReadyRollout(rollout_id, "idle_timeout"))
+                ready.append(ReadyRollout(rollout_id, END_IDLE_TIMEOUT))
         return ready
 
     def save_assembled(self, rollout: Rollout, now: float | None = None) -> Rollout:

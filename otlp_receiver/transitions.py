@@ -8,12 +8,19 @@ saves them as JSON and hands them to the trainer bridge through
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Union
+from typing import Any
 
-VariableValue = Union[str, int, float, bool]
+VariableValue = str | int | float | bool
 
-ROLLOUT_STATUSES = ("ok", "failed")
-END_REASONS = ("rollout_span", "explicit", "idle_timeout")
+# How a rollout went: "failed" when its spanrl.rollout span ended with status ERROR.
+STATUS_OK = "ok"
+STATUS_FAILED = "failed"
+ROLLOUT_STATUSES = (STATUS_OK, STATUS_FAILED)
+# What ended it: its spanrl.rollout span arrived, a runner asked (explicit), or it went idle.
+END_ROLLOUT_SPAN = "rollout_span"
+END_EXPLICIT = "explicit"
+END_IDLE_TIMEOUT = "idle_timeout"
+END_REASONS = (END_ROLLOUT_SPAN, END_EXPLICIT, END_IDLE_TIMEOUT)
 
 
 @dataclass(frozen=True)
@@ -67,6 +74,14 @@ class Rollout:
     transitions: tuple[Transition, ...]
     problems: tuple[str, ...]
     sequence: int
+
+    def __post_init__(self) -> None:
+        if self.status not in ROLLOUT_STATUSES:
+            raise ValueError(f"rollout {self.rollout_id}: status must be one of {ROLLOUT_STATUSES}, "
+                             f"got {self.status!r}")
+        if self.end_reason not in END_REASONS:
+            raise ValueError(f"rollout {self.rollout_id}: end_reason must be one of {END_REASONS}, "
+                             f"got {self.end_reason!r}")
 
 
 def rollout_to_dict(rollout: Rollout) -> dict[str, Any]:

@@ -27,6 +27,7 @@ from typing import Any
 from opentelemetry import context as otel_context
 from opentelemetry.trace import TracerProvider
 
+from spanrl.bridge_protocol import ClaimedAttempt
 from spanrl.instrumentation import (
     RolloutIdentity,
     end_rollout_span,
@@ -34,8 +35,6 @@ from spanrl.instrumentation import (
     set_variable,
     start_rollout_span,
 )
-
-from .bridge_client import Claim
 
 logger = logging.getLogger(__name__)
 
@@ -59,7 +58,7 @@ class AgentTimedOut(Exception):
 
 
 def run_callable_attempt(
-    agent: Callable[[dict], Any], claim: Claim, *, tracer_provider: TracerProvider | None = None
+    agent: Callable[[dict], Any], claim: ClaimedAttempt, *, tracer_provider: TracerProvider | None = None
 ) -> AttemptResult:
     """Call ``agent(task)`` in its own thread inside the rollout's span (a new trace).
 
@@ -109,7 +108,7 @@ async def _await(awaitable: Any) -> Any:
     return await awaitable
 
 
-def command_environment(claim: Claim, otlp_endpoint: str, extra_env: dict) -> dict[str, str]:
+def command_environment(claim: ClaimedAttempt, otlp_endpoint: str, extra_env: dict) -> dict[str, str]:
     """The child's environment: rollout identity, policy endpoint, OTLP endpoint, the task."""
     env = dict(os.environ)
     env.update({str(k): str(v) for k, v in extra_env.items()})
@@ -134,7 +133,7 @@ def opentelemetry_instrument_path() -> str:
 
 
 def run_command_attempt(
-    command: list[str], claim: Claim, otlp_endpoint: str, wrap: bool = True,
+    command: list[str], claim: ClaimedAttempt, otlp_endpoint: str, wrap: bool = True,
     extra_env: dict | None = None, *, tracer_provider: TracerProvider | None = None,
 ) -> AttemptResult:
     """Run the agent command once; its last stdout line is the output. The child names its

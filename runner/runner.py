@@ -18,10 +18,11 @@ from collections.abc import Callable
 
 from opentelemetry.trace import TracerProvider
 
+from spanrl.bridge_protocol import BridgeInfo, ClaimedAttempt
 from spanrl.import_path import load_callable
 
 from .attempts import AttemptResult, run_callable_attempt, run_command_attempt
-from .bridge_client import BridgeClient, BridgeUnavailable, Claim, TrainingFinished
+from .bridge_client import BridgeClient, BridgeUnavailable, TrainingFinished
 from .settings import RunnerSettings
 
 logger = logging.getLogger(__name__)
@@ -38,9 +39,9 @@ class Runner:
         self._counts_lock = threading.Lock()
         self._stop = threading.Event()
         self.gave_up = False  # a worker stopped because the bridge stayed unreachable
-        self._run_attempt: Callable[[Claim], AttemptResult] = self._prepare_agent()
+        self._run_attempt: Callable[[ClaimedAttempt], AttemptResult] = self._prepare_agent()
 
-    def _prepare_agent(self) -> Callable[[Claim], AttemptResult]:
+    def _prepare_agent(self) -> Callable[[ClaimedAttempt], AttemptResult]:
         settings, provider = self.settings, self.tracer_provider
         for folder in settings.python_path:
             if folder not in sys.path:
@@ -54,7 +55,7 @@ class Runner:
             tracer_provider=provider,
         )
 
-    def wait_for_bridge(self) -> dict:
+    def wait_for_bridge(self) -> BridgeInfo:
         """The bridge's info, retrying until it answers or ``bridge_wait_s`` passes."""
         deadline = time.monotonic() + self.settings.bridge_wait_s
         while True:
@@ -65,10 +66,10 @@ class Runner:
                     raise
                 time.sleep(0.5)
 
-    def point_agents_at_policy(self, info: dict) -> None:
+    def point_agents_at_policy(self, info: BridgeInfo) -> None:
         """In-process agents read the policy endpoint from the usual OpenAI variables."""
-        os.environ["OPENAI_BASE_URL"] = info["policy_base_url"]
-        os.environ["OPENAI_MODEL"] = info["model"]
+        os.environ["OPENAI_BASE_URL"] = info.policy_base_url
+        os.environ["OPENAI_MODEL"] = info.model
         os.environ.setdefault("OPENAI_API_KEY", "spanrl")
         for key, value in self.settings.env.items():
             os.environ[str(key)] = str(value)
@@ -77,7 +78,7 @@ class Runner:
         info = self.wait_for_bridge()
         self.point_agents_at_policy(info)
         logger.info("runner: %d workers, policy %s (%s)", self.settings.concurrency,
-                    info["policy_base_url"], info["model"])
+                    info.policy_base_url, info.model)
         workers = [
             threading.Thread(target=self._work, name=f"spanrl-runner-{i}", daemon=True)
             for i in range(self.settings.concurrency)

@@ -1,13 +1,7 @@
 """The bridge's HTTP API for runners (JSON over HTTP, stdlib server, 127.0.0.1 by default).
 
-    GET  /v1/info     -> {"policy_base_url", "model", "policy_version", "rollout_timeout_s"}
-    POST /v1/claim    -> 200 {"rollout_id", "task_id", "attempt", "task", "step",
-                              "rollout_timeout_s", "policy_base_url", "model"}
-                         204 nothing to run right now (Retry-After: seconds)
-                         410 training finished: the runner exits
-    POST /v1/finish   {"rollout_id", "status": "ok"|"failed"|"timeout", "error"} -> 200 / 404
-
-The runner (``spanrl.runner.bridge_client``) is its only client.
+Serves the protocol of ``spanrl.bridge_protocol`` (routes, payloads, status codes) over the
+dispatcher's attempts. The runner (``spanrl.runner.bridge_client``) is its only client.
 """
 
 from __future__ import annotations
@@ -18,6 +12,9 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from spanrl import bridge_protocol as protocol
+from spanrl.bridge_protocol import BridgeInfo, ClaimedAttempt, FinishRequest
 
 from .task_dispatch import TaskDispatcher, TrainingFinished
 
@@ -48,10 +45,10 @@ class _Handler(BaseHTTPRequestHandler):
         logger.debug("bridge api: " + format, *args)
 
     def do_GET(self) -> None:  # noqa: N802 - stdlib name
-        self._dispatch({"/v1/info": self.server.api.info})
+        self._dispatch({protocol.INFO_PATH: self.server.api.info})
 
     def do_POST(self) -> None:  # noqa: N802 - stdlib name
-        self._dispatch({"/v1/claim": self.server.api.claim, "/v1/finish": self.server.api.finish})
+        self._dispatch({protocol.CLAIM_PATH: self.server.api.claim, protocol.FINISH_PATH: self.server.api.finish})
 
     def _dispatch(self, routes: dict[str, Callable[[dict], tuple[int, dict | None]]]) -> None:
         route = routes.get(self.path.split("?", 1)[0])
@@ -67,14 +64,14 @@ class _Handler(BaseHTTPRequestHandler):
                 raise BridgeAPIError(400, "request body must be a JSON object")
             status, payload = route(body)
         except BridgeAPIError as exc:
-            status, payload = exc.status, {"error": str(exc)}
+            status, payload = exc.status, protocol.error_body(str(exc))
         except Exception as exc:  # a bug must not kill the server thread
             logger.exception("bridge api failed on %s", self.path)
-            status, payload = 500, {"error": f"internal error: {exc}"}
+            status, payload = 500, protocol.error_body(f"internal error: {exc}")
         data = b"" if payload is None else json.dumps(payload).encode()
         self.send_response(status)
-        if status == 204:
-            self.send_header("Retry-After", "0.2")
+        if status == protocol.NOTHING_TO_CLAIM:
+            self.send_header("Retry-After", str(protocol.RETRY_AFTER_S))
         if status >= 400:  # the body may not have been read: do not reuse the connection
             self.send_header("Connection", "close")
             self.close_connection = True
@@ -83,7 +80,6 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         if data:
             self.wfile.write(data)
-
 
     def _read_body(self) -> bytes:
         try:
@@ -121,6 +117,7 @@ class BridgeAPI:
     @property
     def url(self) -> str:
         host, port = self._server.server_address[:2]
+        host = host.decode() if isinstance(host, bytes) else host
         return f"http://{host}:{port}"
 
     def start(self) -> BridgeAPI:
@@ -138,41 +135,26 @@ class BridgeAPI:
 
     # --- routes ----------------------------------------------------------------------------
     def info(self, _body: dict) -> tuple[int, dict]:
-        return 200, {
-            "policy_base_url": self.policy.base_url,
-            "model": self.policy.model,
-            "policy_version": self.policy_version(),
-            "rollout_timeout_s": self.dispatcher.rollout_timeout_s,
-        }
+        return 200, BridgeInfo(self.policy.base_url, self.policy.model, self.policy_version(),
+                               self.dispatcher.rollout_timeout_s).to_json()
 
     def claim(self, _body: dict) -> tuple[int, dict | None]:
         try:
             attempt = self.dispatcher.claim()
         except TrainingFinished:
-            return 410, {"error": "training finished"}
+            return protocol.TRAINING_FINISHED, protocol.error_body("training finished")
         if attempt is None:
-            return 204, None
-        return 200, {
-            "rollout_id": attempt.rollout_id,
-            "task_id": attempt.task_id,
-            "attempt": attempt.attempt,
-            "task": attempt.task,
-            "step": attempt.step,
-            "rollout_timeout_s": self.dispatcher.rollout_timeout_s,
-            "policy_base_url": self.policy.base_url,
-            "model": self.policy.model,
-        }
+            return protocol.NOTHING_TO_CLAIM, None
+        claimed = ClaimedAttempt.of(attempt, self.dispatcher.rollout_timeout_s, self.policy.base_url,
+                                    self.policy.model)
+        return 200, claimed.to_json()
 
     def finish(self, body: dict) -> tuple[int, dict]:
-        rollout_id = body.get("rollout_id")
-        status = body.get("status")
-        if not isinstance(rollout_id, str) or not isinstance(status, str):
-            raise BridgeAPIError(400, "finish needs string fields 'rollout_id' and 'status'")
-        error = body.get("error")
         try:
-            known = self.dispatcher.finish(rollout_id, status, None if error is None else str(error))
-        except ValueError as exc:
+            request = FinishRequest.from_json(body)
+            known = self.dispatcher.finish(request.rollout_id, request.status, request.error)
+        except ValueError as exc:  # a BridgeProtocolError, or a status the dispatcher refuses
             raise BridgeAPIError(400, str(exc)) from exc
         if not known:
-            raise BridgeAPIError(404, f"rollout {rollout_id!r} is not part of the open round")
-        return 200, {"ok": True}
+            raise BridgeAPIError(404, f"rollout {request.rollout_id!r} is not part of the open round")
+        return 200, {protocol.OK: True}

@@ -149,7 +149,7 @@ def group_advantages(
     scores = torch.tensor([float(returns[first_of_rollout[r]]) for r in rollouts])
     groups = [group_ids[first_of_rollout[r]] for r in rollouts]
     adv, keep = estimate(scores, groups, epsilon=epsilon)
-    by_rollout = {r: (float(a), bool(k)) for r, a, k in zip(rollouts, adv.tolist(), keep.tolist())}
+    by_rollout = {r: (float(a), bool(k)) for r, a, k in zip(rollouts, adv.tolist(), keep.tolist(), strict=True)}
     return ([by_rollout[r][0] for r in rollout_ids], [by_rollout[r][1] for r in rollout_ids])
 
 
@@ -251,12 +251,6 @@ def policy_loss_dual_clip(
         "pg_clipfrac_lower": float(clipfrac_lower.detach()),
     }
     return loss, metrics
-
-
-POLICY_LOSSES: dict[str, Callable[..., tuple[torch.Tensor, dict[str, float]]]] = {
-    "vanilla": policy_loss_dual_clip,
-    "dual_clip": policy_loss_dual_clip,
-}
 
 
 # ----------------------------------------------------------------------------- KL estimators

@@ -1,9 +1,10 @@
 """Hands out the attempts of one training round and records how each one ended.
 
 The bridge opens a round (tasks x group size attempts), runners claim attempts over HTTP
-(``bridge_api``), run the agent and report the outcome; the bridge waits for the round to
-close. A claimed attempt whose runner never reports back within the rollout timeout is
-counted as ``lost``: a crashed runner never stalls training. Stdlib only.
+(``bridge_api``; the protocol is ``spanrl.bridge_protocol``), run the agent and report the
+outcome; the bridge waits for the round to close. A claimed attempt whose runner never
+reports back within the rollout timeout is counted as ``lost``: a crashed runner never stalls
+training. Stdlib only.
 """
 
 from __future__ import annotations
@@ -15,25 +16,20 @@ import uuid
 from collections import deque
 from dataclasses import dataclass, field
 
+from spanrl.bridge_protocol import REPORTABLE_STATUSES, Attempt
+
 logger = logging.getLogger(__name__)
 
-OUTCOMES = ("ok", "failed", "timeout", "lost")
-REPORTABLE = ("ok", "failed", "timeout")  # what a runner may report; "lost" is the bridge's
+# A runner reports one of REPORTABLE_STATUSES; "lost" is the bridge's own verdict on an attempt
+# whose runner never reported back.
+STATUS_LOST = "lost"
+OUTCOMES = (*REPORTABLE_STATUSES, STATUS_LOST)
+
+__all__ = ["OUTCOMES", "STATUS_LOST", "Attempt", "Outcome", "TaskDispatcher", "TrainingFinished", "task_id_of"]
 
 
 class TrainingFinished(Exception):
     """Raised to runners that claim work after training ended."""
-
-
-@dataclass(frozen=True)
-class Attempt:
-    """One run of one task: a single rollout of a GRPO group."""
-
-    rollout_id: str
-    task_id: str
-    attempt: int
-    task: dict
-    step: int
 
 
 @dataclass(frozen=True)
@@ -92,8 +88,8 @@ class TaskDispatcher:
 
     def finish(self, rollout_id: str, status: str, error: str | None = None) -> bool:
         """Record a runner's report; False when the rollout is not part of the open round."""
-        if status not in REPORTABLE:
-            raise ValueError(f"status must be one of {REPORTABLE}, got {status!r}")
+        if status not in REPORTABLE_STATUSES:
+            raise ValueError(f"status must be one of {REPORTABLE_STATUSES}, got {status!r}")
         with self._lock:
             current = self._round
             if current is None or rollout_id not in current.attempts:
@@ -134,7 +130,7 @@ class TaskDispatcher:
         for rollout_id, started in current.claimed_at.items():
             if rollout_id not in current.outcomes and now - started > deadline:
                 current.outcomes[rollout_id] = Outcome(
-                    "lost", f"no report from the runner within {deadline:.0f} s", now - started
+                    STATUS_LOST, f"no report from the runner within {deadline:.0f} s", now - started
                 )
 
     def close(self) -> None:

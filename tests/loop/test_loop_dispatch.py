@@ -7,7 +7,8 @@ import urllib.request
 
 import pytest
 
-from spanrl.runner.bridge_client import BridgeClient, TrainingFinished
+from spanrl.bridge_protocol import Attempt
+from spanrl.runner.bridge_client import BridgeClient, BridgeUnavailable, TrainingFinished
 from spanrl.trainer_bridge.task_dispatch import TaskDispatcher
 
 
@@ -72,7 +73,7 @@ def test_bad_requests_get_clear_errors_and_the_server_keeps_serving(bridge):
     assert status == 400 and "status must be one of" in body["error"]
     status, body = _post(api.url + "/v1/nowhere", b"{}")
     assert status == 404
-    assert BridgeClient(api.url).info()["policy_version"] == 3
+    assert BridgeClient(api.url).info().policy_version == 3
 
 
 def test_a_negative_or_bogus_content_length_is_refused_at_once(bridge):
@@ -95,3 +96,39 @@ def test_runner_may_not_report_lost():
     (attempt,) = dispatcher.open_round(0, [("t", {})], group_size=1)
     with pytest.raises(ValueError, match="status must be one of"):
         dispatcher.finish(attempt.rollout_id, "lost")
+
+
+def test_the_claim_answer_is_the_attempt_the_dispatcher_handed_out(bridge):
+    dispatcher, api = bridge
+    (attempt,) = dispatcher.open_round(4, [("t9", {"question": "2+2", "id": "t9"})], group_size=1)
+    claimed = BridgeClient(api.url).claim()
+    assert isinstance(claimed, Attempt) and isinstance(attempt, Attempt)
+    assert Attempt.from_json(claimed.to_json()) == attempt  # same attempt on both sides
+    assert (claimed.step, claimed.rollout_timeout_s, claimed.model) == (4, 2.0, "policy")
+
+
+def test_an_off_protocol_answer_is_a_clear_client_error():
+    """A server that answers a claim with a body missing the task: the runner says so."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class NotABridge(BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802
+            data = json.dumps({"rollout_id": "r", "task_id": "t", "attempt": 0}).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, format, *args):  # noqa: A002
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), NotABridge)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        with pytest.raises(BridgeUnavailable, match="off-protocol.*'task'"):
+            BridgeClient(f"http://127.0.0.1:{server.server_address[1]}").claim()
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -13,6 +13,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from openinference.semconv.trace import OpenInferenceSpanKindValues
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
@@ -53,7 +54,7 @@ def emit_agent_rollout(tracer, rollout_id: str, calls: int = 2, reward: float | 
                 f"llm-{i}",
                 attributes={
                     **identity,
-                    "openinference.span.kind": "LLM",
+                    semconv.OPENINFERENCE_SPAN_KIND: semconv.SPAN_KIND_LLM,
                     semconv.LLM_PROMPT_TOKEN_IDS: [base_token + i, base_token + i + 1, 0],
                     semconv.llm_response_token_ids(0): [base_token + 100 + i, 2],
                     semconv.llm_response_logprobs(0): [-0.5, -0.25],
@@ -63,7 +64,8 @@ def emit_agent_rollout(tracer, rollout_id: str, calls: int = 2, reward: float | 
             ):
                 pass
             with tracer.start_as_current_span(
-                f"tool-{i}", attributes={**identity, "openinference.span.kind": "TOOL"}
+                f"tool-{i}",
+                attributes={**identity, semconv.OPENINFERENCE_SPAN_KIND: OpenInferenceSpanKindValues.TOOL.value},
             ) as tool:
                 if tool_error and i == 0:
                     tool.set_status(Status(StatusCode.ERROR, "tool failed"))

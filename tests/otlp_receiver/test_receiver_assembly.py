@@ -6,6 +6,7 @@ import json
 import random
 
 import pytest
+from openinference.semconv.trace import OpenInferenceSpanKindValues
 from opentelemetry.trace import Status, StatusCode
 
 from spanrl.instrumentation import semconv
@@ -13,7 +14,8 @@ from spanrl.otlp_receiver.air import AirRuleError, load_rules
 from spanrl.otlp_receiver.assembly import AssemblyOptions, assemble_rollout
 from spanrl.otlp_receiver.span_tree import SpanTree
 
-LLM = {"openinference.span.kind": "LLM"}
+LLM = {semconv.OPENINFERENCE_SPAN_KIND: semconv.SPAN_KIND_LLM}
+TOOL = {semconv.OPENINFERENCE_SPAN_KIND: OpenInferenceSpanKindValues.TOOL.value}
 
 
 def ids(prompt, response, **extra):
@@ -29,7 +31,7 @@ def test_reward_attachment_rules(memory_tracer, to_records):
             with t.start_as_current_span("llm-b", attributes={**LLM, **ids([3], [4])}):
                 pass
             step.add_event(semconv.REWARD_EVENT, {semconv.REWARD_VALUE: 0.25})  # ancestor -> last call below
-        with t.start_as_current_span("tool", attributes={"openinference.span.kind": "TOOL"}) as tool:
+        with t.start_as_current_span("tool", attributes=TOOL) as tool:
             tool.add_event(semconv.GENAI_EVALUATION_EVENT, {semconv.GENAI_EVALUATION_SCORE: 0.125})
         with t.start_as_current_span(
             "llm-c", attributes={**LLM, **ids([5], [6]), semconv.GENAI_RESPONSE_ID: "chatcmpl-c"}
@@ -202,7 +204,7 @@ def test_air_default_rule_and_rules_file(memory_tracer, to_records, tmp_path):
     with t.start_as_current_span(semconv.ROLLOUT_SPAN_NAME):
         with t.start_as_current_span("llm-1", attributes={**LLM, **ids([1], [1])}):
             pass
-        with t.start_as_current_span("search", attributes={"openinference.span.kind": "TOOL"}) as tool:
+        with t.start_as_current_span("search", attributes=TOOL) as tool:
             tool.set_status(Status(StatusCode.ERROR, "timeout"))
         with t.start_as_current_span("llm-2", attributes={**LLM, **ids([2], [2])}):
             pass

@@ -8,6 +8,7 @@ from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExport
 from opentelemetry.sdk.trace.export import SpanExportResult
 
 from spanrl.cli import main as spanrl_main
+from spanrl.instrumentation import semconv
 from spanrl.otlp_receiver.store import SpanStore
 
 
@@ -23,7 +24,7 @@ def test_receive_cli_settings_env_shutdown_and_inspect(receiver_process, memory_
 
     kit.emit_agent_rollout(memory_tracer.tracer, "r-cli", calls=2, reward=None, tool_error=True)
     with memory_tracer.tracer.start_as_current_span("judge", attributes=kit.rollout_attrs("r-cli")) as judge:
-        judge.add_event("spanrl.reward", {"spanrl.reward.value": 2.0, "spanrl.reward.response_id": "resp-r-cli-0"})
+        judge.add_event(semconv.REWARD_EVENT, {semconv.REWARD_VALUE: 2.0, semconv.REWARD_RESPONSE_ID: "resp-r-cli-0"})
     spans = memory_tracer.exporter.get_finished_spans()
     url = f"http://127.0.0.1:{process.http_port}/v1/traces"
     refused = OTLPSpanExporter(endpoint=url, timeout=5)
@@ -47,7 +48,8 @@ def test_receive_cli_settings_env_shutdown_and_inspect(receiver_process, memory_
     assert "r-cli" in table and "assembled" in table and "rollout_span" in table
     assert spanrl_main(["inspect", "rollout", "r-cli", "--db", str(db)]) == 0
     tree = capsys.readouterr().out
-    assert "spanrl.rollout" in tree and "  llm-0 [LLM]" in tree and "transition #0" in tree
+    assert semconv.ROLLOUT_SPAN_NAME in tree and f"  llm-0 [{semconv.SPAN_KIND_LLM}]" in tree
+    assert "transition #0" in tree
     assert "reward reward=2" in tree and "ERROR" in tree  # the failed tool
     assert spanrl_main(["inspect", "transitions", "--json", "--db", str(db)]) == 0
     transitions = json.loads(capsys.readouterr().out)

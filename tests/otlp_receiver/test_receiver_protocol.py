@@ -90,9 +90,9 @@ def test_bad_spans_rejected_good_spans_kept(start_receiver, grpc_export):
     )
     assert response.partial_success.rejected_spans == 4
     message = response.partial_success.error_message
-    assert "spanrl.llm.prompt_token_ids must be an array of non-negative ints, got string_value" in message
+    assert f"{semconv.LLM_PROMPT_TOKEN_IDS} must be an array of non-negative ints, got string_value" in message
     assert "negative id" in message and "span_id must be 8 bytes" in message
-    assert "spanrl.attempt must be an int" in message
+    assert f"{semconv.ATTEMPT} must be an int" in message
     with SpanStore(server.settings.db) as store:
         assert store.span_keys() == {
             ((1).to_bytes(16, "big"), n.to_bytes(8, "big")) for n in (1, 7)

@@ -87,18 +87,19 @@ def edge_case_spans() -> list[bytes]:
         {**_identity(attempt="0")},
         {**_identity(rollout=5)},
         {semconv.ROLLOUT_ID: "", semconv.TASK_ID: ""},
-        {semconv.AGENT_NAME: "planner", "spanrl.variable.answer": 42, "spanrl.variable.passages": ["a", "b"]},
+        {semconv.AGENT_NAME: "planner", semconv.variable("answer"): 42, semconv.variable("passages"): ["a", "b"]},
         {"tag.tags": ["x", 1, 2.5, True, b"\x00", {"k": ["v"]}], "llm.tools": {"a": {"b": {"c": [1]}}}},
         {"gen_ai.response.finish_reasons": ["stop"], semconv.ATTEMPT: -3},
         {},
     ]
     spans = [_span(i + 1, attributes) for i, attributes in enumerate(cases)]
-    event = Span.Event(time_unix_nano=5, name="spanrl.reward",
+    event = Span.Event(time_unix_nano=5, name=semconv.REWARD_EVENT,
                        attributes=[_kv(semconv.REWARD_VALUE, 1.0), _kv("nested", {"k": [1, "x"]})])
     link = Span.Link(trace_id=b"\x02" * 16, span_id=b"\x03" * 8, trace_state="a=b", attributes=[_kv("l", 1)])
     spans.append(_span(100, _identity(), events=[event], links=[link],
                        status=Status(code=Status.STATUS_CODE_ERROR, message="boom"), trace_state="k=v", flags=1))
-    spans.append(_span(101, _identity(), dropped_attributes_count=2, dropped_events_count=1, kind=Span.SPAN_KIND_CLIENT))
+    spans.append(_span(101, _identity(), dropped_attributes_count=2, dropped_events_count=1,
+                       kind=Span.SPAN_KIND_CLIENT))
     spans.append(Span(trace_id=bytes(16), span_id=b"\x01" * 8))  # zero trace id
     spans.append(Span(trace_id=b"\x01" * 16, span_id=b"\x01" * 7))  # short span id
     spans.append(Span(trace_id=b"\x01" * 16, span_id=b"\x01" * 8, parent_span_id=b"\x01" * 3))
