@@ -168,7 +168,7 @@ def test_langchain_agent_calls_become_one_transition_each(tmp_path, policy_serve
     jobs = engine.jobs
     assert len(jobs) == len(replies) >= 2, (len(jobs), replies)
     served = [(tuple(job.prompt_ids), tuple(job.result.choices[0].token_ids)) for job in jobs]
-    for (_, response_ids), reply in zip(served, replies):
+    for (_, response_ids), reply in zip(served, replies, strict=True):
         assert engine.tokenizer.decode(list(response_ids), skip_special_tokens=True) == reply
 
     complete_rollout(receiver["http"], ROLLOUT_ID)
@@ -186,7 +186,7 @@ def test_langchain_agent_calls_become_one_transition_each(tmp_path, policy_serve
     langchain_spans = [s for s in llm_spans if s.name == "ChatOpenAI"]
     assert len(sdk_spans) == len(langchain_spans) == len(jobs) == len(llm_spans) // 2, \
         [s.name for s in llm_spans]
-    for langchain_span, sdk_span, reply in zip(langchain_spans, sdk_spans, replies):
+    for langchain_span, sdk_span, reply in zip(langchain_spans, sdk_spans, replies, strict=True):
         assert int_array(langchain_span, semconv.LLM_PROMPT_TOKEN_IDS) is None
         assert langchain_span.start_time_unix_nano <= sdk_span.start_time_unix_nano
         assert sdk_span.end_time_unix_nano <= langchain_span.end_time_unix_nano
@@ -209,6 +209,6 @@ def test_langchain_agent_calls_become_one_transition_each(tmp_path, policy_serve
         assert transition.policy_version == 0
         assert transition.choice_index == 0
     # Each later prompt holds the earlier turns: the order is the conversation's order.
-    for earlier, later in zip(rollout.transitions, rollout.transitions[1:]):
+    for earlier, later in zip(rollout.transitions, rollout.transitions[1:], strict=False):
         assert len(later.prompt_token_ids) > len(earlier.prompt_token_ids)
         assert later.prompt_token_ids[:len(earlier.prompt_token_ids)] == earlier.prompt_token_ids

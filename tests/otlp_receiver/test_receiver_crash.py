@@ -91,8 +91,9 @@ def test_sigkill_during_export_loses_no_acknowledged_span(receiver_process, memo
     finally:
         exporter.shutdown()
     with SpanStore(tmp_path / "spanrl.db") as store:
-        rollouts = kit.wait_for(lambda: store.completed_rollouts(0)[0] if len(store.completed_rollouts(0)[0]) == 2 else None,
-                                timeout=20, what="both rollouts assembled")
+        rollouts = kit.wait_for(
+            lambda: store.completed_rollouts(0)[0] if len(store.completed_rollouts(0)[0]) == 2 else None,
+            timeout=20, what="both rollouts assembled")
         by_id = {r.rollout_id: r for r in rollouts}
         assert by_id["r-open"].end_reason == "rollout_span"  # open at the crash, completed after restart
         assert len(by_id["r-open"].transitions) == 3

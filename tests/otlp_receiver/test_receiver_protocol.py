@@ -311,7 +311,8 @@ def test_logs_and_metrics_accepted_on_http_json(start_receiver):
             headers={"Content-Type": "application/x-protobuf"},
         )
         assert r.status_code == 400
-    r = requests.post(f"http://127.0.0.1:{server.http_port}/v1/traces", data=b"x", headers={"Content-Type": "text/plain"})
+    r = requests.post(f"http://127.0.0.1:{server.http_port}/v1/traces", data=b"x",
+                      headers={"Content-Type": "text/plain"})
     assert r.status_code == 415
 
 
