@@ -354,8 +354,8 @@ def _transition_steps(
                     rollout_id=rollout_id,
                     span_id=call.key,
                     agent_name=_agent_name(call),
-                    prompt_token_ids=tuple(prompt),
-                    response_token_ids=tuple(response_ids),
+                    prompt_token_ids=tuple(prompt or ()),  # not None: checked above
+                    response_token_ids=tuple(response_ids or ()),  # not None: checked above
                     response_logprobs=None if logprobs is None else tuple(float(x) for x in logprobs),
                     choice_index=choice,
                     policy_version=version if isinstance(version, int) else None,

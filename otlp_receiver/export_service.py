@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hmac
 import logging
+from typing import Any
 
 import grpc
 from google.protobuf.message import DecodeError
@@ -35,7 +36,7 @@ from spanrl.otlp_receiver.store import StoreError
 
 logger = logging.getLogger(__name__)
 
-SIGNALS = {
+SIGNALS: dict[str, tuple[type[Any], type[Any]]] = {
     "metrics": (ExportMetricsServiceRequest, ExportMetricsServiceResponse),
     "logs": (ExportLogsServiceRequest, ExportLogsServiceResponse),
 }

@@ -106,6 +106,7 @@ class GrpcExportServer:
             if mapped is None:
                 logger.exception("unexpected error in Export")
                 context.abort(grpc.StatusCode.INTERNAL, f"internal error: {exc}")
+            assert mapped is not None  # context.abort raised
             code, _ = mapped
             if isinstance(exc, Overloaded):
                 context.abort_with_status(

@@ -132,7 +132,7 @@ class _Handler(BaseHTTPRequestHandler):
         return raw
 
     def _read_chunked(self, limit: int) -> bytes:
-        parts = []
+        parts: list[bytes] = []
         total = 0
         while True:
             line = self.rfile.readline(1024)

@@ -32,7 +32,7 @@ from spanrl.instrumentation import semconv
 from spanrl.otlp_receiver.otlp_shadow import ShadowExportRequest, ShadowSpan
 
 try:  # optional C accelerator (otlp_receiver/_span_scan.c); the Python path gives the same result
-    from spanrl.otlp_receiver import _span_scan
+    from spanrl.otlp_receiver import _span_scan  # type: ignore[attr-defined]  # C, no stub
 except ImportError:  # pragma: no cover - depends on the install having had a C compiler
     _span_scan = None
 
@@ -187,11 +187,12 @@ def decode_payload(body: bytes, max_reasons: int = 50, native: bool = True) -> D
         fast = scan is not None and fallback_problem is None
         for scope_spans in resource_spans.scope_spans:
             for raw in scope_spans.spans:
-                if fast:
+                if fast and scan is not None:
                     scanned = scan(raw)
                     if scanned is not None:
                         rows.append(_row_from_scan(scanned, raw, identities))
                         continue
+                problem: str | None
                 try:
                     span = ShadowSpan.FromString(raw)
                 except DecodeError as exc:
@@ -379,7 +380,7 @@ def _token_ids_problem(key: str, value) -> str | None:
     if value.WhichOneof("value") == "array_value" and _NON_NEGATIVE_INT_ARRAY.fullmatch(value.array_value):
         return None  # the fast path: every element is a non-negative int
     array, problem = _array(key, value, "non-negative ints")
-    if problem is not None:
+    if array is None:
         return problem
     values = array.values
     kinds = {v.WhichOneof("value") for v in values}
@@ -395,7 +396,7 @@ def _logprobs_problem(key: str, value) -> str | None:
     if value.WhichOneof("value") == "array_value" and _DOUBLE_ARRAY.fullmatch(value.array_value):
         return None
     array, problem = _array(key, value, "doubles")
-    if problem is not None:
+    if array is None:
         return problem
     kinds = {v.WhichOneof("value") for v in array.values}
     if kinds - {"double_value", "int_value"}:

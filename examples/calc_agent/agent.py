@@ -21,6 +21,7 @@ import operator
 import os
 import re
 import sys
+from typing import Any
 
 from openai import OpenAI
 
@@ -61,7 +62,7 @@ def solve(task: dict) -> str:
     """Solve one task ``{"question": "37+45", ...}``; return the final answer text ('' if none)."""
     client = _openai_client()
     model = os.environ.get("OPENAI_MODEL", "policy")
-    messages = [
+    messages: list[Any] = [
         {"role": "system", "content": SYSTEM_PROMPT},
         {"role": "user", "content": task["question"]},
     ]

@@ -73,7 +73,7 @@ def make_model() -> ChatOpenAI:
         base_url=os.environ.get("OPENAI_BASE_URL"),
         temperature=float(os.environ.get("AGENT_TEMPERATURE", "1.0")),
         seed=int(seed) if seed else None,
-        max_tokens=MAX_TOKENS,
+        max_tokens=MAX_TOKENS,  # type: ignore[call-arg]  # pydantic alias
         max_retries=0,
         timeout=60.0,
     )

@@ -20,6 +20,7 @@ import random
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 logger = logging.getLogger(__name__)
 
@@ -240,6 +241,7 @@ def create_model_dir(
     (out / "chat_template.jinja").write_text(CHAT_TEMPLATE)
 
     torch.manual_seed(seed)
+    legacy: dict[str, Any] = {"rope_theta": 10000.0, "torch_dtype": "float32"}  # read from **kwargs
     config = Qwen2Config(
         vocab_size=tokenizer.get_vocab_size(),
         hidden_size=sizes.hidden_size,
@@ -249,12 +251,11 @@ def create_model_dir(
         num_key_value_heads=sizes.num_key_value_heads,
         max_position_embeddings=sizes.max_position_embeddings,
         tie_word_embeddings=True,
-        rope_theta=10000.0,
         rms_norm_eps=1e-6,
         bos_token_id=None,
         eos_token_id=ids[IM_END],
         pad_token_id=ids[PAD_TOKEN],
-        torch_dtype="float32",
+        **legacy,
     )
     model = Qwen2ForCausalLM(config)
     model.generation_config = GenerationConfig(

@@ -40,11 +40,20 @@ BodyT = TypeVar("BodyT", bound=BaseModel)
 class ServedEngine(Protocol):
     """What the server uses of an engine (``PolicyEngine`` or the front end's ``RemoteEngine``)."""
 
-    model_name: str
-    version: int
-    context_length: int
-    limits: EngineLimits
-    tokenizer: Any
+    @property
+    def model_name(self) -> str: ...
+
+    @property
+    def version(self) -> int: ...
+
+    @property
+    def context_length(self) -> int: ...
+
+    @property
+    def limits(self) -> EngineLimits: ...
+
+    @property
+    def tokenizer(self) -> Any: ...
 
     def submit(self, prompt_ids: list[int], params: SamplingParams, on_token: Any = None, on_start: Any = None,
                on_done: Any = None, text_deltas: bool = True) -> GenerationRequest: ...
