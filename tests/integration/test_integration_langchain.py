@@ -28,6 +28,9 @@ from spanrl.trainer_bridge.torch_backend.engine.policy_engine import PolicyEngin
 from spanrl.trainer_bridge.torch_backend.model_init import create_model_dir
 from spanrl.trainer_bridge.torch_backend.server.app import serve_in_thread
 
+# where models run in these tests: cpu, or cuda on a GPU machine (docs/gpu.md)
+TEST_DEVICE = os.environ.get("SPANRL_TEST_DEVICE", "cpu")
+
 REPO = Path(__file__).resolve().parents[2]
 AGENT = REPO / "examples" / "langchain_agent" / "agent.py"
 INSTRUMENT = Path(sys.executable).parent / "opentelemetry-instrument"
@@ -51,7 +54,7 @@ class RecordingPolicyEngine(PolicyEngine):
 @pytest.fixture
 def policy_server(tmp_path):
     model_dir = create_model_dir(tmp_path / "model", preset="tiny", seed=0)
-    engine = RecordingPolicyEngine.from_pretrained(model_dir, device="cpu", model_name="policy")
+    engine = RecordingPolicyEngine.from_pretrained(model_dir, device=TEST_DEVICE, model_name="policy")
     server = serve_in_thread(engine, port=free_port())
     try:
         yield server

@@ -12,17 +12,23 @@ import os
 import subprocess
 import sys
 
+import pytest
 from safetensors.torch import load_file
 
 from spanrl.otlp_receiver.store import SpanStore
 
+# where the model runs: cpu, or cuda on a GPU machine (docs/gpu.md)
+TEST_DEVICE = os.environ.get("SPANRL_TEST_DEVICE", "cpu")
 
+
+# the warm start alone takes ~40 s on an idle 2-core machine and 3 min on a loaded one
+@pytest.mark.timeout(600)
 def test_short_demo_trains_on_transitions_from_received_spans(tmp_path):
     out = tmp_path / "demo"
     result = subprocess.run(
         [sys.executable, "-m", "spanrl", "demo", "--output-dir", str(out), "--sft-steps", "300",
          "--steps", "2", "--tasks-per-step", "4", "--group-size", "4", "--concurrency", "8",
-         "--stop-at-reward", "2"],
+         "--stop-at-reward", "2", "--device", TEST_DEVICE],
         capture_output=True, text=True, timeout=600,
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]

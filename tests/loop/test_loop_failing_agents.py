@@ -19,6 +19,9 @@ from spanrl.trainer_bridge.torch_backend.model_init import create_model_dir
 from spanrl.trainer_bridge.train_settings import TrainSettings
 from spanrl.trainer_bridge.training_loop import run_training
 
+# where models run in these tests: cpu, or cuda on a GPU machine (docs/gpu.md)
+TEST_DEVICE = os.environ.get("SPANRL_TEST_DEVICE", "cpu")
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 
@@ -53,7 +56,7 @@ def test_crashing_and_hanging_agent_processes_are_failed_rollouts(tmp_path):
             tasks=str(tasks), model=str(model_dir), output_dir=str(tmp_path / "run"),
             store=str(db), reward="spanrl.examples.calc_agent.reward:reward", group_size=2,
             tasks_per_step=3, steps=2, rollout_timeout_s=20.0, assembly_wait_s=20.0,
-            policy_port=0, bridge_port=bridge_port, device="cpu", checkpoint_every=0,
+            policy_port=0, bridge_port=bridge_port, device=TEST_DEVICE, checkpoint_every=0,
         )
         summary = run_training(settings, show_progress=False)
         runner_output, _ = runner.communicate(timeout=60)
@@ -85,6 +88,6 @@ def test_a_taken_policy_port_is_a_clear_settings_error(tmp_path):
         settings = TrainSettings(
             tasks=str(tasks), model=str(model_dir), output_dir=str(tmp_path / "run"),
             store=str(tmp_path / "spanrl.db"), reward="spanrl.examples.calc_agent.reward:reward",
-            steps=1, policy_port=port, bridge_port=free_port(), device="cpu")
+            steps=1, policy_port=port, bridge_port=free_port(), device=TEST_DEVICE)
         with pytest.raises(UserError, match=f"policy server cannot listen on 127.0.0.1:{port} .policy_port."):
             run_training(settings, show_progress=False)

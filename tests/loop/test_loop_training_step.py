@@ -35,6 +35,9 @@ from spanrl.trainer_bridge.task_dispatch import Attempt
 from spanrl.trainer_bridge.train_settings import TrainSettings
 from spanrl.trainer_bridge.training_loop import TrainingLoop
 
+# where models run in these tests: cpu, or cuda on a GPU machine (docs/gpu.md)
+TEST_DEVICE = os.environ.get("SPANRL_TEST_DEVICE", "cpu")
+
 AGENTS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "agents")
 AGENT_CODES = {"planner": 0, "writer": 1, "critic": 2, "solver": 3}
 
@@ -81,7 +84,7 @@ def torch_backend(tmp_path_factory):
     torch.set_num_threads(1)
     root = tmp_path_factory.mktemp("backend")
     model_dir = create_model_dir(root / "model", preset="tiny", seed=0)
-    settings = TrainSettings(tasks=str(root / "unused.jsonl"), model=str(model_dir), device="cpu",
+    settings = TrainSettings(tasks=str(root / "unused.jsonl"), model=str(model_dir), device=TEST_DEVICE,
                              policy_port=0, checkpoint_every=0, learning_rate=1e-3)
     backend = start_torch_backend(settings, str(root / "checkpoints"))
     assert isinstance(backend, PolicyBackend)

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
 import random
 
 import pytest
 import torch
+
+# where models run in these tests: cpu, or cuda on a GPU machine (docs/gpu.md)
+TEST_DEVICE = os.environ.get("SPANRL_TEST_DEVICE", "cpu")
 
 
 def calc_example(rng: random.Random) -> dict:
@@ -58,7 +62,7 @@ def make_calc_example():
 def engine(tiny_model_dir):
     from spanrl.trainer_bridge.torch_backend.engine.policy_engine import PolicyEngine
 
-    engine = PolicyEngine.from_pretrained(tiny_model_dir, device="cpu").start()
+    engine = PolicyEngine.from_pretrained(tiny_model_dir, device=TEST_DEVICE).start()
     yield engine
     engine.stop()
 
@@ -82,9 +86,9 @@ def forward_logprobs():
     logprobs and weight versions are checked against."""
 
     def compute(model, prompt_ids, response_ids):
-        ids = torch.tensor([list(prompt_ids) + list(response_ids)])
+        ids = torch.tensor([list(prompt_ids) + list(response_ids)], device=model.device)
         with torch.no_grad():
-            logits = model(ids).logits[0].float()
+            logits = model(ids).logits[0].float().cpu()
         logprobs = torch.log_softmax(logits, dim=-1)[len(prompt_ids) - 1 : -1]
         return logprobs.gather(1, torch.tensor(response_ids).unsqueeze(1)).squeeze(1)
 

@@ -20,6 +20,9 @@ from spanrl.trainer_bridge.torch_backend.config import TrainerConfig
 from spanrl.trainer_bridge.torch_backend.engine.policy_engine import SamplingParams
 from spanrl.trainer_bridge.torch_backend.trainer import TorchTrainer
 
+# where models run in these tests: cpu, or cuda on a GPU machine (docs/gpu.md)
+TEST_DEVICE = os.environ.get("SPANRL_TEST_DEVICE", "cpu")
+
 
 def fixed_samples(seed: int = 0, count: int = 12) -> list[TrainingSample]:
     rng = random.Random(seed)
@@ -33,7 +36,7 @@ def fixed_samples(seed: int = 0, count: int = 12) -> list[TrainingSample]:
 
 def test_grpo_steps_raise_a_toy_reward(tiny_model_dir, engine):
     """Reward: the share of digit tokens in the response. A few GRPO steps must raise it."""
-    trainer = TorchTrainer(tiny_model_dir, TrainerConfig(learning_rate=1e-2, device="cpu", seed=0))
+    trainer = TorchTrainer(tiny_model_dir, TrainerConfig(learning_rate=1e-2, device=TEST_DEVICE, seed=0))
     digits = {trainer.tokenizer.convert_tokens_to_ids(str(d)) for d in range(10)}
     prompts = [engine.encode_chat([{"role": "user", "content": f"Say a number, please ({i})"}]) for i in range(4)]
 
@@ -62,7 +65,7 @@ def test_grpo_steps_raise_a_toy_reward(tiny_model_dir, engine):
 
 
 def test_engine_old_logprobs_are_used_when_given(tiny_model_dir):
-    trainer = TorchTrainer(tiny_model_dir, TrainerConfig(device="cpu"))
+    trainer = TorchTrainer(tiny_model_dir, TrainerConfig(device=TEST_DEVICE))
     samples = fixed_samples(1)
     current = trainer.sequence_logprobs(samples)
     given = [TrainingSample(s.prompt_token_ids, s.response_token_ids, s.advantage, [v + 1.0 for v in lp])
@@ -78,7 +81,7 @@ def test_micro_batches_give_the_full_batch_loss_and_gradient(tiny_model_dir, mod
     samples = fixed_samples(2)
     results = []
     for budget in (100_000, 24):
-        trainer = TorchTrainer(tiny_model_dir, TrainerConfig(device="cpu", loss_agg_mode=mode,
+        trainer = TorchTrainer(tiny_model_dir, TrainerConfig(device=TEST_DEVICE, loss_agg_mode=mode,
                                                              micro_batch_tokens=budget))
         old = [[v - 0.3 for v in lp] for lp in trainer.sequence_logprobs(samples)]
         results.append(trainer.grpo_step([TrainingSample(s.prompt_token_ids, s.response_token_ids,
@@ -90,7 +93,7 @@ def test_micro_batches_give_the_full_batch_loss_and_gradient(tiny_model_dir, mod
 
 
 def test_sft_learns_assistant_tokens_only(tiny_model_dir, make_calc_example, tmp_path):
-    trainer = TorchTrainer(tiny_model_dir, TrainerConfig(device="cpu"))
+    trainer = TorchTrainer(tiny_model_dir, TrainerConfig(device=TEST_DEVICE))
     rng = random.Random(0)
     example = make_calc_example(rng)
     ids, mask = trainer.encode_chat_example(example["messages"])
@@ -122,7 +125,7 @@ CRASHING_RUN = textwrap.dedent("""
     model_dir, checkpoints, samples_file = sys.argv[1:4]
     import json
     batches = [[TrainingSample(*s) for s in b] for b in json.load(open(samples_file))]
-    trainer = TorchTrainer(model_dir, TrainerConfig(device="cpu", learning_rate=5e-3, checkpoint_every=2,
+    trainer = TorchTrainer(model_dir, TrainerConfig(device=TEST_DEVICE, learning_rate=5e-3, checkpoint_every=2,
                                                     checkpoint_dir=checkpoints, keep_checkpoints=1))
     for number, batch in enumerate(batches):
         trainer.grpo_step(batch)
@@ -156,7 +159,7 @@ def test_resume_after_a_crash_continues_from_the_same_step_and_version(tiny_mode
         stats = resumed.grpo_step(batch)
     assert (stats["step"], stats["policy_version"]) == (4, 4)
 
-    straight = TorchTrainer(tiny_model_dir, TrainerConfig(device="cpu", learning_rate=5e-3))
+    straight = TorchTrainer(tiny_model_dir, TrainerConfig(device=TEST_DEVICE, learning_rate=5e-3))
     for batch in batches:
         straight.grpo_step(batch)
     for (name, a), b in zip(straight.model.state_dict().items(), resumed.model.state_dict().values(), strict=False):
@@ -164,7 +167,7 @@ def test_resume_after_a_crash_continues_from_the_same_step_and_version(tiny_mode
 
 
 def test_lora_with_kl_trains_serves_and_resumes(tiny_model_dir, engine, tmp_path):
-    config = TrainerConfig(device="cpu", lora_rank=4, lora_alpha=8, kl_coef=0.1, kl_estimator="low_var_kl",
+    config = TrainerConfig(device=TEST_DEVICE, lora_rank=4, lora_alpha=8, kl_coef=0.1, kl_estimator="low_var_kl",
                            learning_rate=1e-2)
     trainer = TorchTrainer(tiny_model_dir, config)
     trainable = sum(p.numel() for p in trainer.model.parameters() if p.requires_grad)
@@ -193,7 +196,7 @@ def test_lora_with_kl_trains_serves_and_resumes(tiny_model_dir, engine, tmp_path
 
 
 def test_mismatched_old_logprobs_are_recomputed_with_one_warning(tiny_model_dir, caplog):
-    trainer = TorchTrainer(tiny_model_dir, TrainerConfig(device="cpu"))
+    trainer = TorchTrainer(tiny_model_dir, TrainerConfig(device=TEST_DEVICE))
     samples = fixed_samples(3)
     current = trainer.sequence_logprobs(samples)
     given = [TrainingSample(s.prompt_token_ids, s.response_token_ids, s.advantage, [v + 1.0 for v in lp])
@@ -216,7 +219,7 @@ def test_mismatched_old_logprobs_are_recomputed_with_one_warning(tiny_model_dir,
 def test_resume_restores_the_torch_rng_state(tiny_model_dir, tmp_path):
     # The bug was on CUDA: the state was loaded onto the GPU and set_rng_state refused it; on
     # CPU this checks the state still round-trips through the checkpoint.
-    trainer = TorchTrainer(tiny_model_dir, TrainerConfig(device="cpu"))
+    trainer = TorchTrainer(tiny_model_dir, TrainerConfig(device=TEST_DEVICE))
     torch.manual_seed(1234)
     torch.rand(5)
     saved = trainer.save_checkpoint(tmp_path / "ckpt")
@@ -227,7 +230,7 @@ def test_resume_restores_the_torch_rng_state(tiny_model_dir, tmp_path):
 
 
 def test_resumed_full_fine_tune_keeps_kl_to_the_base_model(tiny_model_dir, tmp_path):
-    config = TrainerConfig(device="cpu", kl_coef=0.1, learning_rate=1e-2)
+    config = TrainerConfig(device=TEST_DEVICE, kl_coef=0.1, learning_rate=1e-2)
     trainer = TorchTrainer(tiny_model_dir, config)
     samples = fixed_samples(7)
     assert trainer.grpo_step(samples)["kl_loss"] == pytest.approx(0.0, abs=1e-7)
