@@ -62,7 +62,7 @@ def make_calc_example():
 def engine(tiny_model_dir):
     from spanrl.trainer_bridge.torch_backend.engine.policy_engine import PolicyEngine
 
-    engine = PolicyEngine.from_pretrained(tiny_model_dir, device=TEST_DEVICE).start()
+    engine = PolicyEngine.from_pretrained(tiny_model_dir, device=TEST_DEVICE, dtype="float32").start()
     yield engine
     engine.stop()
 

@@ -126,9 +126,9 @@ def test_completions_endpoint_with_logprobs_seed_and_stop(server, engine, forwar
     assert torch.allclose(torch.tensor(choice["logprobs"]["token_logprobs"]), expected, atol=1e-4)
     # the two most likely tokens at each step, keyed by their text as OpenAI does (two byte
     # tokens that both print as U+FFFD share one key)
-    ids = torch.tensor([choice["prompt_token_ids"] + choice["token_ids"]])
+    ids = torch.tensor([choice["prompt_token_ids"] + choice["token_ids"]], device=engine.model.device)
     with torch.no_grad():
-        logprobs = torch.log_softmax(engine.model(ids).logits[0].float(), dim=-1)
+        logprobs = torch.log_softmax(engine.model(ids).logits[0].float().cpu(), dim=-1)
     for position, served_top in enumerate(choice["logprobs"]["top_logprobs"]):
         values, indices = logprobs[len(choice["prompt_token_ids"]) - 1 + position].topk(2)
         expected_top = {engine.tokenizer.decode([int(t)]): float(v) for v, t in zip(values, indices, strict=True)}
@@ -207,7 +207,7 @@ def test_weights_endpoint_loads_a_directory(server, engine, tmp_path):
                           timeout=60)
     assert response.status_code == 200 and response.json()["version"] == 5
     assert response.headers["x-spanrl-policy-version"] == "5"
-    assert torch.equal(engine.model.model.embed_tokens.weight, model.model.embed_tokens.weight)
+    assert torch.equal(engine.model.model.embed_tokens.weight.cpu(), model.model.embed_tokens.weight)
     bad = httpx.post(f"{server.url}/spanrl/v1/weights", json={"path": str(tmp_path / "nothing"), "version": 6})
     assert bad.status_code == 400 and "config.json" in bad.json()["error"]["message"]
     assert httpx.get(f"{server.url}/spanrl/v1/policy").json()["version"] == 5

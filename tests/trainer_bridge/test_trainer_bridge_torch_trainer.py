@@ -125,7 +125,8 @@ CRASHING_RUN = textwrap.dedent("""
     model_dir, checkpoints, samples_file = sys.argv[1:4]
     import json
     batches = [[TrainingSample(*s) for s in b] for b in json.load(open(samples_file))]
-    trainer = TorchTrainer(model_dir, TrainerConfig(device=TEST_DEVICE, learning_rate=5e-3, checkpoint_every=2,
+    device = os.environ.get("SPANRL_TEST_DEVICE", "cpu")
+    trainer = TorchTrainer(model_dir, TrainerConfig(device=device, learning_rate=5e-3, checkpoint_every=2,
                                                     checkpoint_dir=checkpoints, keep_checkpoints=1))
     for number, batch in enumerate(batches):
         trainer.grpo_step(batch)
@@ -188,7 +189,7 @@ def test_lora_with_kl_trains_serves_and_resumes(tiny_model_dir, engine, tmp_path
     saved = trainer.save_checkpoint(tmp_path / "lora-ckpt")
     loaded = AutoModelForCausalLM.from_pretrained(saved)
     torch.testing.assert_close(loaded.state_dict()["model.layers.0.self_attn.q_proj.weight"],
-                               merged["model.layers.0.self_attn.q_proj.weight"])
+                               merged["model.layers.0.self_attn.q_proj.weight"].cpu())
     resumed = TorchTrainer.resume(saved)
     assert (resumed.step, resumed.policy_version) == (2, 2)
     torch.testing.assert_close(resumed.policy_state_dict()["model.layers.1.mlp.up_proj.weight"],
@@ -238,8 +239,8 @@ def test_resumed_full_fine_tune_keeps_kl_to_the_base_model(tiny_model_dir, tmp_p
 
     resumed = TorchTrainer.resume(saved)
     base = AutoModelForCausalLM.from_pretrained(tiny_model_dir).state_dict()
-    checkpoint = resumed.model.state_dict()
-    reference = resumed.reference.state_dict()
+    checkpoint = {name: value.cpu() for name, value in resumed.model.state_dict().items()}
+    reference = {name: value.cpu() for name, value in resumed.reference.state_dict().items()}
     key = "model.layers.0.self_attn.q_proj.weight"
     assert not torch.equal(checkpoint[key], base[key])  # the step really moved the weights
     for name, value in base.items():
