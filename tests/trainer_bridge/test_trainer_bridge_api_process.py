@@ -115,3 +115,34 @@ def test_an_address_in_use_is_an_error_here_not_in_the_child(engine):
     with socket.create_server(("127.0.0.1", 0)) as taken:
         with pytest.raises(OSError):
             serve_in_process(engine, "127.0.0.1", taken.getsockname()[1])
+
+
+SIGINT_ON_ANOTHER_THREAD = """
+import signal, subprocess, sys, threading, time
+from spanrl.trainer_bridge.torch_backend.server.api_process import ProcessServerHandle
+
+front_end = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+handle = ProcessServerHandle(url="", host="", port=0, process=front_end, engine_host=None, engine=None,
+                             owns_engine=False)
+parked = threading.Event()
+worker = threading.Thread(target=parked.wait, daemon=True)
+worker.start()
+# Ctrl-C as CUDA processes get it: the signal lands on a thread other than the main one
+threading.Timer(0.5, signal.pthread_kill, (worker.ident, signal.SIGINT)).start()
+started = time.monotonic()
+try:
+    handle.wait()
+except KeyboardInterrupt:
+    print(f"interrupted after {time.monotonic() - started:.1f} s")
+finally:
+    front_end.kill()
+"""
+
+
+def test_waiting_for_the_front_end_ends_on_ctrl_c_delivered_to_another_thread():
+    # `spanrl serve` waits on its front end in the main thread; on a GPU machine SIGINT went to a
+    # CUDA driver thread, a blocking waitpid never returned and Ctrl-C did nothing.
+    result = subprocess.run([sys.executable, "-c", SIGINT_ON_ANOTHER_THREAD], capture_output=True, text=True,
+                            timeout=25)
+    assert "interrupted after" in result.stdout, result.stdout + result.stderr
+    assert float(result.stdout.split()[2]) < 5

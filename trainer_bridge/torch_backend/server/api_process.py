@@ -53,8 +53,21 @@ class ProcessServerHandle:
         return f"{self.url}/v1"
 
     def wait(self, timeout: float | None = None) -> int:
-        """Until the front end exits (its exit status)."""
-        return self.process.wait(timeout)
+        """Until the front end exits (its exit status).
+
+        Waits in short slices: a blocking ``waitpid`` is not interrupted when Ctrl-C's SIGINT is
+        delivered to another thread of this process, and on CUDA the driver's own threads
+        receive it (``spanrl serve`` then never stopped on a GPU machine). Between slices
+        Python runs its signal handler, so ``KeyboardInterrupt`` reaches the caller.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            left = 0.5 if deadline is None else min(0.5, max(deadline - time.monotonic(), 0.0))
+            try:
+                return self.process.wait(left)
+            except subprocess.TimeoutExpired:
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise
 
     def stop(self, timeout: float = 10.0) -> None:
         self.engine_host.channel.close()  # the child's link closes: it shuts its server down
