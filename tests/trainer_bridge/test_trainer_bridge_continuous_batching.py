@@ -212,9 +212,9 @@ def test_the_engines_own_attention_masks_equal_the_models_own(tiny_model_dir, fo
             jobs = [engine.submit(prompt, params) for prompt in prompts]
             return [job.wait(60).choices[0] for job in jobs]
 
-        assert engine._own_masks
+        assert engine.own_masks
         ours = run_together()
-        engine._own_masks = False  # transformers builds the masks from the 2D attention mask
+        engine.own_masks = False  # transformers builds the masks from the 2D attention mask
         theirs = run_together()
     finally:
         engine.stop()

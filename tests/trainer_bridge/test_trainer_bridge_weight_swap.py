@@ -118,7 +118,7 @@ def test_a_superseded_swap_fails_at_once_and_only_the_newest_weights_are_loaded(
         with engine_thread_held(engine, "hello", SamplingParams(max_tokens=2)) as request:
             first.start()
             wait_until_a_swap_is_pending(engine)
-            assert engine._pending_swap is not None and engine._pending_swap[1] == 1
+            assert engine.pending_swap is not None and engine.pending_swap[1] == 1
             second.start()
             first.join(10)
             assert not first.is_alive(), "the superseded caller still waits"
@@ -137,7 +137,7 @@ def test_a_superseded_swap_fails_at_once_and_only_the_newest_weights_are_loaded(
 def wait_until_a_swap_is_pending(engine, timeout_s: float = 10.0) -> None:
     """Polls until the engine holds a pending weight swap (or the timeout passes)."""
     deadline = time.monotonic() + timeout_s
-    while engine._pending_swap is None and time.monotonic() < deadline:
+    while engine.pending_swap is None and time.monotonic() < deadline:
         time.sleep(0.01)
 
 
@@ -169,7 +169,7 @@ def swap_pending_mid_batch(engine, weights: dict, version: int, prompt: str, par
     with engine_thread_held(engine, prompt, params) as running:
         swapper.start()
         wait_until_a_swap_is_pending(engine)
-        assert engine._pending_swap is not None
+        assert engine.pending_swap is not None
         yield running, swapped
     running.wait(60)
     swapper.join(30)

@@ -11,7 +11,6 @@ requests and results are the torch-free types of ``requests.py``.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
@@ -112,12 +111,6 @@ class PolicyEngine:
     def is_running(self) -> bool:
         return self._scheduler.thread is not None
 
-    @property
-    def _thread(self) -> threading.Thread | None:
-        # read by server/app.py and server/api_process.py (whether they started the engine);
-        # ``is_running`` is the public name
-        return self._scheduler.thread
-
     # ------------------------------------------------------------------ state and settings
 
     @property
@@ -148,17 +141,18 @@ class PolicyEngine:
         self._detokenizer.eos_ids = ids
 
     @property
-    def _own_masks(self) -> bool:
-        # whether the engine builds the model's 4D attention masks; tests turn it off to compare
+    def own_masks(self) -> bool:
+        """Whether the engine builds the model's 4D attention masks (off: transformers builds
+        them from the 2D mask, as tests compare)."""
         return self._masks.own
 
-    @_own_masks.setter
-    def _own_masks(self, own: bool) -> None:
+    @own_masks.setter
+    def own_masks(self, own: bool) -> None:
         self._masks.own = own
 
     @property
-    def _pending_swap(self) -> PendingSwap | None:
-        # a weight swap waiting for the engine to be idle (read by tests)
+    def pending_swap(self) -> PendingSwap | None:
+        """A weight swap waiting for the engine to be idle, or None."""
         return self._scheduler.pending_swap
 
     def describe(self) -> dict:

@@ -94,7 +94,7 @@ def serve_in_thread(engine: PolicyEngine, host: str = "127.0.0.1", port: int = 0
     """
     import uvicorn
 
-    owns_engine = engine._thread is None
+    owns_engine = not engine.is_running
     engine.start()
     config = uvicorn.Config(create_app(engine, api_token), host=host, port=port, log_level=log_level,
                             access_log=False, lifespan="off")
