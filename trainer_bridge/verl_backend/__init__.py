@@ -1,0 +1,1 @@
+"""The verl backend: spanrl's training samples trained by verl's own workers, served by vLLM."""
