@@ -267,6 +267,10 @@ def test_models_health_and_openai_style_errors(start):
     with pytest.raises(openai.NotFoundError) as caught:
         client(gateway).chat.completions.create(model="gpt-4o", messages=MESSAGES, max_tokens=2)
     assert SERVED in caught.value.message
+    before = gateway.stats()  # /v1/responses goes upstream whether or not the upstream has it
+    reply = httpx.post(f"{root}/v1/responses", json={"model": SERVED, "input": "hi", "max_output_tokens": 2})
+    served_by(gateway, before)
+    assert reply.status_code == 404 or reply.json()["policy_version"] == 2
     bad = httpx.post(f"{root}/v1/chat/completions", content=b"{not json")
     assert bad.status_code == 400 and bad.json()["error"]["type"] == "invalid_request_error"
 

@@ -23,7 +23,8 @@ non-streamed request's whole time; for a stream, its wait for each next event),
 ``health_check_interval_s`` (how often an upstream out of rotation is probed), ``api_token``
 (when set, agents must send ``Authorization: Bearer <token>``).
 
-What passes through (``gateway_app.py``, ``gateway_rewrite.py``, ``gateway_upstreams.py``):
+What passes through (``gateway_app.py`` routes, ``gateway_relay.py``, ``gateway_rewrite.py``,
+``gateway_upstreams.py``, ``gateway_state.py``):
 ``POST /v1/chat/completions``, ``/v1/completions`` and ``/v1/responses`` (streamed or not, event
 by event), ``GET /v1/models`` (the served name), ``GET /health``, ``GET /spanrl/gateway/stats``;
 other routes are OpenAI-style 404s. A rollout's calls go to one upstream while it is up (prefix
@@ -47,7 +48,9 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from spanrl.errors import SettingError, UserError
-from spanrl.trainer_bridge.verl_backend.gateway_app import GatewayState, GatewayStats, create_app, watch_upstreams
+from spanrl.trainer_bridge.verl_backend.gateway_app import create_app
+from spanrl.trainer_bridge.verl_backend.gateway_relay import watch_upstreams
+from spanrl.trainer_bridge.verl_backend.gateway_state import GatewayState, GatewayStats
 from spanrl.trainer_bridge.verl_backend.gateway_upstreams import UpstreamStats, normalize_upstream_url
 
 logger = logging.getLogger(__name__)
