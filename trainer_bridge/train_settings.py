@@ -73,7 +73,9 @@ class TrainSettings:
     )
     seed: int = field(default=0, metadata={"help": "random seed (task order, sampling)"})
     python_path: list = field(
-        default_factory=list, metadata={"help": "folders added to sys.path to import the reward"}
+        default_factory=list,
+        metadata={"help": "folders to import the reward module from (in a config file: relative to it; the "
+                  "config file's own folder is always one)", "import_folders": True},
     )
     trainer: TrainerConfig = field(
         default_factory=TrainerConfig,
