@@ -31,6 +31,7 @@ COMMAND_MODULES = {
     "receive": "spanrl.otlp_receiver.receive_cli",
     "inspect": "spanrl.otlp_receiver.inspect_cli",
     "model": "spanrl.trainer_bridge.torch_backend.model_cli",
+    "sft": "spanrl.trainer_bridge.sft_cli",
     "serve": "spanrl.trainer_bridge.torch_backend.serve_cli",
     "train": "spanrl.trainer_bridge.train_cli",
     "run": "spanrl.runner.run_cli",

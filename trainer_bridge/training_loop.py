@@ -295,6 +295,9 @@ def run_training(settings: TrainSettings, show_progress: bool = True) -> dict:
                         "(no config.json); create one with `spanrl model init DIR`")
     checkpoints = settings.trainer.checkpoint_dir or os.path.join(settings.output_dir, "checkpoints")
     _prepare_output(settings, checkpoints)
+    from .warm_start import warm_start_before_training
+
+    settings = warm_start_before_training(settings, progress=show_progress)  # model: the warm one
     loop = TrainingLoop(settings)
     with ExitStack() as cleanup:  # whatever started is stopped, also when start-up fails
         backend = make_backend(settings, checkpoints)
