@@ -28,6 +28,7 @@ from .errors import UserError
 
 # command name -> module that defines it (in the order ``--help`` lists them)
 COMMAND_MODULES = {
+    "init": "spanrl.init_cli",
     "receive": "spanrl.otlp_receiver.receive_cli",
     "inspect": "spanrl.otlp_receiver.inspect_cli",
     "model": "spanrl.trainer_bridge.torch_backend.model_cli",
