@@ -103,18 +103,25 @@ def test_own_agent_path_of_the_readme_trains_and_shows_rewards(tmp_path):
 
     rows = [json.loads(line) for line in (project / "runs" / "train" / "metrics.jsonl").read_text().splitlines()]
     assert [row["step"] for row in rows] == [1, 2]
-    assert all(row["rollouts"] == 8 and row["rollouts_used"] + sum(row["rollouts_left_out"].values()) == 8
-               for row in rows)
-    assert "reward" in (tmp_path / "train.log").read_text()
+    for row in rows:
+        assert row["rollouts"] == 8 and row["transitions"] > 0, row
+        assert 0.0 <= row["reward_mean"] <= 1.0, row
 
     shown = spanrl(project, "inspect", "rollouts", "--db", "spanrl.db").stdout
-    lines = shown.splitlines()
-    header = lines[0].split()
-    assert "reward" in header, shown
-    rewards = [line.split()[header.index("reward")] for line in lines[1:] if line.strip()]
-    assert len(rewards) >= 8, shown
-    if all(value == "None" for value in rewards):
+    rewards = table_column(shown, "reward")
+    assert len(rewards) == 16, shown  # 2 steps x 2 tasks x 4 attempts
+    if all(value == "" for value in rewards):
         # The store holds reward events only; rewards from a reward function are shown once
         # `spanrl inspect` reports what each rollout was trained with (issue 13, item 4).
         pytest.xfail("spanrl inspect does not yet show rewards given by a reward function")
     assert all(re.fullmatch(r"-?\d+(\.\d+)?", value) for value in rewards), shown
+
+
+def table_column(text: str, name: str) -> list[str]:
+    """The cells of column ``name`` of a table printed by ``spanrl inspect`` (header, dashes, rows)."""
+    lines = [line for line in text.splitlines() if line.strip()]
+    dashes = next(i for i, line in enumerate(lines) if set(line.replace(" ", "")) == {"-"})
+    spans = [m.span() for m in re.finditer(r"-+", lines[dashes])]
+    headers = [lines[dashes - 1][a:b].strip() for a, b in spans]
+    start, end = spans[headers.index(name)]
+    return [line[start:end].strip() for line in lines[dashes + 1:]]
