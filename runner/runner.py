@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
 import threading
 import time
 from collections import Counter
@@ -43,11 +42,8 @@ class Runner:
 
     def _prepare_agent(self) -> Callable[[ClaimedAttempt], AttemptResult]:
         settings, provider = self.settings, self.tracer_provider
-        for folder in settings.python_path:
-            if folder not in sys.path:
-                sys.path.insert(0, os.path.abspath(folder))
         if settings.agent is not None:
-            agent = load_callable(settings.agent)
+            agent = load_callable(settings.agent, settings.python_path)
             return lambda claim: run_callable_attempt(agent, claim, tracer_provider=provider)
         command = list(settings.command or [])
         return lambda claim: run_command_attempt(

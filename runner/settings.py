@@ -32,7 +32,9 @@ class RunnerSettings:
         default="http://127.0.0.1:4317", metadata={"help": "OTLP/gRPC endpoint of spanrl receive"}
     )
     python_path: list = field(
-        default_factory=list, metadata={"help": "folders added to sys.path to import the agent"}
+        default_factory=list,
+        metadata={"help": "folders to import the agent module from (in a config file: relative to it; the "
+                  "config file's own folder is always one)", "import_folders": True},
     )
     env: dict = field(
         default_factory=dict,

@@ -28,9 +28,11 @@ from .errors import UserError
 
 # command name -> module that defines it (in the order ``--help`` lists them)
 COMMAND_MODULES = {
+    "init": "spanrl.init_cli",
     "receive": "spanrl.otlp_receiver.receive_cli",
     "inspect": "spanrl.otlp_receiver.inspect_cli",
     "model": "spanrl.trainer_bridge.torch_backend.model_cli",
+    "sft": "spanrl.trainer_bridge.sft_cli",
     "serve": "spanrl.trainer_bridge.torch_backend.serve_cli",
     "train": "spanrl.trainer_bridge.train_cli",
     "run": "spanrl.runner.run_cli",

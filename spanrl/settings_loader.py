@@ -14,6 +14,9 @@ variable ``OTEL_SPANRL_TRAIN_TRAINER_CLIP_RATIO_LOW``. Its ``metadata["exclude"]
 nested fields that the command sets another way (a top-level key), so no setting has two names.
 
 Other field metadata: ``positional`` (a positional argument, e.g. ``spanrl serve MODEL_DIR``),
+``import_folders`` (a list of folders to import modules from: entries written in the config
+file are relative to the file's folder, and that folder itself is added, so a config file
+beside its reward or agent module finds it from any working directory),
 ``secret`` (printed as ``***``), ``deprecated_env`` (an old variable name still read, with a
 warning). Values of dict settings whose key looks like a key, token, secret or password are
 printed as ``***`` too. Bad values raise ``SettingError`` naming where they came from.
@@ -207,7 +210,8 @@ def _env_value(environ: Mapping[str, str], name: str, field: dataclasses.Field) 
 
 
 def _build(cls: type, prefix: str, from_file: dict, args: argparse.Namespace | None,
-           environ: Mapping[str, str], where: str, path: str = "", exclude: tuple = ()) -> Any:
+           environ: Mapping[str, str], where: str, path: str = "", exclude: tuple = (),
+           config_dir: str | None = None) -> Any:
     settable = _settable_fields(cls, exclude)
     known = {f.name for f, _ in settable}
     unknown = sorted(set(from_file) - known)
@@ -225,7 +229,7 @@ def _build(cls: type, prefix: str, from_file: dict, args: argparse.Namespace | N
             if not isinstance(block, dict):
                 raise SettingError(f"{where}: {dotted} must be a mapping of settings")
             values[field.name] = _build(kind.base, prefix, block, args, environ, where, dotted + ".",
-                                        tuple(field.metadata.get("exclude", ())))
+                                        tuple(field.metadata.get("exclude", ())), config_dir)
             continue
         flag_value = getattr(args, dotted, None) if args is not None else None
         env_text, env_used = _env_value(environ, env_name(prefix, dotted.replace(".", "_")), field)
@@ -236,9 +240,14 @@ def _build(cls: type, prefix: str, from_file: dict, args: argparse.Namespace | N
             values[field.name] = parse_value(kind, env_text, env_used)
         elif field.name in from_file:
             values[field.name] = parse_value(kind, from_file[field.name], f"{where}: {dotted}", from_text=False)
+            if field.metadata.get("import_folders") and config_dir is not None:
+                values[field.name] = [os.path.join(config_dir, str(folder)) for folder in values[field.name]]
         elif _required(field):
             raise SettingError(f"{dotted} is required: give it as an argument, as {env_used} "
                                "or in the config file")
+        if field.metadata.get("import_folders") and config_dir is not None:
+            folders = list(values.get(field.name, _default_of(field)) or [])
+            values[field.name] = folders + [config_dir] if config_dir not in folders else folders
     return cls(**values)
 
 
@@ -246,8 +255,9 @@ def load_settings(cls: type[S], prefix: str, config_path: str | None = None,
                   args: argparse.Namespace | None = None, environ: Mapping[str, str] | None = None) -> S:
     """Build ``cls`` from flags in ``args``, the environment, the YAML file, then defaults."""
     from_file = read_settings_file(config_path) if config_path else {}
+    config_dir = os.path.dirname(os.path.abspath(config_path)) if config_path else None
     return _build(cls, prefix, from_file, args, os.environ if environ is None else environ,
-                  f"config file {config_path}")
+                  f"config file {config_path}", config_dir=config_dir)
 
 
 def _shown(field: dataclasses.Field, value: Any) -> Any:

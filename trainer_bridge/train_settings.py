@@ -2,9 +2,11 @@
 
 Read by ``train_cli`` through ``spanrl/settings_loader.py``. The torch trainer and the policy
 engine are set through the nested ``trainer:`` and ``engine:`` blocks (``TrainerConfig`` and
-``EngineConfig``); the few of their settings that the top level owns (``TRAINER_FROM_TOP_LEVEL``,
-``ENGINE_FROM_TOP_LEVEL``) have only their top-level name, and ``__post_init__`` copies them
-into the blocks, so ``settings.trainer`` and ``settings.engine`` are what runs.
+``EngineConfig``), a supervised warm start before the first step through ``warm_start:``
+(``WarmStartConfig``, the options of ``spanrl sft``); the few of their settings that the top
+level owns (``TRAINER_FROM_TOP_LEVEL``, ``ENGINE_FROM_TOP_LEVEL``, ``WARM_START_FROM_TOP_LEVEL``)
+have only their top-level name, and ``__post_init__`` copies them into the blocks, so
+``settings.trainer``, ``settings.engine`` and ``settings.warm_start`` are what runs.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from dataclasses import dataclass, field
 
 from spanrl.errors import SettingError
 from spanrl.trainer_bridge.torch_backend.config import EngineConfig, TrainerConfig
+from spanrl.trainer_bridge.warm_start import WARM_START_FROM_TOP_LEVEL, WarmStartConfig
 
 # trainer settings owned by a top-level key of the same name (users' train.yaml files use them)
 TRAINER_FROM_TOP_LEVEL = ("learning_rate", "loss_agg_mode", "kl_coef", "device", "seed", "checkpoint_every")
@@ -78,7 +81,9 @@ class TrainSettings:
     )
     seed: int = field(default=0, metadata={"help": "random seed (task order, sampling)"})
     python_path: list = field(
-        default_factory=list, metadata={"help": "folders added to sys.path to import the reward"}
+        default_factory=list,
+        metadata={"help": "folders to import the reward module from (in a config file: relative to it; the "
+                  "config file's own folder is always one)", "import_folders": True},
     )
     trainer: TrainerConfig = field(
         default_factory=TrainerConfig,
@@ -89,6 +94,12 @@ class TrainSettings:
         default_factory=EngineConfig,
         metadata={"help": "the embedded policy engine (device is the top-level key)",
                   "exclude": ENGINE_FROM_TOP_LEVEL},
+    )
+    warm_start: WarmStartConfig = field(
+        default_factory=WarmStartConfig,
+        metadata={"help": "supervised fine-tuning before the first step, as `spanrl sft` does (off unless "
+                  "demonstrations or store is set; reward, tasks, python_path, seed and device are top-level "
+                  "keys); the warm model goes to <output_dir>/warm-start", "exclude": WARM_START_FROM_TOP_LEVEL},
     )
 
     def __post_init__(self) -> None:
@@ -118,3 +129,5 @@ class TrainSettings:
             **{name: getattr(self, name) for name in TRAINER_FROM_TOP_LEVEL},
         )
         self.engine = dataclasses.replace(self.engine, **{name: getattr(self, name) for name in ENGINE_FROM_TOP_LEVEL})
+        self.warm_start = dataclasses.replace(
+            self.warm_start, **{name: getattr(self, name) for name in WARM_START_FROM_TOP_LEVEL})

@@ -19,7 +19,6 @@ import logging
 import math
 import os
 import random
-import sys
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -62,12 +61,9 @@ def load_tasks(path: str) -> list[tuple[str, dict]]:
 def load_reward_function(spec: str, python_path: list) -> Callable[..., Any]:
     """The ``module:function`` reward, importable from ``python_path`` folders; it is called
     as ``reward(task, variables)`` and returns a number."""
-    for folder in python_path:
-        if os.path.abspath(folder) not in sys.path:
-            sys.path.insert(0, os.path.abspath(folder))
     from spanrl.import_path import load_callable
 
-    return load_callable(spec)
+    return load_callable(spec, python_path)
 
 
 @dataclass(frozen=True)
@@ -309,6 +305,9 @@ def run_training(settings: TrainSettings, show_progress: bool = True) -> dict:
                         "(no config.json); create one with `spanrl model init DIR`")
     checkpoints = settings.trainer.checkpoint_dir or os.path.join(settings.output_dir, "checkpoints")
     _prepare_output(settings, checkpoints)
+    from .warm_start import warm_start_before_training
+
+    settings = warm_start_before_training(settings, progress=show_progress)  # model: the warm one
     loop = TrainingLoop(settings)
     with ExitStack() as cleanup:  # whatever started is stopped, also when start-up fails
         backend = make_backend(settings, checkpoints)

@@ -1,9 +1,12 @@
 """Supervised warm start of the torch trainer: chat examples -> cross-entropy on assistant tokens.
 
-``TorchTrainer.sft_steps`` / ``sft_loss`` / ``sft_from_jsonl`` call these functions (the demo
-and ``bench/`` warm-start a model with them before GRPO). An example is ``{"messages": [...]}``;
-the tokens learned are those a serving engine samples after the chat template's generation
-prompt: each assistant message's content and the ``<|im_end|>`` that closes it.
+``TorchTrainer.sft_steps`` / ``sft_loss`` / ``sft_from_jsonl`` call these functions (the demo,
+``spanrl sft``, the ``warm_start:`` of ``spanrl train`` and ``bench/`` warm-start a model with
+them before GRPO). An example is ``{"messages": [...]}``: the tokens learned are those a
+serving engine samples after the chat template's generation prompt, each assistant message's
+content and the ``<|im_end|>`` that closes it. Or a ``warm_start.TokenExample``: a call the
+engine already served (prompt and response ids from the receiver's store), whose response ids
+are learned as they are.
 """
 
 from __future__ import annotations
@@ -18,14 +21,23 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from spanrl.trainer_bridge.torch_backend.batching import MaskedSequence, micro_batches, pad_batch, token_logprobs
+from spanrl.trainer_bridge.warm_start import TokenExample
 
 if TYPE_CHECKING:
     from spanrl.trainer_bridge.torch_backend.trainer import TorchTrainer
 
 
+def encode_example(tokenizer: Any, example: Any) -> MaskedSequence:
+    """``(ids, mask)`` of a chat example or a ``TokenExample`` (mask 1 on the tokens learned)."""
+    if isinstance(example, TokenExample):
+        prompt, response = list(example.prompt_token_ids), list(example.response_token_ids)
+        return prompt + response, [0] * len(prompt) + [1] * len(response)
+    return encode_chat_for_sft(tokenizer, messages_of(example))
+
+
 def sft_loss(trainer: TorchTrainer, examples: Sequence[Any]) -> float:
     """Mean cross-entropy on the assistant tokens of ``examples`` (no update)."""
-    sequences = [encode_chat_for_sft(trainer.tokenizer, messages_of(e)) for e in examples]
+    sequences = [encode_example(trainer.tokenizer, e) for e in examples]
     total_tokens = float(sum(sum(mask) for _, mask in sequences))
     loss = 0.0
     with torch.no_grad():
@@ -56,7 +68,7 @@ def sft_steps(trainer: TorchTrainer, batches: Iterable[Sequence[Any]], lr: float
     for number, examples in enumerate(batches):
         if max_steps is not None and number >= max_steps:
             break
-        sequences = [encode_chat_for_sft(trainer.tokenizer, messages_of(e)) for e in examples]
+        sequences = [encode_example(trainer.tokenizer, e) for e in examples]
         batch_tokens = float(sum(sum(mask) for _, mask in sequences))
         if batch_tokens == 0:
             raise ValueError(f"SFT batch {number} has no assistant tokens to learn")
@@ -90,14 +102,23 @@ def sft_steps(trainer: TorchTrainer, batches: Iterable[Sequence[Any]], lr: float
 def sft_from_jsonl(trainer: TorchTrainer, path: str | Path, steps: int, batch_size: int = 64,
                    lr: float | None = None, seed: int = 0, progress: bool = True) -> dict[str, float]:
     """``sft_steps`` on random batches drawn from a chat JSONL file (one example a line)."""
-    examples = load_chat_jsonl(path)
+    return sft_on_examples(trainer, load_chat_jsonl(path), steps, batch_size=batch_size, lr=lr, seed=seed,
+                           progress=progress)
+
+
+def sft_on_examples(trainer: TorchTrainer, examples: Sequence[Any], steps: int, batch_size: int = 64,
+                    lr: float | None = None, seed: int = 0, progress: bool = True,
+                    on_step: Callable[[int, dict], None] | None = None) -> dict[str, float]:
+    """``sft_steps`` on ``steps`` batches of ``batch_size`` examples drawn at random from ``examples``."""
+    if not examples:
+        raise ValueError("no examples to learn from")
     rng = random.Random(seed)
 
-    def batches() -> Iterator[list[dict]]:
+    def batches() -> Iterator[list[Any]]:
         while True:
             yield [rng.choice(examples) for _ in range(batch_size)]
 
-    return sft_steps(trainer, batches(), lr=lr, max_steps=steps, progress=progress)
+    return sft_steps(trainer, batches(), lr=lr, max_steps=steps, progress=progress, on_step=on_step)
 
 
 def messages_of(example: Any) -> list[dict]:

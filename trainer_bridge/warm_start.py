@@ -1,0 +1,230 @@
+"""Warm start: supervised fine-tuning of a model before RL, from demonstrations or good rollouts.
+
+A model fresh from ``spanrl model init`` has random weights: its agent never succeeds and GRPO
+has nothing to compare. A warm start teaches it the agent's protocol first, from either source
+(or both):
+
+- ``demonstrations``: a JSONL file of chat examples, ``{"messages": [...]}`` a line;
+- ``store``: the best-rewarded rollouts already in a receiver store (``top_k`` of them and/or
+  those at or above ``min_reward``; scored by the agent's reward events or a reward function),
+  whose calls are learned token for token as the engine served them.
+
+Used by ``spanrl sft`` (``sft_cli``) and by ``spanrl train`` (the ``warm_start:`` block of
+``train.yaml``, run by ``training_loop.run_training`` before the first step). Torch is imported
+only when training runs, so ``--help`` and settings files stay light.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+import os
+import shutil
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from spanrl.errors import SettingError, UserError
+
+if TYPE_CHECKING:
+    from .train_settings import TrainSettings
+
+logger = logging.getLogger(__name__)
+
+RECORD_FILE = "warm_start.json"  # written into a warm-started model directory: what was learned
+# trainer-only files of a checkpoint that a warm-started model directory does not need
+CHECKPOINT_ONLY_FILES = ("optimizer.pt", "trainer_state.json")
+# settings of the warm_start: block of train.yaml that the top level owns
+WARM_START_FROM_TOP_LEVEL = ("reward", "tasks", "python_path", "seed", "device")
+
+
+@dataclass
+class WarmStartConfig:
+    """Where the examples come from and how long to learn (``spanrl sft`` and ``warm_start:``)."""
+
+    demonstrations: str = field(default="", metadata={
+        "help": 'chat JSONL file of demonstrations, one {"messages": [...]} a line'})
+    store: str = field(default="", metadata={
+        "help": "a receiver store (SQLite) whose best-rewarded rollouts are learned"})
+    top_k: int = field(default=0, metadata={"help": "learn the k best-rewarded rollouts of the store (0 = all)"})
+    min_reward: float | None = field(default=None, metadata={
+        "help": "learn only rollouts of the store rewarded at least this much"})
+    reward: str = field(default="events", metadata={
+        "help": "how store rollouts are scored: 'events' (their spanrl.reward events) or 'module:function' "
+        "called with (task, variables)"})
+    tasks: str = field(default="", metadata={"help": "task JSONL file (a reward function gets each rollout's task)"})
+    python_path: list = field(default_factory=list, metadata={
+        "help": "folders to import the reward module from (in a config file: relative to it; the config "
+        "file's own folder is always one)", "import_folders": True})
+    steps: int = field(default=300, metadata={"help": "SFT steps (one AdamW step per batch)"})
+    batch_size: int = field(default=32, metadata={"help": "examples per SFT step (drawn at random)"})
+    learning_rate: float = field(default=1e-3, metadata={"help": "SFT AdamW learning rate"})
+    seed: int = field(default=0, metadata={"help": "random seed (batches)"})
+    device: str = field(default="auto", metadata={"help": "auto | cpu | cuda | cuda:N"})
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.demonstrations or self.store)
+
+    def __post_init__(self) -> None:
+        if self.reward != "events" and ":" not in self.reward:
+            raise SettingError(f"reward must be 'events' or 'module:function', got {self.reward!r}")
+        if self.reward != "events" and self.store and not self.tasks:
+            raise SettingError("a reward function scores each stored rollout with its task: give tasks (the JSONL "
+                               "file the rollouts were run on)")
+        for name in ("steps", "batch_size"):
+            if getattr(self, name) < 1:
+                raise SettingError(f"{name} must be at least 1")
+        if self.top_k < 0:
+            raise SettingError("top_k must be 0 (all) or more")
+        if (self.top_k or self.min_reward is not None) and not self.store:
+            raise SettingError("top_k and min_reward choose rollouts of a store: give store (the receiver's "
+                               "SQLite file)")
+
+
+@dataclass(frozen=True)
+class TokenExample:
+    """A demonstration in token ids (one call of a well-rewarded rollout): its response is learned."""
+
+    prompt_token_ids: tuple[int, ...]
+    response_token_ids: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class ChosenRollouts:
+    """The store's rollouts picked for a warm start: their SFT examples and what they scored."""
+
+    examples: list[TokenExample]  # one per call
+    rollouts: int
+    scored: int     # rollouts of the store that had a score
+    best: float | None
+    worst_chosen: float | None
+
+
+def choose_rollouts(config: WarmStartConfig) -> ChosenRollouts:
+    """The transitions of the best-rewarded ok rollouts of ``config.store`` (torch-free)."""
+    from spanrl.otlp_receiver.store import SpanStore
+
+    from .training_loop import load_reward_function, load_tasks
+
+    if not os.path.isfile(config.store):
+        raise UserError(f"store {config.store!r} not found: give the SQLite file `spanrl receive --db` wrote")
+    reward_fn = None if config.reward == "events" else load_reward_function(config.reward, config.python_path)
+    tasks = dict(load_tasks(config.tasks)) if config.tasks else {}
+    with SpanStore(config.store) as store:
+        rollouts, _ = store.completed_rollouts(since=0)
+    scored: list[tuple[float, Any]] = []
+    for rollout in rollouts:
+        if rollout.status != "ok" or not rollout.transitions:
+            continue
+        if reward_fn is None:
+            score = rollout.total_reward
+        elif rollout.task_id in tasks:
+            try:
+                score = float(reward_fn(tasks[rollout.task_id], dict(rollout.variables)))
+            except Exception:  # one bad rollout must not stop the warm start
+                logger.exception("reward function %s failed on rollout %s: skipped", config.reward, rollout.rollout_id)
+                continue
+        else:
+            continue
+        if score is not None and math.isfinite(score):
+            scored.append((score, rollout))
+    scored.sort(key=lambda pair: pair[0], reverse=True)
+    chosen = [pair for pair in scored if config.min_reward is None or pair[0] >= config.min_reward]
+    if config.top_k:
+        chosen = chosen[: config.top_k]
+    if not chosen:
+        best = f"; the best scored {scored[0][0]:g}" if scored else ""
+        raise UserError(f"no rollout of {config.store} to learn from: {len(scored)} of {len(rollouts)} rollouts "
+                        f"have a score ({config.reward}){best}, min_reward is {config.min_reward}")
+    examples = [TokenExample(tuple(t.prompt_token_ids), tuple(t.response_token_ids))
+                for _, rollout in chosen for t in rollout.transitions if t.response_token_ids]
+    return ChosenRollouts(examples, len(chosen), len(scored), scored[0][0], chosen[-1][0])
+
+
+def warm_start_model(config: WarmStartConfig, model_dir: str, out_dir: str, progress: bool = True) -> dict:
+    """SFT ``model_dir`` on the configured examples and write the result to ``out_dir`` (which may be
+    ``model_dir`` itself: it is replaced atomically). Returns what was done (also saved in
+    ``out_dir/warm_start.json``): steps, first and last loss, examples, seconds."""
+    from spanrl.trainer_bridge.torch_backend import sft
+
+    if not config.enabled:
+        raise SettingError("nothing to learn from: give demonstrations (a chat JSONL file) and/or store "
+                           "(a receiver store)")
+    if not os.path.isfile(os.path.join(model_dir, "config.json")):
+        raise UserError(f"model {model_dir!r} is not a Hugging Face model directory (no config.json); "
+                        "create one with `spanrl model init DIR`")
+    examples: list[Any] = []
+    record: dict[str, Any] = {"model": os.path.abspath(model_dir)}
+    if config.demonstrations:
+        try:
+            demonstrations = sft.load_chat_jsonl(config.demonstrations)
+        except FileNotFoundError as exc:
+            raise UserError(f"demonstrations file not found: {config.demonstrations}") from exc
+        except ValueError as exc:  # names the bad line
+            raise UserError(str(exc)) from exc
+        examples += demonstrations
+        record["demonstrations"] = {"file": os.path.abspath(config.demonstrations), "examples": len(demonstrations)}
+    if config.store:
+        chosen = choose_rollouts(config)
+        examples += chosen.examples
+        record["store"] = {"file": os.path.abspath(config.store), "rollouts": chosen.rollouts,
+                           "transitions": len(chosen.examples), "best_reward": chosen.best,
+                           "lowest_reward_learned": chosen.worst_chosen}
+        print(f"learning {chosen.rollouts} of {chosen.scored} scored rollouts of {config.store} "
+              f"(rewards {chosen.worst_chosen:g} to {chosen.best:g}; {len(chosen.examples)} calls)", flush=True)
+    from spanrl.trainer_bridge.torch_backend.config import TrainerConfig
+    from spanrl.trainer_bridge.torch_backend.trainer import TorchTrainer
+
+    trainer = TorchTrainer(model_dir, TrainerConfig(sft_learning_rate=config.learning_rate, device=config.device,
+                                                    seed=config.seed))
+    stats = sft.sft_on_examples(trainer, examples, config.steps, batch_size=config.batch_size,
+                                lr=config.learning_rate, seed=config.seed, progress=progress)
+    trainer.save_checkpoint(out_dir)
+    for name in CHECKPOINT_ONLY_FILES:  # a plain model directory: GRPO starts its own optimizer
+        path = os.path.join(out_dir, name)
+        if os.path.exists(path):
+            os.remove(path)
+    record.update({"steps": int(stats["steps"]), "batch_size": config.batch_size,
+                   "learning_rate": config.learning_rate, "loss_first": stats["loss_first"],
+                   "loss_last": stats["loss_last"], "seconds": round(stats["seconds"], 1),
+                   "finished_at": time.time()})
+    with open(os.path.join(out_dir, RECORD_FILE), "w", encoding="utf-8") as f:
+        json.dump(record, f, indent=2)
+    return record
+
+
+def warm_start_before_training(settings: TrainSettings, progress: bool = True) -> TrainSettings:
+    """``settings`` to train with after the ``warm_start:`` block ran: ``model`` is then the warm
+    model in ``<output_dir>/warm-start``. Nothing to do without the block, or when resuming a run
+    that has checkpoints (they hold the warm start) or a finished warm start."""
+    config = settings.warm_start
+    if not config.enabled:
+        return settings
+    out_dir = os.path.join(settings.output_dir, "warm-start")
+    checkpoints = settings.trainer.checkpoint_dir or os.path.join(settings.output_dir, "checkpoints")
+    if settings.resume and os.path.isdir(checkpoints) and os.listdir(checkpoints):
+        return settings
+    if settings.resume and os.path.isfile(os.path.join(out_dir, RECORD_FILE)):
+        logger.info("resuming: the warm start in %s is done", out_dir)
+        return dataclasses.replace(settings, model=out_dir)
+    shutil.rmtree(out_dir, ignore_errors=True)
+    print(f"warm start: {config.steps} SFT steps on {describe_sources(config)}", flush=True)
+    record = warm_start_model(config, settings.model, out_dir, progress=progress)
+    print(f"warm start: loss {record['loss_first']:.3f} -> {record['loss_last']:.3f} in {record['seconds']:.0f} s "
+          f"-> {out_dir}", flush=True)
+    return dataclasses.replace(settings, model=out_dir)
+
+
+def describe_sources(config: WarmStartConfig) -> str:
+    sources = []
+    if config.demonstrations:
+        sources.append(f"demonstrations {config.demonstrations}")
+    if config.store:
+        limits = [f"top {config.top_k}" if config.top_k else "", f"reward >= {config.min_reward:g}"
+                  if config.min_reward is not None else ""]
+        which = ", ".join(x for x in limits if x) or "all scored"
+        sources.append(f"rollouts of {config.store} ({which})")
+    return " and ".join(sources)
