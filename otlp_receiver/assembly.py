@@ -209,15 +209,15 @@ def assemble_rollout(
             " they count in total_reward only"
         )
 
-    root = tree.root
     identity = _identity(tree)
-    failed = root.status_error
+    error, status_reason = _status(tree, end_reason, total_reward)
     return Rollout(
         rollout_id=rollout_id,
         task_id=identity.get(semconv.TASK_ID),
         attempt=identity.get(semconv.ATTEMPT),
-        status=STATUS_FAILED if failed else STATUS_OK,
-        error=(root.status_message or "the rollout span ended with status ERROR") if failed else None,
+        status=STATUS_FAILED if error is not None else STATUS_OK,
+        error=error,
+        status_reason=status_reason,
         end_reason=end_reason,
         total_reward=total_reward,
         rewards=tuple(rewards),
@@ -226,6 +226,33 @@ def assemble_rollout(
         problems=tuple(problems),
         sequence=0,
     )
+
+
+def _status(tree: SpanTree, end_reason: str, total_reward: float | None) -> tuple[str | None, str | None]:
+    """``(error, status_reason)``: an error makes the rollout ``failed``; ``status_reason``
+    says why an ``ok`` rollout is ok only for want of evidence (no ``spanrl.rollout`` span)."""
+    root = tree.root
+    if tree.separate_runs > 1:
+        return (f"rollout id reused: {tree.separate_runs} separate {semconv.ROLLOUT_SPAN_NAME} spans (runs)"
+                " carry it, and their spans are not one rollout; give each run its own"
+                f" {semconv.ROLLOUT_ID}"), None
+    if tree.has_rollout_span:
+        if root.status_error:
+            return root.status_message or "the rollout span ended with status ERROR", None
+        return None, None
+    crashed = next((r for r in tree.top_level() if r.status_error), None)
+    if crashed is not None:
+        detail = f": {crashed.status_message}" if crashed.status_message else ""
+        return (f"no {semconv.ROLLOUT_SPAN_NAME} span arrived, and top-level span {crashed.name!r}"
+                f" ended with status ERROR{detail}"), None
+    reasons = [f"no {semconv.ROLLOUT_SPAN_NAME} span arrived, so how the agent ended is unknown"
+               f" (the rollout ended by {end_reason})"]
+    errors = sum(1 for r in tree.order if r.status_error)
+    if errors:
+        reasons.append(f"{errors} span(s) ended with status ERROR")
+    if total_reward is None:
+        reasons.append("no reward")
+    return None, "; ".join(reasons)
 
 
 def _identity(tree: SpanTree) -> dict[str, Any]:
