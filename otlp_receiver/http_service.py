@@ -192,6 +192,8 @@ def _rpc_code(http_status: int) -> int:
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
+    # socketserver's listen backlog of 5 resets connections when many exporters connect at once
+    request_queue_size = 4096  # capped by the kernel's net.core.somaxconn
 
     def __init__(self, address, export: ExportService, store: SpanStore, max_message_bytes: int) -> None:
         self.export = export

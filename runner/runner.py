@@ -22,7 +22,7 @@ from spanrl.bridge_protocol import BridgeInfo, ClaimedAttempt
 from spanrl.import_path import load_callable
 
 from .attempts import AttemptResult, run_callable_attempt, run_command_attempt
-from .bridge_client import BridgeClient, BridgeUnavailable, TrainingFinished
+from .bridge_client import BridgeClient, BridgeRefused, BridgeUnavailable, TrainingFinished
 from .settings import RunnerSettings
 
 logger = logging.getLogger(__name__)
@@ -34,7 +34,7 @@ class Runner:
     def __init__(self, settings: RunnerSettings, *, tracer_provider: TracerProvider | None = None) -> None:
         self.settings = settings
         self.tracer_provider = tracer_provider
-        self.client = BridgeClient(settings.bridge_url)
+        self.client = BridgeClient(settings.bridge_url, token=settings.bridge_token)
         self.counts: Counter[str] = Counter()
         self._counts_lock = threading.Lock()
         self._stop = threading.Event()
@@ -106,6 +106,11 @@ class Runner:
             except TrainingFinished:
                 self._stop.set()  # one worker hearing it is enough: the bridge goes away next
                 return
+            except BridgeRefused as exc:
+                logger.error("giving up: %s", exc)
+                self.gave_up = True
+                self._stop.set()
+                return
             except BridgeUnavailable as exc:
                 now = time.monotonic()
                 unreachable_since = unreachable_since or now
@@ -126,7 +131,7 @@ class Runner:
             self._count(result.status)
             if result.status != "ok":
                 logger.warning("rollout %s %s: %s", claim.rollout_id, result.status, result.error)
-            try:
+            try:  # retried inside on transient faults; the bridge counts a repeated report once
                 self.client.finish(claim.rollout_id, result.status, result.error)
-            except BridgeUnavailable as exc:
+            except (BridgeUnavailable, BridgeRefused) as exc:
                 logger.warning("could not report rollout %s: %s", claim.rollout_id, exc)
