@@ -70,6 +70,8 @@ class Runner:
         """In-process agents read the policy endpoint from the usual OpenAI variables."""
         os.environ["OPENAI_BASE_URL"] = info.policy_base_url
         os.environ["OPENAI_MODEL"] = info.model
+        if self.settings.policy_token:
+            os.environ["OPENAI_API_KEY"] = self.settings.policy_token
         os.environ.setdefault("OPENAI_API_KEY", "spanrl")
         for key, value in self.settings.env.items():
             os.environ[str(key)] = str(value)

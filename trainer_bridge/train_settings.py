@@ -71,6 +71,11 @@ class TrainSettings:
     policy_host: str = field(default="127.0.0.1", metadata={"help": "embedded policy server host"})
     policy_port: int = field(default=8000, metadata={"help": "embedded policy server port"})
     policy_model_name: str = field(default="policy", metadata={"help": "model name agents use"})
+    policy_token: str | None = field(
+        default=None,
+        metadata={"help": "bearer token agents must send to the policy endpoint (their OPENAI_API_KEY); "
+                  "none = no check", "secret": True},
+    )
     bridge_host: str = field(default="127.0.0.1", metadata={"help": "task API host for runners"})
     bridge_port: int = field(default=8100, metadata={"help": "task API port for runners"})
     bridge_token: str | None = field(

@@ -196,3 +196,13 @@ def test_a_run_that_trains_on_nothing_stops_with_the_reason(tmp_path, tracer_pro
     assert "is `spanrl receive` running" in message
     rows = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
     assert len(rows) == 2 and json.loads(rows[-1])["transitions"] == 0
+
+
+def test_the_runner_gives_agents_the_policy_token(monkeypatch):
+    from spanrl.bridge_protocol import BridgeInfo
+
+    for name in ("OPENAI_API_KEY", "OPENAI_BASE_URL", "OPENAI_MODEL"):  # restored after the test
+        monkeypatch.setenv(name, "before")
+    settings = RunnerSettings(agent="flaky_agent:solve", python_path=[AGENTS_DIR], policy_token="p0licy")
+    Runner(settings).point_agents_at_policy(BridgeInfo("http://127.0.0.1:9/v1", "policy", 0, 10.0))
+    assert os.environ["OPENAI_API_KEY"] == "p0licy"  # what the openai client sends as its bearer token
