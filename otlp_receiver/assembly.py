@@ -37,6 +37,7 @@ from spanrl.instrumentation import semconv
 from spanrl.otlp_receiver.air import AirRule
 from spanrl.otlp_receiver.credit import credit_function
 from spanrl.otlp_receiver.retokenize import RetokenizeError, Retokenizer
+from spanrl.otlp_receiver.rollout_status import rollout_status
 from spanrl.otlp_receiver.span_tree import SpanRecord, SpanTree, as_list
 from spanrl.otlp_receiver.transitions import STATUS_FAILED, STATUS_OK, Reward, Rollout, Transition
 
@@ -210,7 +211,7 @@ def assemble_rollout(
         )
 
     identity = _identity(tree)
-    error, status_reason = _status(tree, end_reason, total_reward)
+    error, status_reason = rollout_status(tree, end_reason, total_reward)
     return Rollout(
         rollout_id=rollout_id,
         task_id=identity.get(semconv.TASK_ID),
@@ -226,33 +227,6 @@ def assemble_rollout(
         problems=tuple(problems),
         sequence=0,
     )
-
-
-def _status(tree: SpanTree, end_reason: str, total_reward: float | None) -> tuple[str | None, str | None]:
-    """``(error, status_reason)``: an error makes the rollout ``failed``; ``status_reason``
-    says why an ``ok`` rollout is ok only for want of evidence (no ``spanrl.rollout`` span)."""
-    root = tree.root
-    if tree.separate_runs > 1:
-        return (f"rollout id reused: {tree.separate_runs} separate {semconv.ROLLOUT_SPAN_NAME} spans (runs)"
-                " carry it, and their spans are not one rollout; give each run its own"
-                f" {semconv.ROLLOUT_ID}"), None
-    if tree.has_rollout_span:
-        if root.status_error:
-            return root.status_message or "the rollout span ended with status ERROR", None
-        return None, None
-    crashed = next((r for r in tree.top_level() if r.status_error), None)
-    if crashed is not None:
-        detail = f": {crashed.status_message}" if crashed.status_message else ""
-        return (f"no {semconv.ROLLOUT_SPAN_NAME} span arrived, and top-level span {crashed.name!r}"
-                f" ended with status ERROR{detail}"), None
-    reasons = [f"no {semconv.ROLLOUT_SPAN_NAME} span arrived, so how the agent ended is unknown"
-               f" (the rollout ended by {end_reason})"]
-    errors = sum(1 for r in tree.order if r.status_error)
-    if errors:
-        reasons.append(f"{errors} span(s) ended with status ERROR")
-    if total_reward is None:
-        reasons.append("no reward")
-    return None, "; ".join(reasons)
 
 
 def _identity(tree: SpanTree) -> dict[str, Any]:

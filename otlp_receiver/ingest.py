@@ -19,7 +19,8 @@ import threading
 import time
 
 from spanrl.otlp_receiver.otlp_decode import SpanRow
-from spanrl.otlp_receiver.store import RejectedSpan, SpanStore, StoreError
+from spanrl.otlp_receiver.span_writes import RejectedSpan
+from spanrl.otlp_receiver.store import SpanStore, StoreError
 
 logger = logging.getLogger(__name__)
 
