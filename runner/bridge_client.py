@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import random
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -45,11 +46,12 @@ class TrainingFinished(Exception):
 
 class BridgeClient:
     def __init__(self, url: str, timeout_s: float = 10.0, retry_for_s: float = 30.0,
-                 token: str | None = None) -> None:
+                 token: str | None = None, stop: threading.Event | None = None) -> None:
         self.url = url.rstrip("/")
         self.timeout_s = timeout_s
         self.retry_for_s = retry_for_s
         self.token = token or None
+        self.stop = stop or threading.Event()  # once set, a failing call is not retried any more
         self.retries = 0  # calls repeated after a transient fault (for tests and logs)
 
     def _call(self, method: str, path: str, body: dict | None = None) -> tuple[int, Any]:
@@ -90,11 +92,12 @@ class BridgeClient:
             except BridgeUnavailable as exc:
                 failure = exc
             pause = backoff * random.uniform(0.5, 1.5)
-            if time.monotonic() + pause > deadline:
+            if time.monotonic() + pause > deadline or self.stop.is_set():
                 raise failure
             logger.debug("%s; retrying %s in %.2f s", failure, path, pause)
             self.retries += 1
-            time.sleep(pause)
+            if self.stop.wait(pause):
+                raise failure
             backoff = min(backoff * 2, MAX_BACKOFF_S)
 
     def info(self) -> BridgeInfo:

@@ -34,10 +34,10 @@ class Runner:
     def __init__(self, settings: RunnerSettings, *, tracer_provider: TracerProvider | None = None) -> None:
         self.settings = settings
         self.tracer_provider = tracer_provider
-        self.client = BridgeClient(settings.bridge_url, token=settings.bridge_token)
+        self._stop = threading.Event()
+        self.client = BridgeClient(settings.bridge_url, token=settings.bridge_token, stop=self._stop)
         self.counts: Counter[str] = Counter()
         self._counts_lock = threading.Lock()
-        self._stop = threading.Event()
         self.gave_up = False  # a worker stopped because the bridge stayed unreachable
         self._run_attempt: Callable[[ClaimedAttempt], AttemptResult] = self._prepare_agent()
 
