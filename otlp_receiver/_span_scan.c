@@ -433,12 +433,13 @@ static int scan(const uint8_t *p, size_t n, SpanScan *out) {
             if (f.wire != WIRE_VARINT) return 0;
             break;
         case 7: /* start_time_unix_nano, fixed64 little-endian */
-            if (f.wire != WIRE_I64) return 0;
+            /* 2^63 ns or more: the Python path rejects it (SQLite integers are signed 64-bit) */
+            if (f.wire != WIRE_I64 || (f.data[7] & 0x80)) return 0;
             out->start_ns = 0;
             for (int i = 7; i >= 0; i--) out->start_ns = (out->start_ns << 8) | f.data[i];
             break;
         case 8: /* end_time_unix_nano */
-            if (f.wire != WIRE_I64) return 0;
+            if (f.wire != WIRE_I64 || (f.data[7] & 0x80)) return 0;
             break;
         case 9:
             if (f.wire != WIRE_LEN || !check_attribute(f.data, f.len, out)) return 0;

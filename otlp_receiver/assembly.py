@@ -37,6 +37,7 @@ from spanrl.instrumentation import semconv
 from spanrl.otlp_receiver.air import AirRule
 from spanrl.otlp_receiver.credit import credit_function
 from spanrl.otlp_receiver.retokenize import RetokenizeError, Retokenizer
+from spanrl.otlp_receiver.rollout_status import rollout_status
 from spanrl.otlp_receiver.span_tree import SpanRecord, SpanTree, as_list
 from spanrl.otlp_receiver.transitions import STATUS_FAILED, STATUS_OK, Reward, Rollout, Transition
 
@@ -209,15 +210,15 @@ def assemble_rollout(
             " they count in total_reward only"
         )
 
-    root = tree.root
     identity = _identity(tree)
-    failed = root.status_error
+    error, status_reason = rollout_status(tree, end_reason, total_reward)
     return Rollout(
         rollout_id=rollout_id,
         task_id=identity.get(semconv.TASK_ID),
         attempt=identity.get(semconv.ATTEMPT),
-        status=STATUS_FAILED if failed else STATUS_OK,
-        error=(root.status_message or "the rollout span ended with status ERROR") if failed else None,
+        status=STATUS_FAILED if error is not None else STATUS_OK,
+        error=error,
+        status_reason=status_reason,
         end_reason=end_reason,
         total_reward=total_reward,
         rewards=tuple(rewards),

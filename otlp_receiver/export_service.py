@@ -25,7 +25,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 )
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
-from spanrl.otlp_receiver.ingest import IngestWriter, Overloaded
+from spanrl.otlp_receiver.ingest import IngestFailed, IngestWriter, Overloaded
 from spanrl.otlp_receiver.otlp_decode import (
     PayloadError,
     decode_payload,
@@ -56,7 +56,8 @@ PROTOCOL_ERRORS: tuple[tuple[type[BaseException], grpc.StatusCode, int], ...] = 
     (TooLarge, grpc.StatusCode.RESOURCE_EXHAUSTED, 413),
     (PayloadError, grpc.StatusCode.INVALID_ARGUMENT, 400),
     (Overloaded, grpc.StatusCode.UNAVAILABLE, 503),
-    (StoreError, grpc.StatusCode.UNAVAILABLE, 503),
+    (StoreError, grpc.StatusCode.UNAVAILABLE, 503),  # locked, disk full, I/O: may pass
+    (IngestFailed, grpc.StatusCode.INTERNAL, 500),  # a retry would not help
 )
 
 
@@ -86,7 +87,9 @@ class ExportService:
 
     def export_traces(self, body: bytes, json_encoding: bool = False) -> ExportTraceServiceResponse:
         decoded = decode_request(parse_json_request(body)) if json_encoding else decode_payload(body)
-        self.writer.submit(decoded.rows)  # returns once committed
+        refused = self.writer.submit(decoded.rows)  # returns once committed
+        if refused:
+            decoded.refuse(refused)
         self.accepted_spans += len(decoded.rows)
         if decoded.rejected:
             self.rejected_spans += decoded.rejected

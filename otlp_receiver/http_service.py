@@ -23,7 +23,12 @@ from google.rpc import status_pb2
 from spanrl.otlp_receiver.export_service import ExportService, TooLarge, protocol_error
 from spanrl.otlp_receiver.ingest import Overloaded
 from spanrl.otlp_receiver.otlp_decode import PayloadError
-from spanrl.otlp_receiver.store import SpanStore
+from spanrl.otlp_receiver.store import (
+    COMPLETION_ALREADY_ASSEMBLED,
+    COMPLETION_PENDING,
+    PENDING_COMPLETION_TTL_S,
+    SpanStore,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -76,9 +81,14 @@ class _Handler(BaseHTTPRequestHandler):
                 rollout_id = unquote(path[len(COMPLETE_PREFIX) : -len(COMPLETE_SUFFIX)])
                 if not rollout_id:
                     raise PayloadError("the URL names no rollout id")
-                self.server.store.complete_rollout(rollout_id)
-                body = json.dumps({"rollout_id": rollout_id, "completion": "requested"}).encode()
-                self._send(202, JSON, body)
+                completion = self.server.store.complete_rollout(rollout_id)
+                answer = {"rollout_id": rollout_id, "completion": completion}
+                if completion == COMPLETION_PENDING:
+                    answer["message"] = (
+                        "no span of this rollout has arrived yet: no rollout is created; the completion"
+                        f" applies when its spans arrive within {PENDING_COMPLETION_TTL_S:.0f} s")
+                status = 200 if completion == COMPLETION_ALREADY_ASSEMBLED else 202
+                self._send(status, JSON, json.dumps(answer).encode())
             else:
                 self._read_body()
                 self._send(404, JSON, json.dumps({"message": f"no such endpoint: POST {path}"}).encode())
@@ -182,6 +192,8 @@ def _rpc_code(http_status: int) -> int:
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
+    # socketserver's listen backlog of 5 resets connections when many exporters connect at once
+    request_queue_size = 4096  # capped by the kernel's net.core.somaxconn
 
     def __init__(self, address, export: ExportService, store: SpanStore, max_message_bytes: int) -> None:
         self.export = export

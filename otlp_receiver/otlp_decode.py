@@ -42,6 +42,8 @@ NATIVE_SCANNER = _span_scan is not None
 # them through OTEL_RESOURCE_ATTRIBUTES).
 RESOURCE_FALLBACK_KEYS = (*semconv.ROLLOUT_IDENTITY_KEYS, semconv.AGENT_NAME)
 MAX_REASONS_IN_MESSAGE = 5
+# Span times are fixed64 on the wire but the store's integers are signed 64-bit.
+MAX_TIME_NS = 2**63 - 1
 _ZERO_TRACE_ID = bytes(16)
 _ZERO_SPAN_ID = bytes(8)
 _RAW_KINDS = ("array_value", "kvlist_value")  # kept as raw bytes by the shadow schema
@@ -99,6 +101,21 @@ class DecodedRequest:
             response.partial_success.rejected_spans = self.rejected
             response.partial_success.error_message = self.error_message()
         return response
+
+    def refuse(self, refused, max_reasons: int = 50) -> None:
+        """Move rows the store refused (``store.RejectedSpan``: index into ``rows``, reason)
+        from the accepted rows to the rejected ones."""
+        by_index = {item.index: item.reason for item in refused}
+        kept: list[SpanRow] = []
+        for index, row in enumerate(self.rows):
+            reason = by_index.get(index)
+            if reason is None:
+                kept.append(row)
+                continue
+            self.rejected += 1
+            if len(self.reasons) < max_reasons:
+                self.reasons.append(f"span {row.span_id.hex()} ({row.name!r}): {reason}")
+        self.rows = kept
 
     def error_message(self) -> str:
         shown = "; ".join(self.reasons[:MAX_REASONS_IN_MESSAGE])
@@ -311,6 +328,11 @@ def span_problem(span, identity: dict | None = None) -> str | None:
         return "span_id must be 8 bytes and not all zero"
     if parent_id and len(parent_id) != 8:
         return "parent_span_id must be empty or 8 bytes"
+    for field_name in ("start_time_unix_nano", "end_time_unix_nano"):
+        time_ns = getattr(span, field_name)
+        if time_ns > MAX_TIME_NS:
+            return (f"{field_name} {time_ns} is 2^63 ns or more (after the year 2262): not a time the"
+                    " store can hold (SQLite integers are signed 64-bit)")
     for kv in span.attributes:
         key = kv.key
         if key.startswith(semconv.NAMESPACE_PREFIX):

@@ -164,6 +164,8 @@ class SpanTree:
 
     def _choose_root(self, by_key: dict[str, SpanRecord]) -> SpanRecord:
         roots = [r for r in by_key.values() if r.name == semconv.ROLLOUT_SPAN_NAME]
+        self.has_rollout_span = bool(roots)
+        self.separate_runs = len(_outermost(roots, by_key))
         if roots:
             roots.sort(key=lambda r: (r.start_ns, r.key))
             if len(roots) > 1:
@@ -237,9 +239,34 @@ class SpanTree:
             for child in reversed(record.children):
                 stack.append((child, False))
 
+    def top_level(self) -> list[SpanRecord]:
+        """Spans that were the root of their trace (no parent id), in tree order."""
+        return [r for r in self.order if r.parent_key is None and r is not self.root]
+
     def depth(self, record: SpanRecord) -> int:
         depth = 0
         while record.parent is not None:
             record = record.parent
             depth += 1
         return depth
+
+
+def _outermost(roots: list[SpanRecord], by_key: dict[str, SpanRecord]) -> list[SpanRecord]:
+    """The rollout spans not nested in another one through real parent links: each is a
+    separate run of the agent under this rollout id (more than one means the id was reused)."""
+    keys = {r.key for r in roots}
+    outermost = []
+    for root in roots:
+        node, steps = root, 0
+        nested = False
+        while node.parent_key is not None and steps <= len(by_key):
+            parent = by_key.get(node.parent_key)
+            if parent is None:
+                break
+            if parent.key in keys:
+                nested = True
+                break
+            node, steps = parent, steps + 1
+        if not nested:
+            outermost.append(root)
+    return outermost

@@ -25,6 +25,14 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from spanrl.otlp_receiver.otlp_decode import SpanRow
+from spanrl.otlp_receiver.span_writes import (
+    RejectedSpan,
+    assembled_among,
+    count_new_spans,
+    insert_group,
+    pending_completions_among,
+    refuse_late,
+)
 from spanrl.otlp_receiver.transitions import (
     END_EXPLICIT,
     END_IDLE_TIMEOUT,
@@ -37,9 +45,12 @@ from spanrl.otlp_receiver.transitions import (
 logger = logging.getLogger(__name__)
 
 SYNC_MODES = ("full", "normal", "extra")
-# An explicit completion for a rollout none of whose spans arrived yet waits this long for them
-# (the agent's exporter may still be flushing) before the rollout is assembled empty.
-EMPTY_ROLLOUT_WAIT_S = 30.0
+# An explicit completion for a rollout none of whose spans arrived yet is kept this long for
+# them (the agent's exporter may still be flushing); it never creates an empty rollout.
+PENDING_COMPLETION_TTL_S = 3600.0
+COMPLETION_REQUESTED = "requested"
+COMPLETION_PENDING = "pending"
+COMPLETION_ALREADY_ASSEMBLED = "already_assembled"
 BUSY_TIMEOUT_MS = 60_000
 
 SCHEMA = """
@@ -69,7 +80,12 @@ CREATE TABLE IF NOT EXISTS rollouts (
     completion_requested_at REAL,           -- explicit completion
     state                   TEXT NOT NULL DEFAULT 'open',   -- open | assembled | broken
     broken_reason           TEXT,                           -- why assembly failed
-    late_spans              INTEGER NOT NULL DEFAULT 0      -- spans that came after assembly
+    late_spans              INTEGER NOT NULL DEFAULT 0      -- spans refused: they came after assembly
+);
+-- Completions asked for before any span of the rollout arrived (see complete_rollout).
+CREATE TABLE IF NOT EXISTS pending_completions (
+    rollout_id   TEXT PRIMARY KEY,
+    requested_at REAL NOT NULL
 );
 CREATE INDEX IF NOT EXISTS rollouts_by_state ON rollouts (state);
 CREATE TABLE IF NOT EXISTS assembled (
@@ -82,7 +98,7 @@ CREATE TABLE IF NOT EXISTS assembled (
 
 
 class StoreError(RuntimeError):
-    """The store could not be opened or written."""
+    """The store could not be opened or written (locked, disk full, I/O): a retry may pass."""
 
 
 @dataclass(frozen=True)
@@ -178,70 +194,68 @@ class SpanStore:
 
     # --- writing (the receiver) -------------------------------------------------------------
 
-    def write_spans(self, rows: Sequence[SpanRow], now: float | None = None) -> None:
+    def write_spans(self, rows: Sequence[SpanRow], now: float | None = None) -> list[RejectedSpan]:
         """Store ``rows`` in one transaction; spans already stored are left as they are.
 
-        When this returns, the spans are committed (durable as ``sync`` says).
+        When this returns, the spans are committed (durable as ``sync`` says), except those it
+        returns as rejected, one by one with the reason: a span of a rollout that was already
+        assembled (``ROLLOUT_ALREADY_ASSEMBLED``), or a span SQLite cannot hold (a value out of
+        its range). Raises ``StoreError`` when the store itself fails (locked, disk full, I/O):
+        nothing was written then, and a retry may pass.
         """
         if not rows:
-            return
+            return []
         now = time.time() if now is None else now
         # Rows grouped by rollout: ``INSERT OR IGNORE`` skips spans already stored (exporter
         # retries), so each group's inserted count is read from the connection's change
         # counter and only spans actually inserted count towards the rollout's bookkeeping
         # (span_count, late_spans, last_seen; a retry must not restart the grace delay).
-        per_rollout: dict[str, list[SpanRow]] = {}
-        for row in rows:
-            per_rollout.setdefault(row.rollout_id or "", []).append(row)
+        per_rollout: dict[str, list[tuple[int, SpanRow]]] = {}
+        for index, row in enumerate(rows):
+            per_rollout.setdefault(row.rollout_id or "", []).append((index, row))
+        rejected: list[RejectedSpan] = []
         try:
             with self._transaction() as db:
+                named = [r for r in per_rollout if r]
+                assembled = assembled_among(db, named)
+                pending = pending_completions_among(db, named)
                 for rollout_id, group in per_rollout.items():
-                    changes_before = db.total_changes
-                    db.executemany(
-                        "INSERT OR IGNORE INTO spans"
-                        " (trace_id, span_id, rollout_id, name, start_ns, received_at, body)"
-                        " VALUES (?, ?, ?, ?, ?, ?, ?)",
-                        [(r.trace_id, r.span_id, rollout_id, r.name, r.start_ns, now, r.body) for r in group],
-                    )
-                    inserted = db.total_changes - changes_before
+                    if rollout_id in assembled:
+                        refuse_late(db, rollout_id, group, rejected)
+                        continue
+                    stored, inserted = insert_group(db, rollout_id, group, now, rejected)
                     if rollout_id and inserted:
-                        self._count_new_spans(db, rollout_id, group, inserted, now)
+                        count_new_spans(db, rollout_id, stored, inserted, now, pending.get(rollout_id))
+                        if rollout_id in pending:
+                            db.execute("DELETE FROM pending_completions WHERE rollout_id = ?", (rollout_id,))
         except sqlite3.Error as exc:
             raise StoreError(f"cannot write {len(rows)} spans to {self.path}: {exc}") from exc
+        return rejected
 
-    @staticmethod
-    def _count_new_spans(db, rollout_id: str, group: Sequence[SpanRow], inserted: int, now: float) -> None:
-        """Record ``inserted`` new spans of ``rollout_id`` (rows of ``group``) in ``rollouts``."""
-        task_id = next((r.task_id for r in group if r.task_id is not None), None)
-        attempt = next((r.attempt for r in group if r.attempt is not None), None)
-        # A root span that was a duplicate already set root_seen_at when first stored.
-        root_seen_at = now if any(r.is_rollout_root for r in group) else None
-        db.execute(
-            "INSERT INTO rollouts (rollout_id, task_id, attempt, first_seen, last_seen,"
-            " span_count, root_seen_at) VALUES (?, ?, ?, ?, ?, ?, ?)"
-            " ON CONFLICT (rollout_id) DO UPDATE SET"
-            " task_id = coalesce(rollouts.task_id, excluded.task_id),"
-            " attempt = coalesce(rollouts.attempt, excluded.attempt),"
-            " last_seen = excluded.last_seen,"
-            " span_count = rollouts.span_count + excluded.span_count,"
-            " root_seen_at = coalesce(rollouts.root_seen_at, excluded.root_seen_at),"
-            " late_spans = rollouts.late_spans"
-            "   + (CASE WHEN rollouts.state = 'assembled' THEN excluded.span_count ELSE 0 END)",
-            (rollout_id, task_id, attempt, now, now, inserted, root_seen_at),
-        )
+    def complete_rollout(self, rollout_id: str, now: float | None = None) -> str:
+        """Ask for ``rollout_id`` to be assembled (after the grace delay) by the receiver.
 
-    def complete_rollout(self, rollout_id: str, now: float | None = None) -> None:
-        """Ask for ``rollout_id`` to be assembled (after the grace delay) by the receiver."""
+        Returns what happened: ``COMPLETION_REQUESTED`` (an open rollout; assembled after the
+        grace delay), ``COMPLETION_ALREADY_ASSEMBLED`` (nothing to do), or
+        ``COMPLETION_PENDING``: no span of it arrived yet (the agent's exporter may still be
+        flushing), so no rollout is created; the request is kept for ``PENDING_COMPLETION_TTL_S``
+        and applies when its first spans arrive."""
         now = time.time() if now is None else now
         try:
             with self._transaction() as db:
+                row = db.execute("SELECT state FROM rollouts WHERE rollout_id = ?", (rollout_id,)).fetchone()
+                if row is None:
+                    db.execute("DELETE FROM pending_completions WHERE requested_at < ?",
+                               (now - PENDING_COMPLETION_TTL_S,))
+                    db.execute("INSERT OR IGNORE INTO pending_completions (rollout_id, requested_at)"
+                               " VALUES (?, ?)", (rollout_id, now))
+                    return COMPLETION_PENDING
+                if row[0] == "assembled":
+                    return COMPLETION_ALREADY_ASSEMBLED
                 db.execute(
-                    "INSERT INTO rollouts (rollout_id, first_seen, last_seen, completion_requested_at)"
-                    " VALUES (?, ?, ?, ?) ON CONFLICT (rollout_id) DO UPDATE SET"
-                    " completion_requested_at = coalesce(rollouts.completion_requested_at,"
-                    " excluded.completion_requested_at)",
-                    (rollout_id, now, now, now),
-                )
+                    "UPDATE rollouts SET completion_requested_at = coalesce(completion_requested_at, ?)"
+                    " WHERE rollout_id = ?", (now, rollout_id))
+                return COMPLETION_REQUESTED
         except sqlite3.Error as exc:
             raise StoreError(f"cannot record completion of rollout {rollout_id!r} in {self.path}: {exc}") from exc
 
@@ -255,15 +269,13 @@ class SpanStore:
         """Open rollouts whose end has been seen and that were quiet for ``grace_s``."""
         with self._lock:
             rows = self._db.execute(
-                "SELECT rollout_id, last_seen, root_seen_at, completion_requested_at, span_count"
+                "SELECT rollout_id, last_seen, root_seen_at, completion_requested_at"
                 " FROM rollouts WHERE state = 'open'"
             ).fetchall()
         ready: list[ReadyRollout] = []
-        for rollout_id, last_seen, root_seen_at, requested_at, span_count in rows:
+        for rollout_id, last_seen, root_seen_at, requested_at in rows:
             triggers = []
             if requested_at is not None:
-                if span_count == 0 and now - requested_at < EMPTY_ROLLOUT_WAIT_S:
-                    continue  # completed before any span arrived: give the exporter time
                 triggers.append((requested_at, END_EXPLICIT))
             if on_rollout_span and root_seen_at is not None:
                 triggers.append((root_seen_at, END_ROLLOUT_SPAN))
@@ -378,3 +390,4 @@ class SpanStore:
                     "SELECT rollout_id FROM rollouts WHERE state = ?", (state,)
                 ).fetchall()
         return [r[0] for r in rows]
+

@@ -12,7 +12,8 @@ from typing import Any
 
 VariableValue = str | int | float | bool
 
-# How a rollout went: "failed" when its spanrl.rollout span ended with status ERROR.
+# How a rollout went: "failed" when its spanrl.rollout span ended with status ERROR, when its
+# id was reused by separate runs, or (no spanrl.rollout span) when a top-level span did.
 STATUS_OK = "ok"
 STATUS_FAILED = "failed"
 ROLLOUT_STATUSES = (STATUS_OK, STATUS_FAILED)
@@ -74,6 +75,9 @@ class Rollout:
     transitions: tuple[Transition, ...]
     problems: tuple[str, ...]
     sequence: int
+    # Set on an ``ok`` rollout whose status is unverified (no spanrl.rollout span arrived):
+    # why, e.g. "...; 2 span(s) ended with status ERROR; no reward". None otherwise.
+    status_reason: str | None = None
 
     def __post_init__(self) -> None:
         if self.status not in ROLLOUT_STATUSES:
@@ -92,6 +96,7 @@ def rollout_to_dict(rollout: Rollout) -> dict[str, Any]:
         "attempt": rollout.attempt,
         "status": rollout.status,
         "error": rollout.error,
+        "status_reason": rollout.status_reason,
         "end_reason": rollout.end_reason,
         "total_reward": rollout.total_reward,
         "rewards": [reward_to_dict(r) for r in rollout.rewards],
@@ -139,6 +144,7 @@ def rollout_from_dict(data: dict[str, Any]) -> Rollout:
         attempt=data["attempt"],
         status=data["status"],
         error=data["error"],
+        status_reason=data.get("status_reason"),  # absent in stores of older versions
         end_reason=data["end_reason"],
         total_reward=data["total_reward"],
         rewards=tuple(Reward(**r) for r in data["rewards"]),

@@ -21,7 +21,7 @@ from spanrl.bridge_protocol import BridgeInfo, ClaimedAttempt
 from spanrl.import_path import load_callable
 
 from .attempts import AttemptResult, run_callable_attempt, run_command_attempt
-from .bridge_client import BridgeClient, BridgeUnavailable, TrainingFinished
+from .bridge_client import BridgeClient, BridgeRefused, BridgeUnavailable, TrainingFinished
 from .settings import RunnerSettings
 
 logger = logging.getLogger(__name__)
@@ -33,10 +33,10 @@ class Runner:
     def __init__(self, settings: RunnerSettings, *, tracer_provider: TracerProvider | None = None) -> None:
         self.settings = settings
         self.tracer_provider = tracer_provider
-        self.client = BridgeClient(settings.bridge_url)
+        self._stop = threading.Event()
+        self.client = BridgeClient(settings.bridge_url, token=settings.bridge_token, stop=self._stop)
         self.counts: Counter[str] = Counter()
         self._counts_lock = threading.Lock()
-        self._stop = threading.Event()
         self.gave_up = False  # a worker stopped because the bridge stayed unreachable
         self._run_attempt: Callable[[ClaimedAttempt], AttemptResult] = self._prepare_agent()
 
@@ -66,6 +66,8 @@ class Runner:
         """In-process agents read the policy endpoint from the usual OpenAI variables."""
         os.environ["OPENAI_BASE_URL"] = info.policy_base_url
         os.environ["OPENAI_MODEL"] = info.model
+        if self.settings.policy_token:
+            os.environ["OPENAI_API_KEY"] = self.settings.policy_token
         os.environ.setdefault("OPENAI_API_KEY", "spanrl")
         for key, value in self.settings.env.items():
             os.environ[str(key)] = str(value)
@@ -102,6 +104,11 @@ class Runner:
             except TrainingFinished:
                 self._stop.set()  # one worker hearing it is enough: the bridge goes away next
                 return
+            except BridgeRefused as exc:
+                logger.error("giving up: %s", exc)
+                self.gave_up = True
+                self._stop.set()
+                return
             except BridgeUnavailable as exc:
                 now = time.monotonic()
                 unreachable_since = unreachable_since or now
@@ -122,7 +129,7 @@ class Runner:
             self._count(result.status)
             if result.status != "ok":
                 logger.warning("rollout %s %s: %s", claim.rollout_id, result.status, result.error)
-            try:
+            try:  # retried inside on transient faults; the bridge counts a repeated report once
                 self.client.finish(claim.rollout_id, result.status, result.error)
-            except BridgeUnavailable as exc:
+            except (BridgeUnavailable, BridgeRefused) as exc:
                 logger.warning("could not report rollout %s: %s", claim.rollout_id, exc)

@@ -41,6 +41,16 @@ class RunnerSettings:
         metadata={"help": "extra environment for the agent (a JSON object on the command line); values "
                   "of keys like *KEY*, *TOKEN*, *SECRET*, *PASSWORD* are printed as ***"},
     )
+    bridge_token: str | None = field(
+        default=None,
+        metadata={"help": "bearer token the bridge asks for (the trainer's bridge_token); none = send none",
+                  "secret": True},
+    )
+    policy_token: str | None = field(
+        default=None,
+        metadata={"help": "the policy endpoint's bearer token (the trainer's policy_token), given to agents "
+                  "as OPENAI_API_KEY; none = OPENAI_API_KEY as set, else 'spanrl'", "secret": True},
+    )
     bridge_wait_s: float = field(
         default=120.0, metadata={"help": "give up when the bridge cannot be reached this long"}
     )

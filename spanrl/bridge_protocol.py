@@ -7,10 +7,12 @@ calls it (``spanrl.runner.bridge_client``). Every payload is a frozen dataclass 
 torch. docs/interfaces.md describes the same exchange.
 
     GET  /v1/info    -> 200 BridgeInfo
-    POST /v1/claim   {} -> 200 ClaimedAttempt
+    POST /v1/claim   ClaimRequest -> 200 ClaimedAttempt (the same one again for a repeated claim_id)
                           204 nothing to run right now (Retry-After: seconds)
                           410 training finished: the runner exits
-    POST /v1/finish  FinishRequest -> 200 {"ok": true} | 400 bad request | 404 not in the open round
+    POST /v1/finish  FinishRequest -> 200 {"ok": true} (also when repeated: the first report counts)
+                                      | 400 bad request | 404 not in the open round
+    any route        -> 401 without the bridge's bearer token, when it has one
     any error        -> {"error": "what went wrong"}
 """
 
@@ -38,6 +40,7 @@ POLICY_BASE_URL = "policy_base_url"
 MODEL = "model"
 POLICY_VERSION = "policy_version"
 STATUS = "status"
+CLAIM_ID = "claim_id"
 ERROR = "error"  # in a finish request (why the attempt failed) and in every error answer
 OK = "ok"
 
@@ -132,6 +135,26 @@ class ClaimedAttempt(Attempt):
     def of(cls, attempt: Attempt, rollout_timeout_s: float, policy_base_url: str, model: str) -> ClaimedAttempt:
         return cls(attempt.rollout_id, attempt.task_id, attempt.attempt, attempt.task, attempt.step,
                    rollout_timeout_s, policy_base_url, model)
+
+
+@dataclass(frozen=True)
+class ClaimRequest:
+    """Body of ``POST /v1/claim``. ``claim_id`` (chosen by the runner, optional) makes a claim
+    safe to retry: a claim repeated with the same id gets the attempt the first one got, so an
+    answer lost on the way never strands an attempt."""
+
+    claim_id: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {} if self.claim_id is None else {CLAIM_ID: self.claim_id}
+
+    @classmethod
+    def from_json(cls, payload: Any) -> ClaimRequest:
+        what = "a claim request"
+        body = _object(payload, what)
+        if body.get(CLAIM_ID) is None:
+            return cls()
+        return cls(_string(body, CLAIM_ID, what))
 
 
 @dataclass(frozen=True)

@@ -1,11 +1,13 @@
 """The bridge's HTTP API for runners (JSON over HTTP, stdlib server, 127.0.0.1 by default).
 
 Serves the protocol of ``spanrl.bridge_protocol`` (routes, payloads, status codes) over the
-dispatcher's attempts. The runner (``spanrl.runner.bridge_client``) is its only client.
+dispatcher's attempts. The runner (``spanrl.runner.bridge_client``) is its only client. With a
+``token``, every request must carry ``Authorization: Bearer <token>`` (else 401).
 """
 
 from __future__ import annotations
 
+import hmac
 import json
 import logging
 import threading
@@ -14,13 +16,14 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from spanrl import bridge_protocol as protocol
-from spanrl.bridge_protocol import BridgeInfo, ClaimedAttempt, FinishRequest
+from spanrl.bridge_protocol import BridgeInfo, ClaimedAttempt, ClaimRequest, FinishRequest
 
 from .task_dispatch import TaskDispatcher, TrainingFinished
 
 logger = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 1 << 20  # runners send small JSON objects
+LISTEN_BACKLOG = 4096  # capped by the kernel's net.core.somaxconn
 
 
 @dataclass(frozen=True)
@@ -53,6 +56,7 @@ class _Handler(BaseHTTPRequestHandler):
     def _dispatch(self, routes: dict[str, Callable[[dict], tuple[int, dict | None]]]) -> None:
         route = routes.get(self.path.split("?", 1)[0])
         try:
+            self.server.api.check_authorization(self.headers.get("Authorization"))
             if route is None:
                 raise BridgeAPIError(404, f"no such endpoint: {self.command} {self.path}")
             raw = self._read_body()
@@ -93,6 +97,9 @@ class _Handler(BaseHTTPRequestHandler):
 
 class _BridgeHTTPServer(ThreadingHTTPServer):
     daemon_threads = True
+    # The listen backlog. socketserver's default of 5 made the kernel reset connections when
+    # dozens of runners' workers called at once (`spanrl demo`, 32 agents: 25 resets a run).
+    request_queue_size = LISTEN_BACKLOG
     api: BridgeAPI
 
 
@@ -106,10 +113,12 @@ class BridgeAPI:
         policy_version: Callable[[], int],
         host: str = "127.0.0.1",
         port: int = 8100,
+        token: str | None = None,
     ) -> None:
         self.dispatcher = dispatcher
         self.policy = policy
         self.policy_version = policy_version
+        self.token = token or None
         self._server = _BridgeHTTPServer((host, port), _Handler)
         self._server.api = self
         self._thread: threading.Thread | None = None
@@ -133,14 +142,26 @@ class BridgeAPI:
         if self._thread is not None:
             self._thread.join(timeout=5)
 
+    def check_authorization(self, header: str | None) -> None:
+        if self.token is None:
+            return
+        expected = f"Bearer {self.token}".encode()
+        if header is None or not hmac.compare_digest(header.strip().encode(), expected):
+            raise BridgeAPIError(401, "missing or wrong bearer token: give `spanrl run` the trainer's "
+                                      "bridge_token (--bridge-token or OTEL_SPANRL_RUN_BRIDGE_TOKEN)")
+
     # --- routes ----------------------------------------------------------------------------
     def info(self, _body: dict) -> tuple[int, dict]:
         return 200, BridgeInfo(self.policy.base_url, self.policy.model, self.policy_version(),
                                self.dispatcher.rollout_timeout_s).to_json()
 
-    def claim(self, _body: dict) -> tuple[int, dict | None]:
+    def claim(self, body: dict) -> tuple[int, dict | None]:
         try:
-            attempt = self.dispatcher.claim()
+            request = ClaimRequest.from_json(body)
+        except ValueError as exc:
+            raise BridgeAPIError(400, str(exc)) from exc
+        try:
+            attempt = self.dispatcher.claim(request.claim_id)
         except TrainingFinished:
             return protocol.TRAINING_FINISHED, protocol.error_body("training finished")
         if attempt is None:

@@ -46,6 +46,7 @@ class _Round:
     opened_at: float = field(default_factory=time.monotonic)
     unclaimed: deque = field(default_factory=deque)
     claimed_at: dict[str, float] = field(default_factory=dict)
+    by_claim_id: dict[str, str] = field(default_factory=dict)  # a runner's claim id -> rollout id
     outcomes: dict[str, Outcome] = field(default_factory=dict)
 
 
@@ -74,20 +75,28 @@ class TaskDispatcher:
             self._lock.notify_all()
         return list(attempts.values())
 
-    def claim(self) -> Attempt | None:
-        """The next unclaimed attempt, or None when there is none right now."""
+    def claim(self, claim_id: str | None = None) -> Attempt | None:
+        """The next unclaimed attempt, or None when there is none right now. A ``claim_id``
+        seen before in this round gets the same attempt again (a runner's retry)."""
         with self._lock:
             if self._finished:
                 raise TrainingFinished()
             current = self._round
-            if current is None or not current.unclaimed:
+            if current is None:
+                return None
+            if claim_id is not None and claim_id in current.by_claim_id:
+                return current.attempts[current.by_claim_id[claim_id]]
+            if not current.unclaimed:
                 return None
             rollout_id = current.unclaimed.popleft()
             current.claimed_at[rollout_id] = time.monotonic()
+            if claim_id is not None:
+                current.by_claim_id[claim_id] = rollout_id
             return current.attempts[rollout_id]
 
     def finish(self, rollout_id: str, status: str, error: str | None = None) -> bool:
-        """Record a runner's report; False when the rollout is not part of the open round."""
+        """Record a runner's report; False when the rollout is not part of the open round.
+        Idempotent: a repeated report (a runner's retry) is accepted and the first one counts."""
         if status not in REPORTABLE_STATUSES:
             raise ValueError(f"status must be one of {REPORTABLE_STATUSES}, got {status!r}")
         with self._lock:

@@ -37,6 +37,11 @@ class TrainSettings:
         metadata={"help": "'events' (the agent's spanrl.reward events) or 'module:function' "
                   "called with (task, variables)"},
     )
+    trust_agent_rewards: bool = field(
+        default=True,
+        metadata={"help": "with reward 'events', score a rollout by every reward its spans carry; off = only "
+                  "the receiver's AIR rule rewards count (an agent cannot award itself)"},
+    )
     backend: str = field(default="torch", metadata={"help": "training backend: torch"})
     group_size: int = field(default=8, metadata={"help": "rollouts per task (GRPO group size G)"})
     tasks_per_step: int = field(default=16, metadata={"help": "tasks per GRPO update"})
@@ -74,8 +79,21 @@ class TrainSettings:
     policy_host: str = field(default="127.0.0.1", metadata={"help": "embedded policy server host"})
     policy_port: int = field(default=8000, metadata={"help": "embedded policy server port"})
     policy_model_name: str = field(default="policy", metadata={"help": "model name agents use"})
+    policy_token: str | None = field(
+        default=None,
+        metadata={"help": "bearer token agents must send to the policy endpoint (their OPENAI_API_KEY); "
+                  "none = no check", "secret": True},
+    )
     bridge_host: str = field(default="127.0.0.1", metadata={"help": "task API host for runners"})
     bridge_port: int = field(default=8100, metadata={"help": "task API port for runners"})
+    bridge_token: str | None = field(
+        default=None,
+        metadata={"help": "bearer token runners must send to the task API; none = no check", "secret": True},
+    )
+    max_empty_steps: int = field(
+        default=3,
+        metadata={"help": "stop with an error after this many steps in a row trained on nothing (0 = never)"},
+    )
     device: str = field(
         default="auto", metadata={"help": "device of the trainer and the policy engine: auto | cpu | cuda | cuda:N"}
     )
@@ -123,6 +141,8 @@ class TrainSettings:
         for name in ("tasks_per_step", "steps"):
             if getattr(self, name) < 1:
                 raise SettingError(f"{name} must be at least 1")
+        if self.max_empty_steps < 0:
+            raise SettingError(f"max_empty_steps must be 0 (never stop) or more, got {self.max_empty_steps}")
         # the blocks run with the top-level values: one name per setting
         self.trainer = dataclasses.replace(
             self.trainer, checkpoint_dir=os.path.join(self.output_dir, "checkpoints"),

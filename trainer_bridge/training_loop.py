@@ -169,7 +169,7 @@ class TrainingLoop:
         value; ``None`` when there is none (no reward event, a non-finite value). Raises
         ``RewardFunctionError`` (logged, with the task id) when the reward function raised."""
         if self.reward_fn is None:
-            total = rollout.total_reward
+            total = rollout.total_reward if self.settings.trust_agent_rewards else rule_reward(rollout)
             return total if total is not None and math.isfinite(total) else None
         try:
             score = float(self.reward_fn(attempt.task, dict(rollout.variables)))
@@ -195,7 +195,8 @@ class TrainingLoop:
         rollout_seconds = time.monotonic() - started
         samples, dropped = training_samples(
             report.scored, self.settings.advantage_level, self.settings.norm_adv_by_std,
-            transition_returns=self.settings.advantage_level == "transition" and self.reward_fn is None,
+            transition_returns=(self.settings.advantage_level == "transition" and self.reward_fn is None
+                                and self.settings.trust_agent_rewards),  # returns include the agent's rewards
             loss_weighting=self.settings.loss_weighting,
         )
         stats = backend.update(samples).as_metrics() if samples else {}
@@ -205,6 +206,47 @@ class TrainingLoop:
 
 class RewardFunctionError(Exception):
     """The configured reward function raised on a rollout (which is then left out)."""
+
+
+class NothingToTrain(UserError):
+    """Too many steps in a row trained on nothing (``max_empty_steps``): the message says why."""
+
+
+AIR_SOURCE_PREFIX = "air:"  # Reward.source of a reward made by one of the receiver's AIR rules
+
+
+def rule_reward(rollout: Any) -> float | None:
+    """The sum of a rollout's AIR rule rewards (None when it has none): what counts when the
+    agent's own reward events are not trusted."""
+    values = [r.value for r in rollout.rewards if r.source.startswith(AIR_SOURCE_PREFIX)]
+    return sum(values) if values else None
+
+
+# Why rollouts were left out -> what the user can check (for the empty-step error).
+LEFT_OUT_HINTS = {
+    "unassembled": "no assembled rollout reached the store: is `spanrl receive` running, writing to the store "
+                   "the trainer reads, and reachable by the agents?",
+    "reward_error": "the reward function raised (its traceback is in the log)",
+    "no_reward": "no rollout had a reward",
+    "failed": "the agents failed",
+    "timeout": "the agents timed out",
+    "lost": "runners did not report back",
+    "no_transitions": "no LLM call carried token ids",
+    "no_selected_agent": "no call came from the agents named in 'agents'",
+}
+
+
+def empty_step_reason(row: dict) -> str | None:
+    """Why the step of metrics row ``row`` trained on nothing, or None when it trained."""
+    if row["transitions"]:
+        return None
+    left_out = row["rollouts_left_out"]
+    hints = [LEFT_OUT_HINTS[k] for k in sorted(left_out, key=lambda k: -left_out[k]) if k in LEFT_OUT_HINTS]
+    if row["groups_of_one_dropped"]:
+        hints.append("groups with a single usable rollout were dropped (GRPO compares rollouts of one task)")
+    counts = ", ".join(f"{k} {v}" for k, v in sorted(left_out.items())) or "none left out"
+    return (f"step {row['step']} trained on nothing: {row['rollouts']} rollouts ({counts})"
+            + (f"; {'; '.join(hints)}" if hints else ""))
 
 
 def training_samples(scored: list[ScoredRollout], level: str, norm_adv_by_std: bool,
@@ -317,7 +359,7 @@ def run_training(settings: TrainSettings, show_progress: bool = True) -> dict:
         metrics.keep_up_to_version(backend.policy_version)
         api = BridgeAPI(
             loop.dispatcher, PolicyInfo(backend.endpoint_url, settings.policy_model_name),
-            lambda: backend.policy_version, settings.bridge_host, settings.bridge_port,
+            lambda: backend.policy_version, settings.bridge_host, settings.bridge_port, settings.bridge_token,
         ).start()
         cleanup.callback(api.stop)
         # let runners hear "training finished" (410) before the API goes away
@@ -329,7 +371,7 @@ def run_training(settings: TrainSettings, show_progress: bool = True) -> dict:
         bar = tqdm(total=settings.steps, initial=first_step, disable=not show_progress,
                    desc="spanrl train", unit="step", dynamic_ncols=True)
         cleanup.callback(bar.close)
-        good_steps = 0
+        good_steps = empty_steps = 0
         for step in range(first_step, settings.steps):
             row = loop.run_step(
                 step, backend,
@@ -339,6 +381,13 @@ def run_training(settings: TrainSettings, show_progress: bool = True) -> dict:
             metrics.plot()
             if row["rollouts_left_out"]:
                 logger.warning("step %d left out rollouts: %s", step + 1, row["rollouts_left_out"])
+            empty = empty_step_reason(row)
+            empty_steps = empty_steps + 1 if empty else 0
+            if empty:
+                logger.warning("%s", empty)
+                if settings.max_empty_steps and empty_steps >= settings.max_empty_steps:
+                    raise NothingToTrain(f"stopped: {empty_steps} steps in a row trained on nothing "
+                                         f"(max_empty_steps); the last: {empty}")
             bar.update(1)
             bar.set_postfix(reward=f"{row['reward_mean']:.2f}", version=backend.policy_version,
                             rps=f"{row['rollouts_per_s']:.1f}")

@@ -19,7 +19,13 @@ from spanrl.otlp_receiver.assembly import AssemblyOptions
 from spanrl.otlp_receiver.otlp_decode import decode_request
 from spanrl.otlp_receiver.server import Assembler
 from spanrl.otlp_receiver.settings import ReceiverSettings
-from spanrl.otlp_receiver.store import SpanStore, StoreError
+from spanrl.otlp_receiver.store import (
+    COMPLETION_ALREADY_ASSEMBLED,
+    COMPLETION_PENDING,
+    PENDING_COMPLETION_TTL_S,
+    SpanStore,
+    StoreError,
+)
 
 
 def rows(*spans):
@@ -121,16 +127,30 @@ def test_receiver_never_imports_torch():
 
 def test_explicit_completion_before_any_span_waits_for_spans(tmp_path):
     store = SpanStore(tmp_path / "s.db")
-    store.complete_rollout("early", now=100.0)
+    assert store.complete_rollout("early", now=100.0) == COMPLETION_PENDING
+    assert store.rollout_summaries() == []  # a pending completion is not an open rollout
     a = assembler(store, grace_s=0.5)
     assert a.run_once(now=110.0) == []  # nothing arrived yet: keep waiting
     store.write_spans(rows(span(1, rollout="early", ids=True)), now=111.0)
+    assert a.run_once(now=111.3) == []  # the grace delay runs from the last span
     (rollout,) = a.run_once(now=111.6)
     assert rollout.end_reason == "explicit" and len(rollout.transitions) == 1
-    store.complete_rollout("never", now=200.0)
-    (empty,) = a.run_once(now=231.0)  # gave up waiting: assembled empty, reported
-    assert empty.rollout_id == "never" and empty.transitions == ()
-    assert any("virtual root" in p for p in empty.problems)
+    assert store.complete_rollout("early", now=112.0) == COMPLETION_ALREADY_ASSEMBLED
+    store.close()
+
+
+def test_completion_of_an_unknown_rollout_creates_no_rollout(tmp_path):
+    store = SpanStore(tmp_path / "s.db")
+    assert store.complete_rollout("never", now=200.0) == COMPLETION_PENDING
+    a = assembler(store, grace_s=0.5)
+    assert a.run_once(now=200.0 + 7 * 24 * 3600) == []  # nothing is ever assembled empty
+    assert store.rollout_summaries() == []
+    # a pending completion expires: spans of that id arriving much later are not completed by it
+    store.complete_rollout("other", now=200.0 + PENDING_COMPLETION_TTL_S + 1)  # purges the old one
+    store.write_spans(rows(span(1, rollout="never", ids=True)), now=200.0 + PENDING_COMPLETION_TTL_S + 2)
+    assert a.run_once(now=200.0 + PENDING_COMPLETION_TTL_S + 10) == []  # open: no trigger
+    (summary,) = store.rollout_summaries()
+    assert summary.rollout_id == "never" and summary.state == "open"
     store.close()
 
 
@@ -160,14 +180,16 @@ def test_retried_spans_do_not_count_twice_or_delay_assembly(tmp_path):
     assert (summary.span_count, summary.last_seen, summary.late_spans) == (2, 100.0, 0)
     (done,) = assembler(store).run_once(now=101.1)  # grace counted from the first arrival
     assert done.rollout_id == "r1" and len(done.transitions) == 1
-    store.write_spans(batch, now=110.0)  # a retry after assembly is not a late span
+    assert store.write_spans(batch, now=110.0) == []  # a retry after assembly: acknowledged again
     (summary,) = store.rollout_summaries()
     assert (summary.span_count, summary.last_seen, summary.late_spans) == (2, 100.0, 0)
-    # a genuinely new span after assembly still counts, even in a batch with duplicates
-    store.write_spans(batch + rows(span(3, parent=1)), now=111.0)
+    # a genuinely new span after assembly is refused and counted, even in a batch with duplicates
+    (refused,) = store.write_spans(batch + rows(span(3, parent=1)), now=111.0)
+    assert refused.index == 2 and "already assembled" in refused.reason
     (summary,) = store.rollout_summaries()
-    assert (summary.span_count, summary.last_seen, summary.late_spans) == (3, 111.0, 1)
-    assert store.span_count() == 3
+    assert (summary.span_count, summary.last_seen, summary.late_spans) == (2, 100.0, 1)
+    assert store.span_count() == 2
+    assert store.assembled_rollout("r1") == done
     store.close()
 
 
@@ -180,8 +202,8 @@ def test_complete_rollout_on_a_locked_store_raises_store_error(tmp_path):
         with pytest.raises(StoreError, match="r-locked.*locked"):
             store.complete_rollout("r-locked", now=100.0)
         other.execute("ROLLBACK")
-        store.complete_rollout("r-locked", now=100.0)  # the store is usable afterwards
-        assert list(store.iter_rollout_ids()) == ["r-locked"]
+        # the store is usable afterwards (no span of it yet: the completion waits for them)
+        assert store.complete_rollout("r-locked", now=100.0) == COMPLETION_PENDING
     finally:
         other.close()
         store.close()

@@ -22,7 +22,12 @@ from fastapi import Depends, FastAPI, Request
 
 from spanrl.instrumentation import semconv
 from spanrl.trainer_bridge.torch_backend.server import chat_completions, completions, models, policy
-from spanrl.trainer_bridge.torch_backend.server.errors import AuthenticationError, install_error_handlers
+from spanrl.trainer_bridge.torch_backend.server.errors import (
+    AuthenticationError,
+    RequestTooLarge,
+    error_response,
+    install_error_handlers,
+)
 from spanrl.trainer_bridge.torch_backend.server.serving import ServedEngine, ServerState
 
 if TYPE_CHECKING:  # this module runs in the torch-free API process too (api_process.py)
@@ -34,6 +39,8 @@ VERSION_HEADER = semconv.POLICY_VERSION_HEADER  # kept for importers of the old 
 
 # one router per API family; a future ``responses`` (the Responses API) joins this list
 ROUTERS = (chat_completions.router, completions.router, models.router, policy.router)
+# Largest request body: far above any real prompt, far below what would strain memory.
+MAX_BODY_BYTES = 32 * 1024 * 1024
 
 
 def create_app(engine: ServedEngine, api_token: str | None = None) -> FastAPI:
@@ -45,9 +52,44 @@ def create_app(engine: ServedEngine, api_token: str | None = None) -> FastAPI:
     app = FastAPI(title="spanrl policy server", docs_url=None, redoc_url=None, dependencies=dependencies)
     app.state.server = ServerState(engine)
     install_error_handlers(app)
+    app.add_middleware(_BodyLimit, max_bytes=MAX_BODY_BYTES)
     for router in ROUTERS:
         app.include_router(router)
     return app
+
+
+class _BodyLimit:
+    """ASGI middleware: a body over ``max_bytes`` is answered 413, whether its Content-Length
+    says so up front or it grows past the limit while streaming in (chunked)."""
+
+    def __init__(self, app: Any, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope["headers"]).get(b"content-length", b"")
+        if declared.isdigit() and int(declared) > self.max_bytes:
+            await error_response(self._too_large(int(declared)))(scope, receive, send)
+            return
+        received = 0
+
+        async def counted_receive() -> Any:
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.max_bytes:
+                    raise self._too_large(received)  # answered by the app's error handlers
+            return message
+
+        await self.app(scope, counted_receive, send)
+
+    def _too_large(self, size: int) -> RequestTooLarge:
+        return RequestTooLarge(f"request body of {size} bytes or more exceeds the limit of {self.max_bytes} bytes",
+                               code="request_too_large")
 
 
 def _bearer_token_check(api_token: str | None) -> Any:

@@ -61,6 +61,12 @@ class NotFoundError(APIError):
     status = 404
 
 
+class RequestTooLarge(APIError):
+    """413: a request body over the server's limit."""
+
+    status = 413
+
+
 class InternalServerError(APIError):
     """500: a failure of the server itself (logged with its traceback)."""
 
@@ -114,4 +120,5 @@ def install_error_handlers(app: FastAPI) -> None:
 
 
 __all__ = ["APIError", "AuthenticationError", "InternalServerError", "InvalidRequestError", "NotFoundError",
-           "UnprocessableRequestError", "as_api_error", "error_body", "error_response", "install_error_handlers"]
+           "RequestTooLarge", "UnprocessableRequestError", "as_api_error", "error_body", "error_response",
+           "install_error_handlers"]

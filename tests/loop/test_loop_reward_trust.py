@@ -1,0 +1,62 @@
+"""``trust_agent_rewards: false``: an agent's own reward events do not count, only the rewards
+the receiver's AIR rules derive (and a trainer-side reward function). Spans from the real SDK,
+assembled by the receiver's code with the default AIR rule, scored by the real training loop."""
+
+from __future__ import annotations
+
+import json
+
+from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import Status, StatusCode
+
+from spanrl.bridge_protocol import Attempt
+from spanrl.instrumentation import semconv
+from spanrl.otlp_receiver.air import load_rules
+from spanrl.otlp_receiver.assembly import AssemblyOptions, assemble_rollout
+from spanrl.otlp_receiver.otlp_decode import decode_request
+from spanrl.otlp_receiver.span_tree import records_from_bodies
+from spanrl.trainer_bridge.train_settings import TrainSettings
+from spanrl.trainer_bridge.training_loop import TrainingLoop
+
+LLM = {semconv.OPENINFERENCE_SPAN_KIND: semconv.SPAN_KIND_LLM, semconv.LLM_PROMPT_TOKEN_IDS: [1],
+       semconv.llm_response_token_ids(0): [2]}
+ATTEMPT = Attempt("r", "t", 0, {"id": "t"}, 0)
+
+
+def _rollout(tool_fails: bool):
+    """A rollout whose agent awards itself 5.0; its tool fails when ``tool_fails``."""
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracer = provider.get_tracer("test")
+    with tracer.start_as_current_span(semconv.ROLLOUT_SPAN_NAME) as root:
+        with tracer.start_as_current_span("llm", attributes=LLM):
+            pass
+        with tracer.start_as_current_span("tool") as tool:
+            if tool_fails:
+                tool.set_status(Status(StatusCode.ERROR, "boom"))
+        root.add_event(semconv.REWARD_EVENT, {semconv.REWARD_VALUE: 5.0})
+    provider.shutdown()
+    decoded = decode_request(encode_spans(exporter.get_finished_spans()))
+    records = records_from_bodies(row.body for row in decoded.rows)
+    return assemble_rollout("r", records, "rollout_span", AssemblyOptions(air_rules=load_rules("default")))
+
+
+def _loop(tmp_path, trust: bool) -> TrainingLoop:
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text(json.dumps({"id": "t"}) + "\n")
+    return TrainingLoop(TrainSettings(tasks=str(tasks), model="unused-by-the-loop", store=str(tmp_path / "s.db"),
+                                      trust_agent_rewards=trust))
+
+
+def test_agent_rewards_count_only_when_trusted(tmp_path):
+    failing, clean = _rollout(tool_fails=True), _rollout(tool_fails=False)
+    assert failing.total_reward == 4.9  # 5.0 from the agent, -0.1 from the AIR rule tool_error
+    trusting, distrusting = _loop(tmp_path, True), _loop(tmp_path, False)
+    assert trusting.score(ATTEMPT, failing) == 4.9
+    assert distrusting.score(ATTEMPT, failing) == -0.1  # only the rule's reward
+    assert trusting.score(ATTEMPT, clean) == 5.0
+    assert distrusting.score(ATTEMPT, clean) is None  # nothing trustworthy: left out as no_reward
