@@ -49,7 +49,8 @@ class BridgeClient:
         except json.JSONDecodeError as exc:
             raise BridgeUnavailable(f"the bridge at {self.url} answered {path} with non-JSON: {exc}") from exc
         except (urllib.error.URLError, ConnectionError, TimeoutError, OSError) as exc:
-            raise BridgeUnavailable(f"cannot reach the bridge at {self.url}: {exc}") from exc
+            reason = exc.reason if isinstance(exc, urllib.error.URLError) else exc
+            raise BridgeUnavailable(f"cannot reach the bridge at {self.url}: {reason}") from exc
 
     def info(self) -> BridgeInfo:
         status, payload = self._call("GET", protocol.INFO_PATH)
