@@ -75,6 +75,22 @@ class TrainSettings:
     python_path: list = field(
         default_factory=list, metadata={"help": "folders added to sys.path to import the reward"}
     )
+    report_to: list = field(
+        default_factory=list,
+        metadata={"help": "experiment trackers that also get every metrics row: tensorboard, wandb, mlflow "
+                  "(metrics.jsonl and reward_curve.png are always written)"},
+    )
+    tracking_project: str = field(
+        default="spanrl", metadata={"help": "W&B project and MLflow experiment of report_to's runs"}
+    )
+    receiver_wait_s: float = field(
+        default=10.0, metadata={"help": "at start, wait this long for `spanrl receive` to be writing the store, "
+                                "seconds; then stop with an error saying so"}
+    )
+    runner_wait_warn_s: float = field(
+        default=30.0, metadata={"help": "say 'waiting for runners' (and the URL to give `spanrl run`) when "
+                                "no runner claimed a task for this long, seconds (0 = never)"}
+    )
     trainer: TrainerConfig = field(
         default_factory=TrainerConfig,
         metadata={"help": "the torch trainer (learning_rate, loss_agg_mode, kl_coef, device, seed and "
@@ -102,6 +118,9 @@ class TrainSettings:
         for name in ("tasks_per_step", "steps"):
             if getattr(self, name) < 1:
                 raise SettingError(f"{name} must be at least 1")
+        from spanrl.trainer_bridge.trackers import check_report_to
+
+        check_report_to(self.report_to)
         # the blocks run with the top-level values: one name per setting
         self.trainer = dataclasses.replace(
             self.trainer, checkpoint_dir=os.path.join(self.output_dir, "checkpoints"),

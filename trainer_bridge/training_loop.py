@@ -27,6 +27,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from spanrl.errors import UserError
+from spanrl.otlp_receiver import trained_rewards
+from spanrl.otlp_receiver.trained_rewards import TrainedRollout
 
 from .backend import PolicyBackend, TrainingSample, make_backend
 from .task_dispatch import Attempt, Outcome, TaskDispatcher, task_id_of
@@ -77,6 +79,7 @@ class ScoredRollout:
     attempt: Attempt
     score: float
     transitions: tuple  # of spanrl.otlp_receiver.transitions.Transition
+    reward_source: str = ""  # shown by `spanrl inspect`: the reward function, or the events' sources
 
 
 @dataclass
@@ -165,8 +168,13 @@ class TrainingLoop:
             if score is None:
                 left_out["no_reward"] += 1
                 continue
-            scored.append(ScoredRollout(attempt, score, transitions))
+            scored.append(ScoredRollout(attempt, score, transitions, self.reward_source(rollout)))
         return StepReport(scored, left_out)
+
+    def reward_source(self, rollout: Any) -> str:
+        if self.reward_fn is not None:
+            return f"reward function {self.settings.reward}"
+        return "events: " + ", ".join(sorted({r.source for r in rollout.rewards}))
 
     def score(self, attempt: Attempt, rollout: Any) -> float | None:
         """The rollout's score: its total reward (``reward: events``) or the reward function's
@@ -188,21 +196,31 @@ class TrainingLoop:
         return score
 
     def run_step(self, step: int, backend: PolicyBackend,
-                 on_wait: Callable[[int, int], None] | None = None) -> dict:
+                 on_wait: Callable[[int, int], None] | None = None,
+                 on_idle: Callable[[float, int], None] | None = None) -> dict:
         """One training step: a round of attempts, their rollouts, one update; its metrics row.
 
-        A step with no usable sample makes no update (the policy version stays)."""
+        ``on_idle(seconds, unclaimed)`` is called when no runner claimed an attempt for
+        ``runner_wait_warn_s``. A step with no usable sample makes no update (the policy
+        version stays). The reward and returns each scored rollout was trained with are
+        recorded in the store for ``spanrl inspect``."""
         started = time.monotonic()
         attempts = self.dispatcher.open_round(step, self.next_tasks(), self.settings.group_size)
-        outcomes = self.dispatcher.wait_round(on_wait=on_wait)
+        outcomes = self.dispatcher.wait_round(on_wait=on_wait, on_idle=on_idle,
+                                              idle_after_s=self.settings.runner_wait_warn_s)
         report = self.collect(attempts, outcomes)
         rollout_seconds = time.monotonic() - started
+        transition_returns = self.settings.advantage_level == "transition" and self.reward_fn is None
         samples, dropped = training_samples(
             report.scored, self.settings.advantage_level, self.settings.norm_adv_by_std,
-            transition_returns=self.settings.advantage_level == "transition" and self.reward_fn is None,
+            transition_returns=transition_returns,
         )
         stats = backend.update(samples).as_metrics() if samples else {}
-        return _step_row(step, backend.policy_version, attempts, report, samples, dropped, stats,
+        trained_rewards.record(self.settings.store, [
+            trained_rollout(step + 1, item, transition_returns, item.attempt.rollout_id not in dropped)
+            for item in report.scored
+        ])
+        return _step_row(step, backend.policy_version, attempts, report, samples, len(dropped), stats,
                          rollout_seconds, started)
 
 
@@ -210,13 +228,22 @@ class RewardFunctionError(Exception):
     """The configured reward function raised on a rollout (which is then left out)."""
 
 
+def trained_rollout(step: int, item: ScoredRollout, transition_returns: bool, used: bool) -> TrainedRollout:
+    """What ``training_samples`` trained ``item`` with, as recorded for ``spanrl inspect``."""
+    return TrainedRollout(
+        rollout_id=item.attempt.rollout_id, step=step, reward=item.score, reward_source=item.reward_source,
+        returns={t.index: (t.return_ if transition_returns else item.score) for t in item.transitions},
+        used=used,
+    )
+
+
 def training_samples(scored: list[ScoredRollout], level: str, norm_adv_by_std: bool,
-                     transition_returns: bool = False) -> tuple[list[TrainingSample], int]:
+                     transition_returns: bool = False) -> tuple[list[TrainingSample], set[str]]:
     """GRPO samples of all usable transitions, with their group advantages.
 
     ``transition_returns``: score each transition by its own credit-assigned return (reward
     events with ``level="transition"``) instead of its rollout's score.
-    Returns ``(samples, dropped_rollouts)``: rollouts of a group of one are dropped.
+    Returns ``(samples, dropped_rollout_ids)``: rollouts of a group of one are dropped.
     """
     from .grpo import group_advantages
 
@@ -231,7 +258,7 @@ def training_samples(scored: list[ScoredRollout], level: str, norm_adv_by_std: b
             rollout_ids.append(item.attempt.rollout_id)
             transitions.append(transition)
     if not transitions:
-        return [], 0
+        return [], set()
     advantages, keep = group_advantages(
         returns, groups, rollout_ids, level=level,
         estimator="grpo" if norm_adv_by_std else "drgrpo",
@@ -245,7 +272,7 @@ def training_samples(scored: list[ScoredRollout], level: str, norm_adv_by_std: b
         )
         for t, a, k in zip(transitions, advantages, keep, strict=True) if k and t.response_token_ids
     ]
-    dropped = len({r for r, k in zip(rollout_ids, keep, strict=True) if not k})
+    dropped = {r for r, k in zip(rollout_ids, keep, strict=True) if not k}
     return samples, dropped
 
 
@@ -293,14 +320,18 @@ def run_training(settings: TrainSettings, show_progress: bool = True) -> dict:
 
     from .bridge_api import BridgeAPI, PolicyInfo
     from .metrics import MetricsLog
+    from .start_checks import check_before_start, wait_for_receiver
+    from .trackers import flat_config, open_trackers
 
-    if not os.path.isfile(os.path.join(settings.model, "config.json")):
-        raise UserError(f"model {settings.model!r} is not a Hugging Face model directory "
-                        "(no config.json); create one with `spanrl model init DIR`")
+    check_before_start(settings)
     checkpoints = settings.trainer.checkpoint_dir or os.path.join(settings.output_dir, "checkpoints")
     _prepare_output(settings, checkpoints)
     loop = TrainingLoop(settings)
+    wait_for_receiver(settings.store, settings.receiver_wait_s)
     with ExitStack() as cleanup:  # whatever started is stopped, also when start-up fails
+        trackers = open_trackers(settings.report_to, settings.output_dir, flat_config(settings),
+                                 settings.tracking_project)
+        cleanup.callback(trackers.close)
         backend = make_backend(settings, checkpoints)
         cleanup.callback(backend.close)
         metrics = MetricsLog(settings.output_dir)
@@ -314,8 +345,13 @@ def run_training(settings: TrainSettings, show_progress: bool = True) -> dict:
         # let runners hear "training finished" (410) before the API goes away
         cleanup.callback(time.sleep, 1.0)
         cleanup.callback(loop.dispatcher.close)
-        logger.info("policy endpoint %s, task API %s, output %s",
+        logger.info("policy endpoint %s, task API %s (give it to `spanrl run` as bridge_url), output %s",
                     backend.endpoint_url, api.url, settings.output_dir)
+
+        def waiting_for_runners(idle_s: float, unclaimed: int) -> None:
+            logger.warning("waiting for runners: no runner has claimed a task for %.0f s (%d attempts wait); "
+                           "start `spanrl run RUN.yaml` with bridge_url: %s", idle_s, unclaimed, api.url)
+
         first_step = len(metrics.rows)
         bar = tqdm(total=settings.steps, initial=first_step, disable=not show_progress,
                    desc="spanrl train", unit="step", dynamic_ncols=True)
@@ -325,9 +361,11 @@ def run_training(settings: TrainSettings, show_progress: bool = True) -> dict:
             row = loop.run_step(
                 step, backend,
                 on_wait=lambda done, total: bar.set_postfix_str(f"rollouts {done}/{total}"),
+                on_idle=waiting_for_runners,
             )
             metrics.append(row)
             metrics.plot()
+            trackers.log(row)
             if row["rollouts_left_out"]:
                 logger.warning("step %d left out rollouts: %s", step + 1, row["rollouts_left_out"])
             bar.update(1)
@@ -340,12 +378,17 @@ def run_training(settings: TrainSettings, show_progress: bool = True) -> dict:
                 break
         final_checkpoint = backend.save_checkpoint(checkpoints)
     rewards = [r["reward_mean"] for r in metrics.rows]
+    best = max(metrics.rows, key=lambda r: r["reward_mean"], default=None)
     return {
         "steps": len(metrics.rows),
         "first_reward": rewards[0] if rewards else None,
         "last_reward": rewards[-1] if rewards else None,
+        "best_reward": None if best is None else best["reward_mean"],
+        "best_step": None if best is None else best["step"],
         "policy_version": backend.policy_version,
         "metrics": metrics.path,
         "plot": metrics.plot_path,
         "checkpoint": str(final_checkpoint),
+        "checkpoints": checkpoints,
+        "trackers": trackers.locations,
     }
