@@ -131,8 +131,10 @@ def show_rollout(args) -> int:
         spans = store.rollout_spans(args.rollout_id)
         rollout = store.assembled_rollout(args.rollout_id)
     if not spans and rollout is None:
-        print(f"spanrl inspect: no rollout {args.rollout_id!r} in the store")
-        return 1
+        from spanrl.errors import UserError
+
+        raise UserError(f"no rollout {args.rollout_id!r} in the store {_store_path(args)}; "
+                        "`spanrl inspect rollouts` lists them")
     tree = SpanTree(records_from_bodies(s.body for s in spans))
     trained = _trained(args).get(args.rollout_id)
     if args.json:

@@ -40,7 +40,8 @@ class RunnerSettings:
                   "of keys like *KEY*, *TOKEN*, *SECRET*, *PASSWORD* are printed as ***"},
     )
     bridge_wait_s: float = field(
-        default=120.0, metadata={"help": "give up when the bridge cannot be reached this long"}
+        default=120.0, metadata={"help": "give up when the bridge (or, at start, the receiver at otlp_endpoint) "
+                                 "cannot be reached this long"}
     )
 
     def __post_init__(self) -> None:

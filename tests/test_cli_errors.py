@@ -200,6 +200,15 @@ def test_run_without_a_bridge(tmp_path):
                             "(the URL `spanrl train` prints)")
 
 
+def test_inspect_of_an_unknown_rollout(tmp_path):
+    from spanrl.otlp_receiver.store import SpanStore
+
+    db = tmp_path / "spanrl.db"
+    SpanStore(db).close()
+    message = one_line_error(spanrl("inspect", "rollout", "nope", "--db", str(db)), "inspect")
+    assert message == f"no rollout 'nope' in the store {db}; `spanrl inspect rollouts` lists them"
+
+
 # --- a reader that leaves early --------------------------------------------------------------
 
 def test_inspect_piped_into_head_ends_quietly(tmp_path):

@@ -19,6 +19,7 @@ import logging
 import math
 import os
 import random
+import sqlite3
 import sys
 import time
 from collections import Counter
@@ -216,10 +217,13 @@ class TrainingLoop:
             transition_returns=transition_returns,
         )
         stats = backend.update(samples).as_metrics() if samples else {}
-        trained_rewards.record(self.settings.store, [
-            trained_rollout(step + 1, item, transition_returns, item.attempt.rollout_id not in dropped)
-            for item in report.scored
-        ])
+        try:
+            trained_rewards.record(self.settings.store, [
+                trained_rollout(step + 1, item, transition_returns, item.attempt.rollout_id not in dropped)
+                for item in report.scored
+            ])
+        except sqlite3.Error as exc:  # what inspect shows must not stop training
+            logger.warning("could not record the rewards of step %d in %s: %s", step + 1, self.settings.store, exc)
         return _step_row(step, backend.policy_version, attempts, report, samples, len(dropped), stats,
                          rollout_seconds, started)
 
