@@ -17,6 +17,7 @@ install, raised before training starts. The libraries are imported only when ask
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import json
 import logging
 import os
@@ -124,11 +125,18 @@ class MlflowTracker:
         self._metric = Metric
         uri = os.environ.get("MLFLOW_TRACKING_URI") or "sqlite:///" + os.path.abspath(
             os.path.join(output_dir, "mlflow.db"))
+        if not os.environ.get("MLFLOW_TRACKING_URI"):  # the SQLite store needs what mlflow-skinny leaves out
+            for module in ("sqlalchemy", "alembic"):
+                try:
+                    importlib.import_module(module)
+                except ImportError as exc:
+                    raise _missing(self.name, exc) from exc
         self._client = MlflowClient(tracking_uri=uri)
         experiment = self._client.get_experiment_by_name(project)
         experiment_id = experiment.experiment_id if experiment else self._client.create_experiment(project)
         self._run_id = self._client.create_run(experiment_id).info.run_id
-        params = [Param(key, json.dumps(value, default=str)[:6000]) for key, value in config.items()]
+        params = [Param(key, (value if isinstance(value, str) else json.dumps(value, default=str))[:6000])
+                  for key, value in config.items()]
         self._client.log_batch(self._run_id, params=params)
         self.location = f"{uri} (experiment {project!r}, run {self._run_id})"
 

@@ -9,6 +9,7 @@ library is a ``UserError`` naming the pip install.
 from __future__ import annotations
 
 import glob
+import os
 import struct
 import sys
 
@@ -112,7 +113,25 @@ def test_mlflow_metrics_read_back_with_mlflows_client(tmp_path, monkeypatch):
     assert run.info.status == "FINISHED"
     assert [(m.step, m.value) for m in client.get_metric_history(run.info.run_id, "reward_mean")] == [
         (1, 0.25), (2, 0.75)]
-    assert run.data.params["group_size"] == "4"
+    assert run.data.params["group_size"] == "4" and run.data.params["trainer.kl_estimator"] == "k3"
+
+
+def test_mlflow_without_sqlalchemy_names_the_pip_install(tmp_path):
+    """mlflow-skinny alone has no SQLite store; in a fresh process where SQLAlchemy cannot be imported."""
+    import subprocess
+
+    pytest.importorskip("mlflow")
+    script = (
+        "import sys; sys.modules['sqlalchemy'] = None\n"
+        "from spanrl.trainer_bridge.trackers import open_trackers, TrackerMissing\n"
+        "try:\n"
+        f"    open_trackers(['mlflow'], {str(tmp_path)!r}, {{}})\n"
+        "except TrackerMissing as exc:\n"
+        "    print(exc)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, env=env)
+    assert "`pip install mlflow-skinny sqlalchemy alembic`" in result.stdout, result.stdout + result.stderr[-2000:]
 
 
 @pytest.mark.parametrize("name, pip", [("wandb", "pip install wandb"), ("mlflow", "pip install mlflow-skinny"),
