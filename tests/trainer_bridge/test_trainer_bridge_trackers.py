@@ -12,6 +12,7 @@ import glob
 import os
 import struct
 import sys
+import time
 
 import pytest
 
@@ -86,7 +87,12 @@ def test_an_offline_wandb_run_read_with_wandbs_records(tmp_path, monkeypatch):
     run_dir = locations["wandb"]
     assert run_dir.startswith(str(tmp_path / "wandb" / "offline-run-"))
     (run_file,) = glob.glob(f"{run_dir}/run-*.wandb")
+    # wandb's own service process writes the run file; `finish()` may return before its last write
+    deadline = time.monotonic() + 60
     records = wandb_records(run_file)
+    while not any(r.WhichOneof("record_type") == "exit" for r in records) and time.monotonic() < deadline:
+        time.sleep(0.2)
+        records = wandb_records(run_file)
     history = [{item.key or "/".join(item.nested_key): item.value_json for item in r.history.item}
                for r in records if r.WhichOneof("record_type") == "history"]
     assert [(h["_step"], float(h["reward_mean"]), float(h["loss"])) for h in history] == [
