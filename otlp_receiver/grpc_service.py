@@ -63,6 +63,9 @@ class GrpcExportServer:
             options=[
                 ("grpc.max_receive_message_length", max_message_bytes),
                 ("grpc.max_send_message_length", 4 * 1024 * 1024),
+                # grpcio shares a port between servers by default (SO_REUSEPORT): a second
+                # receiver on the same port would silently take half of the agents' spans
+                ("grpc.so_reuseport", 0),
             ],
         )
         handlers = [

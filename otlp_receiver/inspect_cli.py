@@ -1,7 +1,10 @@
 """``spanrl inspect``: read the span store (``rollouts``, ``rollout ID``, ``transitions``).
 
-Registered by ``spanrl/cli.py``. Human tables by default, ``--json`` for machines. Safe while a
-receiver writes the same store (SQLite WAL).
+Registered by ``spanrl/cli.py``. Human tables by default, ``--json`` for machines (keys are
+plain words). Safe while a receiver writes the same store (SQLite WAL). Besides what the
+receiver assembled, it shows what ``spanrl train`` trained each rollout with (its reward,
+whatever the source: a reward function, the agent's reward events, AIR; and each transition's
+return), which the trainer records in the same store (``trained_rewards``).
 """
 
 from __future__ import annotations
@@ -34,14 +37,44 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     return parser
 
 
-def _open(args):
+def _store_path(args) -> str:
     from spanrl.errors import UserError
-    from spanrl.otlp_receiver.store import SpanStore
 
     path = args.db or os.environ.get("OTEL_SPANRL_RECEIVER_DB") or "spanrl.db"
     if not os.path.exists(path):
         raise UserError(f"no span store at {path} (use --db PATH)")
-    return SpanStore(path)
+    return path
+
+
+def _open(args):
+    from spanrl.otlp_receiver.store import SpanStore
+
+    return SpanStore(_store_path(args))
+
+
+def _trained(args) -> dict:
+    """What the trainer trained each rollout with, by rollout id (empty before any training)."""
+    from spanrl.otlp_receiver import trained_rewards
+
+    return trained_rewards.load(_store_path(args))
+
+
+def _trained_to_dict(trained) -> dict | None:
+    if trained is None:
+        return None
+    return {"step": trained.step, "reward": trained.reward, "reward_source": trained.reward_source,
+            "used": trained.used, "returns": {str(k): v for k, v in sorted(trained.returns.items())}}
+
+
+def _reward_text(rollout, trained) -> tuple[str, str]:
+    """``(reward, where it came from)`` for the tables: the trained one when there is one."""
+    if trained is not None:
+        used = "" if trained.used else ", left out of the update"
+        return f"{trained.reward:g}", f"{trained.reward_source} (step {trained.step}{used})"
+    if rollout is not None and rollout.total_reward is not None:
+        sources = ", ".join(sorted({r.source for r in rollout.rewards}))
+        return f"{rollout.total_reward:g}", f"events: {sources} (not trained)"
+    return "", "none yet" if rollout is None else "no reward event (not trained)"
 
 
 def _table(headers: list[str], rows: list[list]) -> str:
@@ -62,12 +95,14 @@ def show_rollouts(args) -> int:
 
     with _open(args) as store:
         summaries = store.rollout_summaries()
+    trained = _trained(args)
     if args.json:
         print(json.dumps([
             {
                 "rollout_id": s.rollout_id, "task_id": s.task_id, "attempt": s.attempt,
                 "state": s.state, "span_count": s.span_count, "late_spans": s.late_spans,
                 "assembled": None if s.assembled is None else rollout_to_dict(s.assembled),
+                "trained": _trained_to_dict(trained.get(s.rollout_id)),
             }
             for s in summaries
         ], indent=2))
@@ -75,14 +110,15 @@ def show_rollouts(args) -> int:
     rows = []
     for s in summaries:
         a = s.assembled
+        reward, source = _reward_text(a, trained.get(s.rollout_id))
         rows.append([
             s.rollout_id, s.task_id, s.attempt, s.state, s.span_count,
             a and a.status, a and a.end_reason, a and len(a.transitions),
-            a and a.total_reward, a and len(a.problems), a and a.sequence,
+            reward, source, a and len(a.problems), a and a.sequence,
         ])
     print(_table(
         ["rollout", "task", "attempt", "state", "spans", "status", "end", "transitions", "reward",
-         "problems", "seq"], rows,
+         "reward from", "problems", "seq"], rows,
     ))
     return 0
 
@@ -95,9 +131,12 @@ def show_rollout(args) -> int:
         spans = store.rollout_spans(args.rollout_id)
         rollout = store.assembled_rollout(args.rollout_id)
     if not spans and rollout is None:
-        print(f"spanrl inspect: no rollout {args.rollout_id!r} in the store")
-        return 1
+        from spanrl.errors import UserError
+
+        raise UserError(f"no rollout {args.rollout_id!r} in the store {_store_path(args)}; "
+                        "`spanrl inspect rollouts` lists them")
     tree = SpanTree(records_from_bodies(s.body for s in spans))
+    trained = _trained(args).get(args.rollout_id)
     if args.json:
         print(json.dumps({
             "rollout_id": args.rollout_id,
@@ -110,6 +149,7 @@ def show_rollout(args) -> int:
                 for r in tree.order
             ],
             "assembled": None if rollout is None else rollout_to_dict(rollout),
+            "trained": _trained_to_dict(trained),
         }, indent=2))
         return 0
     calls = {} if rollout is None else {t.span_id: t.index for t in rollout.transitions}
@@ -132,29 +172,38 @@ def show_rollout(args) -> int:
     if rollout is None:
         print("\nnot assembled yet")
         return 0
+    reward, source = _reward_text(rollout, trained)
     print(
         f"\nstatus {rollout.status}{' (' + rollout.error + ')' if rollout.error else ''},"
-        f" ended by {rollout.end_reason}, total reward {rollout.total_reward}, sequence {rollout.sequence}"
+        f" ended by {rollout.end_reason}, reward {reward or 'none'} ({source}), sequence {rollout.sequence}"
     )
     if rollout.variables:
         print("variables: " + ", ".join(f"{k}={v!r}" for k, v in rollout.variables.items()))
     print()
-    _print_transitions(rollout.transitions)
+    _print_transitions(rollout.transitions, {} if trained is None else {rollout.rollout_id: trained})
     for problem in rollout.problems:
         print(f"problem: {problem}")
     return 0
 
 
-def _print_transitions(transitions) -> None:
-    print(_table(
-        ["rollout", "#", "span", "agent", "prompt ids", "response ids", "version", "reward", "return", "retok"],
-        [
-            [t.rollout_id, t.index, t.span_id, t.agent_name, _ids(t.prompt_token_ids),
-             _ids(t.response_token_ids), t.policy_version, f"{t.reward:g}", f"{t.return_:g}",
-             "yes" if t.retokenized else ""]
-            for t in transitions
-        ],
-    ))
+def _trained_return(transition, trained: dict) -> float | None:
+    record = trained.get(transition.rollout_id)
+    return None if record is None else record.returns.get(transition.index)
+
+
+def _print_transitions(transitions, trained: dict) -> None:
+    """``reward``: the reward events at this call; ``return``: what the trainer trained the call
+    with (``trained at``: its step), else the receiver's credit-assigned return."""
+    rows = []
+    for t in transitions:
+        trained_return = _trained_return(t, trained)
+        shown = t.return_ if trained_return is None else trained_return
+        step = "" if trained_return is None else trained[t.rollout_id].step
+        rows.append([t.rollout_id, t.index, t.span_id, t.agent_name, _ids(t.prompt_token_ids),
+                     _ids(t.response_token_ids), t.policy_version, f"{t.reward:g}", f"{shown:g}", step,
+                     "yes" if t.retokenized else ""])
+    print(_table(["rollout", "#", "span", "agent", "prompt ids", "response ids", "version", "reward",
+                  "return", "trained at", "retok"], rows))
 
 
 def show_transitions(args) -> int:
@@ -165,8 +214,13 @@ def show_transitions(args) -> int:
     transitions = [
         t for r in rollouts if args.rollout is None or r.rollout_id == args.rollout for t in r.transitions
     ]
+    trained = _trained(args)
     if args.json:
-        print(json.dumps([transition_to_dict(t) for t in transitions], indent=2))
+        print(json.dumps([
+            {**transition_to_dict(t), "trained_return": _trained_return(t, trained),
+             "trained_step": trained[t.rollout_id].step if t.rollout_id in trained else None}
+            for t in transitions
+        ], indent=2))
     else:
-        _print_transitions(transitions)
+        _print_transitions(transitions, trained)
     return 0

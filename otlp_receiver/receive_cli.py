@@ -3,7 +3,7 @@
 Registered by ``spanrl/cli.py``, which builds ``ReceiverSettings`` (each flag overrides
 ``OTEL_SPANRL_RECEIVER_<FLAG>``, which overrides the ``--config`` YAML file, then the default)
 and prints them at start-up. A receiver that cannot start (port taken, bad AIR rules file,
-unusable store) raises ``UserError``: one line, exit 2.
+unusable store, a store another receiver is writing) raises ``UserError``: one line, exit 2.
 """
 
 from __future__ import annotations
@@ -37,17 +37,16 @@ def handle(settings: ReceiverSettings) -> int:
     from spanrl.otlp_receiver.retokenize import RetokenizeError
     from spanrl.otlp_receiver.server import ReceiverServer
     from spanrl.otlp_receiver.store import StoreError
+    from spanrl.startup_checks import ensure_port_free
 
     log = logging.getLogger("spanrl.receive")
+    cannot = "cannot start the receiver: cannot bind"
+    ensure_port_free(settings.host, settings.grpc_port, "grpc_port", f"{cannot} OTLP/gRPC on")
+    ensure_port_free(settings.host, settings.http_port, "http_port", f"{cannot} OTLP/HTTP on")
     try:
         server = ReceiverServer(settings).start()
     except (AirRuleError, RetokenizeError, StoreError, OSError) as exc:
         raise UserError(f"cannot start the receiver: {exc}") from exc
-    print(
-        f"spanrl receive: ready, OTLP/gRPC {settings.host}:{server.grpc_port},"
-        f" OTLP/HTTP http://{settings.host}:{server.http_port}, store {settings.db}",
-        flush=True,
-    )
     stop = threading.Event()
 
     def request_stop(signum, frame) -> None:
@@ -56,6 +55,12 @@ def handle(settings: ReceiverSettings) -> int:
 
     signal.signal(signal.SIGTERM, request_stop)
     signal.signal(signal.SIGINT, request_stop)
+    # said once the signals are handled: whoever waits for this line may stop us right away
+    print(
+        f"spanrl receive: ready, OTLP/gRPC {settings.host}:{server.grpc_port},"
+        f" OTLP/HTTP http://{settings.host}:{server.http_port}, store {settings.db}",
+        flush=True,
+    )
     while not stop.wait(0.5):
         pass
     server.stop()

@@ -28,6 +28,7 @@ from spanrl.otlp_receiver.ingest import IngestWriter
 from spanrl.otlp_receiver.settings import ReceiverSettings
 from spanrl.otlp_receiver.span_tree import records_from_bodies
 from spanrl.otlp_receiver.store import SpanStore, StoredSpan, StoreError
+from spanrl.otlp_receiver.store_lock import ReceiverLock
 from spanrl.otlp_receiver.transitions import Rollout
 
 logger = logging.getLogger(__name__)
@@ -128,8 +129,14 @@ class ReceiverServer:
     def __init__(self, settings: ReceiverSettings) -> None:
         self.settings = settings.validate()
         options = assembly_options(settings)
-        self.write_store = SpanStore(settings.db, sync=settings.sync)
-        self.read_store = SpanStore(settings.db, sync=settings.sync)
+        # one receiver per store (StoreInUse otherwise), held until stop()
+        self.lock = ReceiverLock(settings.db).acquire()
+        try:
+            self.write_store = SpanStore(settings.db, sync=settings.sync)
+            self.read_store = SpanStore(settings.db, sync=settings.sync)
+        except BaseException:
+            self.lock.release()
+            raise
         self.writer = IngestWriter(self.write_store, settings.max_pending_bytes, settings.retry_after_s)
         self.export = ExportService(self.writer, settings.token)
         self.assembler = Assembler(self.read_store, settings, options)
@@ -157,6 +164,7 @@ class ReceiverServer:
             self.writer.stop()
             self.write_store.close()
             self.read_store.close()
+            self.lock.release()
             raise
         self.grpc.start()
         self.http.start()
@@ -178,6 +186,7 @@ class ReceiverServer:
         self.assembler.stop()
         self.write_store.close()
         self.read_store.close()
+        self.lock.release()
         self._started = False
 
     def __enter__(self) -> ReceiverServer:

@@ -118,6 +118,7 @@ def reward_to_dict(reward: Reward) -> dict[str, Any]:
 
 
 def transition_to_dict(transition: Transition) -> dict[str, Any]:
+    """JSON keys are plain words: the field ``return_`` (``return`` is a Python keyword) is ``return``."""
     return {
         "rollout_id": transition.rollout_id,
         "index": transition.index,
@@ -131,7 +132,7 @@ def transition_to_dict(transition: Transition) -> dict[str, Any]:
         "choice_index": transition.choice_index,
         "policy_version": transition.policy_version,
         "reward": transition.reward,
-        "return_": transition.return_,
+        "return": transition.return_,
         "retokenized": transition.retokenized,
     }
 
@@ -163,7 +164,7 @@ def rollout_from_dict(data: dict[str, Any]) -> Rollout:
                 choice_index=t["choice_index"],
                 policy_version=t["policy_version"],
                 reward=t["reward"],
-                return_=t["return_"],
+                return_=t["return"] if "return" in t else t["return_"],  # "return_": stores of 0.1
                 retokenized=t["retokenized"],
             )
             for t in data["transitions"]

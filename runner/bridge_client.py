@@ -76,7 +76,8 @@ class BridgeClient:
         except json.JSONDecodeError as exc:
             raise BridgeUnavailable(f"the bridge at {self.url} answered {path} with non-JSON: {exc}") from exc
         except (urllib.error.URLError, ConnectionError, TimeoutError, OSError) as exc:
-            raise BridgeUnavailable(f"cannot reach the bridge at {self.url}: {exc}") from exc
+            reason = exc.reason if isinstance(exc, urllib.error.URLError) else exc
+            raise BridgeUnavailable(f"cannot reach the bridge at {self.url}: {reason}") from exc
 
     def _call_retrying(self, method: str, path: str, body: dict | None = None) -> tuple[int, Any]:
         """``_call``, repeated on connection errors, timeouts and 5xx answers for up to

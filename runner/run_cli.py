@@ -1,7 +1,8 @@
 """``spanrl run CONFIG``: the runner command (settings in runner/settings.py).
 
 Registered by ``spanrl/cli.py``, which builds ``RunnerSettings`` (flags > ``OTEL_SPANRL_RUN_*``
-> the YAML file > defaults), prints them and calls ``run_command``.
+> the YAML file > defaults), prints them and calls ``run_command``. A receiver or bridge that
+cannot be reached at start (after ``bridge_wait_s``) is a ``UserError``: one line, exit 2.
 """
 
 from __future__ import annotations
@@ -32,11 +33,16 @@ def run_command(settings: RunnerSettings) -> int:
     import os
     import signal
 
+    from spanrl.errors import UserError
     from spanrl.exporter.in_process import start_tracing, stop_tracing
+    from spanrl.startup_checks import wait_until_reachable
 
     from .bridge_client import BridgeUnavailable
     from .runner import Runner
 
+    # without a receiver every rollout's spans would be dropped: say so instead of running blind
+    wait_until_reachable(settings.otlp_endpoint, settings.bridge_wait_s, "the receiver (otlp_endpoint)",
+                         "start `spanrl receive` first, or point --otlp-endpoint at its OTLP/gRPC port")
     for chatty in ("httpx", "httpx2", "openai"):  # one INFO line per agent request otherwise
         logging.getLogger(chatty).setLevel(logging.WARNING)
     # Rollouts end every few seconds: export within 0.2 s instead of the SDK's 5 s default.
@@ -47,9 +53,9 @@ def run_command(settings: RunnerSettings) -> int:
         runner = Runner(settings)  # a bad agent spec raises UserError: spanrl/cli.py says it
         signal.signal(signal.SIGTERM, lambda *_: runner.stop())
         counts = runner.run()
-    except BridgeUnavailable as exc:
-        print(f"spanrl run: {exc}", file=sys.stderr)
-        return 1
+    except BridgeUnavailable as exc:  # at start: nothing was run yet, a setting to fix
+        raise UserError(f"{exc}; start `spanrl train` first, or point --bridge-url at its task API "
+                        f"(the URL `spanrl train` prints)") from exc
     finally:
         stop_tracing()
     print("rollouts: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))

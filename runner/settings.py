@@ -52,7 +52,8 @@ class RunnerSettings:
                   "as OPENAI_API_KEY; none = OPENAI_API_KEY as set, else 'spanrl'", "secret": True},
     )
     bridge_wait_s: float = field(
-        default=120.0, metadata={"help": "give up when the bridge cannot be reached this long"}
+        default=120.0, metadata={"help": "give up when the bridge (or, at start, the receiver at otlp_endpoint) "
+                                 "cannot be reached this long"}
     )
 
     def __post_init__(self) -> None:

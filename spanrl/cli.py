@@ -12,7 +12,8 @@ stops there. Other commands get ``func(args)``.
 
 Errors are told apart in one place, ``main``: a ``spanrl.errors.UserError`` (bad setting,
 missing file, taken port) is one line on stderr, ``spanrl <command>: <message>``, exit 2;
-anything else is a bug and shows its traceback, exit 1; Ctrl-C exits 130.
+anything else is a bug and shows its traceback, exit 1; Ctrl-C exits 130. A reader that closes
+the pipe early (``spanrl inspect ... | head``) ends the command quietly with exit 141.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
 import sys
 import traceback
 from typing import Any
@@ -82,6 +84,13 @@ def _run(args: argparse.Namespace) -> int:
     return int(args.func(settings) or 0)
 
 
+def _quiet_stdout() -> None:
+    """After EPIPE on stdout: point it at /dev/null so the interpreter's own flush at exit does not
+    print a second BrokenPipeError (as Python's docs on SIGPIPE recommend)."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+
+
 def main(argv: list[str] | None = None) -> int:
     command = "spanrl"
     try:
@@ -96,9 +105,15 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         spec = getattr(args, "settings_spec", None)
         command = f"spanrl {spec.command if spec is not None else args.command}"
-        return _run(args)
+        status = _run(args)
+        sys.stdout.flush()  # a reader that left early (`| head`) shows here, in the handler below
+        return status
+    except BrokenPipeError:
+        _quiet_stdout()
+        return 141  # 128 + SIGPIPE, what a shell reports for a program killed by a closed pipe
     except UserError as exc:
-        print(f"{command}: {exc}", file=sys.stderr, flush=True)
+        message = " ".join(str(exc).splitlines())  # one line, whatever the message holds
+        print(f"{command}: {message}", file=sys.stderr, flush=True)
         return 2
     except KeyboardInterrupt:
         return 130

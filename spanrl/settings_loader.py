@@ -190,7 +190,13 @@ def read_settings_file(config_path: str) -> dict:
     except OSError as exc:
         raise SettingError(f"cannot read config file {config_path}: {exc}") from exc
     except yaml.YAMLError as exc:
-        raise SettingError(f"config file {config_path} is not valid YAML: {exc}") from exc
+        mark = getattr(exc, "problem_mark", None)
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise SettingError(f"config file {config_path} is not valid YAML{where}: {problem}; fix the file "
+                           "(YAML: `key: value` a line, lists as [a, b])") from exc
+    except UnicodeDecodeError as exc:
+        raise SettingError(f"config file {config_path} is not UTF-8 text: {exc.reason} at byte {exc.start}") from exc
     if from_file is None:
         return {}
     if not isinstance(from_file, dict):

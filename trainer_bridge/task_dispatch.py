@@ -14,6 +14,7 @@ import threading
 import time
 import uuid
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from spanrl.bridge_protocol import REPORTABLE_STATUSES, Attempt
@@ -62,6 +63,7 @@ class TaskDispatcher:
         self._lock = threading.Condition()
         self._round: _Round | None = None
         self._finished = False
+        self._last_claim_at: float | None = None  # any round: runners were there then
 
     def open_round(self, step: int, tasks: list[tuple[str, dict]], group_size: int) -> list[Attempt]:
         """Queue ``group_size`` attempts of each ``(task_id, task)``; returns them."""
@@ -89,7 +91,7 @@ class TaskDispatcher:
             if not current.unclaimed:
                 return None
             rollout_id = current.unclaimed.popleft()
-            current.claimed_at[rollout_id] = time.monotonic()
+            current.claimed_at[rollout_id] = self._last_claim_at = time.monotonic()
             if claim_id is not None:
                 current.by_claim_id[claim_id] = rollout_id
             return current.attempts[rollout_id]
@@ -110,20 +112,31 @@ class TaskDispatcher:
                 self._lock.notify_all()
             return True
 
-    def wait_round(self, poll_s: float = 0.5, on_wait=None) -> dict[str, Outcome]:
-        """Block until every attempt of the open round ended (or was lost); its outcomes."""
+    def wait_round(self, poll_s: float = 0.5, on_wait: Callable[[int, int], None] | None = None,
+                   on_idle: Callable[[float, int], None] | None = None,
+                   idle_after_s: float = 30.0) -> dict[str, Outcome]:
+        """Block until every attempt of the open round ended (or was lost); its outcomes.
+
+        While attempts wait and no runner claimed one for ``idle_after_s`` (0 = never say it),
+        ``on_idle(seconds_without_a_claim, unclaimed)`` is called, again every ``idle_after_s``;
+        without ``on_idle`` that is a warning in the log."""
         with self._lock:
             current = self._round
             assert current is not None, "no round is open"
-            warned_at = current.opened_at
+            said_at = current.opened_at
             while len(current.outcomes) < len(current.attempts):
                 self._expire_lost(current)
                 now = time.monotonic()
-                if current.unclaimed and now - warned_at > max(self.rollout_timeout_s, 30.0):
-                    warned_at = now
-                    logger.warning("%d attempts of step %d are still unclaimed after %.0f s: is "
-                                   "`spanrl run` running and pointed at this bridge?",
-                                   len(current.unclaimed), current.step, now - current.opened_at)
+                quiet_since = max(current.opened_at, self._last_claim_at or 0.0, said_at)
+                if idle_after_s > 0 and current.unclaimed and now - quiet_since >= idle_after_s:
+                    said_at = now
+                    idle = now - max(current.opened_at, self._last_claim_at or 0.0)
+                    if on_idle is not None:
+                        on_idle(idle, len(current.unclaimed))
+                    else:
+                        logger.warning("%d attempts of step %d wait: no runner claimed one for %.0f s; is "
+                                       "`spanrl run` running and pointed at this bridge?",
+                                       len(current.unclaimed), current.step, idle)
                 if len(current.outcomes) >= len(current.attempts):
                     break
                 if on_wait is not None:

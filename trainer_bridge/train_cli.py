@@ -31,9 +31,19 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 def train_command(settings: TrainSettings) -> int:
     from .training_loop import run_training
 
-    summary = run_training(settings)
-    if summary["steps"]:
-        print(f"reward {summary['first_reward']:.2f} -> {summary['last_reward']:.2f} "
-              f"over {summary['steps']} steps; policy version {summary['policy_version']}")
-    print(f"metrics: {summary['metrics']}\nplot: {summary['plot']}\ncheckpoint: {summary['checkpoint']}")
+    print(training_summary(run_training(settings)))
     return 0
+
+
+def training_summary(summary: dict) -> str:
+    """What ``spanrl train`` prints at the end: how it went and where the results are."""
+    lines = ["spanrl train: finished"]
+    if summary["steps"]:
+        lines[0] += (f" {summary['steps']} steps (policy version {summary['policy_version']}); reward "
+                     f"{summary['first_reward']:.2f} -> {summary['last_reward']:.2f}, best "
+                     f"{summary['best_reward']:.2f} at step {summary['best_step']}")
+    places = {"checkpoints": summary["checkpoints"], "last checkpoint": summary["checkpoint"],
+              "metrics": summary["metrics"], "plot": summary["plot"], **summary.get("trackers", {})}
+    width = max(len(name) for name in places)
+    lines += [f"  {name + ':':<{width + 1}} {where}" for name, where in places.items()]
+    return "\n".join(lines)

@@ -103,6 +103,22 @@ class TrainSettings:
         metadata={"help": "folders to import the reward module from (in a config file: relative to it; the "
                   "config file's own folder is always one)", "import_folders": True},
     )
+    report_to: list = field(
+        default_factory=list,
+        metadata={"help": "experiment trackers that also get every metrics row: tensorboard, wandb, mlflow "
+                  "(metrics.jsonl and reward_curve.png are always written)"},
+    )
+    tracking_project: str = field(
+        default="spanrl", metadata={"help": "W&B project and MLflow experiment of report_to's runs"}
+    )
+    receiver_wait_s: float = field(
+        default=10.0, metadata={"help": "at start, wait this long for `spanrl receive` to be writing the store, "
+                                "seconds; then stop with an error saying so"}
+    )
+    runner_wait_warn_s: float = field(
+        default=30.0, metadata={"help": "say 'waiting for runners' (and the URL to give `spanrl run`) when "
+                                "no runner claimed a task for this long, seconds (0 = never)"}
+    )
     trainer: TrainerConfig = field(
         default_factory=TrainerConfig,
         metadata={"help": "the torch trainer (learning_rate, loss_agg_mode, kl_coef, device, seed and "
@@ -143,6 +159,9 @@ class TrainSettings:
                 raise SettingError(f"{name} must be at least 1")
         if self.max_empty_steps < 0:
             raise SettingError(f"max_empty_steps must be 0 (never stop) or more, got {self.max_empty_steps}")
+        from spanrl.trainer_bridge.trackers import check_report_to
+
+        check_report_to(self.report_to)
         # the blocks run with the top-level values: one name per setting
         self.trainer = dataclasses.replace(
             self.trainer, checkpoint_dir=os.path.join(self.output_dir, "checkpoints"),

@@ -19,6 +19,7 @@ import logging
 import math
 import os
 import random
+import sqlite3
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -26,8 +27,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from spanrl.errors import UserError
+from spanrl.otlp_receiver import trained_rewards
 
 from .backend import PolicyBackend, TrainingSample, make_backend
+from .empty_steps import NothingToTrain, empty_step_reason
+from .samples import trained_rollout, training_samples
 from .task_dispatch import Attempt, Outcome, TaskDispatcher, task_id_of
 from .train_settings import TrainSettings
 
@@ -73,6 +77,7 @@ class ScoredRollout:
     attempt: Attempt
     score: float
     transitions: tuple  # of spanrl.otlp_receiver.transitions.Transition
+    reward_source: str = ""  # shown by `spanrl inspect`: the reward function, or the events' sources
 
 
 @dataclass
@@ -161,8 +166,13 @@ class TrainingLoop:
             if score is None:
                 left_out["no_reward"] += 1
                 continue
-            scored.append(ScoredRollout(attempt, score, transitions))
+            scored.append(ScoredRollout(attempt, score, transitions, self.reward_source(rollout)))
         return StepReport(scored, left_out)
+
+    def reward_source(self, rollout: Any) -> str:
+        if self.reward_fn is not None:
+            return f"reward function {self.settings.reward}"
+        return "events: " + ", ".join(sorted({r.source for r in rollout.rewards}))
 
     def score(self, attempt: Attempt, rollout: Any) -> float | None:
         """The rollout's score: its total reward (``reward: events``) or the reward function's
@@ -184,32 +194,41 @@ class TrainingLoop:
         return score
 
     def run_step(self, step: int, backend: PolicyBackend,
-                 on_wait: Callable[[int, int], None] | None = None) -> dict:
+                 on_wait: Callable[[int, int], None] | None = None,
+                 on_idle: Callable[[float, int], None] | None = None) -> dict:
         """One training step: a round of attempts, their rollouts, one update; its metrics row.
 
-        A step with no usable sample makes no update (the policy version stays)."""
+        ``on_idle(seconds, unclaimed)`` is called when no runner claimed an attempt for
+        ``runner_wait_warn_s``. A step with no usable sample makes no update (the policy
+        version stays). The reward and returns each scored rollout was trained with are
+        recorded in the store for ``spanrl inspect``."""
         started = time.monotonic()
         attempts = self.dispatcher.open_round(step, self.next_tasks(), self.settings.group_size)
-        outcomes = self.dispatcher.wait_round(on_wait=on_wait)
+        outcomes = self.dispatcher.wait_round(on_wait=on_wait, on_idle=on_idle,
+                                              idle_after_s=self.settings.runner_wait_warn_s)
         report = self.collect(attempts, outcomes)
         rollout_seconds = time.monotonic() - started
+        transition_returns = (self.settings.advantage_level == "transition" and self.reward_fn is None
+                              and self.settings.trust_agent_rewards)  # returns include the agent's rewards
         samples, dropped = training_samples(
             report.scored, self.settings.advantage_level, self.settings.norm_adv_by_std,
-            transition_returns=(self.settings.advantage_level == "transition" and self.reward_fn is None
-                                and self.settings.trust_agent_rewards),  # returns include the agent's rewards
+            transition_returns=transition_returns,
             loss_weighting=self.settings.loss_weighting,
         )
         stats = backend.update(samples).as_metrics() if samples else {}
-        return _step_row(step, backend.policy_version, attempts, report, samples, dropped, stats,
+        try:
+            trained_rewards.record(self.settings.store, [
+                trained_rollout(step + 1, item, transition_returns, item.attempt.rollout_id not in dropped)
+                for item in report.scored
+            ])
+        except sqlite3.Error as exc:  # what inspect shows must not stop training
+            logger.warning("could not record the rewards of step %d in %s: %s", step + 1, self.settings.store, exc)
+        return _step_row(step, backend.policy_version, attempts, report, samples, len(dropped), stats,
                          rollout_seconds, started)
 
 
 class RewardFunctionError(Exception):
     """The configured reward function raised on a rollout (which is then left out)."""
-
-
-class NothingToTrain(UserError):
-    """Too many steps in a row trained on nothing (``max_empty_steps``): the message says why."""
 
 
 AIR_SOURCE_PREFIX = "air:"  # Reward.source of a reward made by one of the receiver's AIR rules
@@ -220,81 +239,6 @@ def rule_reward(rollout: Any) -> float | None:
     agent's own reward events are not trusted."""
     values = [r.value for r in rollout.rewards if r.source.startswith(AIR_SOURCE_PREFIX)]
     return sum(values) if values else None
-
-
-# Why rollouts were left out -> what the user can check (for the empty-step error).
-LEFT_OUT_HINTS = {
-    "unassembled": "no assembled rollout reached the store: is `spanrl receive` running, writing to the store "
-                   "the trainer reads, and reachable by the agents?",
-    "reward_error": "the reward function raised (its traceback is in the log)",
-    "no_reward": "no rollout had a reward",
-    "failed": "the agents failed",
-    "timeout": "the agents timed out",
-    "lost": "runners did not report back",
-    "no_transitions": "no LLM call carried token ids",
-    "no_selected_agent": "no call came from the agents named in 'agents'",
-}
-
-
-def empty_step_reason(row: dict) -> str | None:
-    """Why the step of metrics row ``row`` trained on nothing, or None when it trained."""
-    if row["transitions"]:
-        return None
-    left_out = row["rollouts_left_out"]
-    hints = [LEFT_OUT_HINTS[k] for k in sorted(left_out, key=lambda k: -left_out[k]) if k in LEFT_OUT_HINTS]
-    if row["groups_of_one_dropped"]:
-        hints.append("groups with a single usable rollout were dropped (GRPO compares rollouts of one task)")
-    counts = ", ".join(f"{k} {v}" for k, v in sorted(left_out.items())) or "none left out"
-    return (f"step {row['step']} trained on nothing: {row['rollouts']} rollouts ({counts})"
-            + (f"; {'; '.join(hints)}" if hints else ""))
-
-
-def training_samples(scored: list[ScoredRollout], level: str, norm_adv_by_std: bool,
-                     transition_returns: bool = False,
-                     loss_weighting: str = "token") -> tuple[list[TrainingSample], int]:
-    """GRPO samples of all usable transitions, with their group advantages.
-
-    ``transition_returns``: score each transition by its own credit-assigned return (reward
-    events with ``level="transition"``) instead of its rollout's score.
-    ``loss_weighting="rollout"``: fold ``grpo.weigh_rollouts_equally`` into the advantages.
-    Returns ``(samples, dropped_rollouts)``: rollouts of a group of one are dropped.
-    """
-    from .grpo import LOSS_WEIGHTINGS, group_advantages, weigh_rollouts_equally
-
-    if loss_weighting not in LOSS_WEIGHTINGS:
-        raise ValueError(f"loss_weighting must be one of {LOSS_WEIGHTINGS}, got {loss_weighting!r}")
-
-    returns: list[float] = []
-    groups: list[str] = []
-    rollout_ids: list[str] = []
-    transitions: list[Any] = []
-    for item in scored:
-        for transition in item.transitions:
-            returns.append(transition.return_ if transition_returns else item.score)
-            groups.append(item.attempt.task_id)
-            rollout_ids.append(item.attempt.rollout_id)
-            transitions.append(transition)
-    if not transitions:
-        return [], 0
-    advantages, keep = group_advantages(
-        returns, groups, rollout_ids, level=level,
-        estimator="grpo" if norm_adv_by_std else "drgrpo",
-    )
-    samples = [
-        TrainingSample(
-            prompt_token_ids=list(t.prompt_token_ids),
-            response_token_ids=list(t.response_token_ids),
-            advantage=float(a),
-            old_logprobs=None if t.response_logprobs is None else list(t.response_logprobs),
-            group_id=g, rollout_id=r, turn_index=t.index, reward=float(ret),
-        )
-        for t, a, k, g, r, ret in zip(transitions, advantages, keep, groups, rollout_ids, returns, strict=True)
-        if k and t.response_token_ids
-    ]
-    if loss_weighting == "rollout" and samples:
-        samples = weigh_rollouts_equally(samples)
-    dropped = len({r for r, k in zip(rollout_ids, keep, strict=True) if not k})
-    return samples, dropped
 
 
 def _prepare_output(settings: TrainSettings, checkpoints: str) -> None:
@@ -341,17 +285,21 @@ def run_training(settings: TrainSettings, show_progress: bool = True) -> dict:
 
     from .bridge_api import BridgeAPI, PolicyInfo
     from .metrics import MetricsLog
+    from .start_checks import check_before_start, wait_for_receiver
+    from .trackers import flat_config, open_trackers
 
-    if not os.path.isfile(os.path.join(settings.model, "config.json")):
-        raise UserError(f"model {settings.model!r} is not a Hugging Face model directory "
-                        "(no config.json); create one with `spanrl model init DIR`")
+    check_before_start(settings)
     checkpoints = settings.trainer.checkpoint_dir or os.path.join(settings.output_dir, "checkpoints")
     _prepare_output(settings, checkpoints)
     from .warm_start import warm_start_before_training
 
     settings = warm_start_before_training(settings, progress=show_progress)  # model: the warm one
     loop = TrainingLoop(settings)
+    wait_for_receiver(settings.store, settings.receiver_wait_s)
     with ExitStack() as cleanup:  # whatever started is stopped, also when start-up fails
+        trackers = open_trackers(settings.report_to, settings.output_dir, flat_config(settings),
+                                 settings.tracking_project)
+        cleanup.callback(trackers.close)
         backend = make_backend(settings, checkpoints)
         cleanup.callback(backend.close)
         metrics = MetricsLog(settings.output_dir)
@@ -365,8 +313,13 @@ def run_training(settings: TrainSettings, show_progress: bool = True) -> dict:
         # let runners hear "training finished" (410) before the API goes away
         cleanup.callback(time.sleep, 1.0)
         cleanup.callback(loop.dispatcher.close)
-        logger.info("policy endpoint %s, task API %s, output %s",
+        logger.info("policy endpoint %s, task API %s (give it to `spanrl run` as bridge_url), output %s",
                     backend.endpoint_url, api.url, settings.output_dir)
+
+        def waiting_for_runners(idle_s: float, unclaimed: int) -> None:
+            logger.warning("waiting for runners: no runner has claimed a task for %.0f s (%d attempts wait); "
+                           "start `spanrl run RUN.yaml` with bridge_url: %s", idle_s, unclaimed, api.url)
+
         first_step = len(metrics.rows)
         bar = tqdm(total=settings.steps, initial=first_step, disable=not show_progress,
                    desc="spanrl train", unit="step", dynamic_ncols=True)
@@ -376,9 +329,11 @@ def run_training(settings: TrainSettings, show_progress: bool = True) -> dict:
             row = loop.run_step(
                 step, backend,
                 on_wait=lambda done, total: bar.set_postfix_str(f"rollouts {done}/{total}"),
+                on_idle=waiting_for_runners,
             )
             metrics.append(row)
             metrics.plot()
+            trackers.log(row)
             if row["rollouts_left_out"]:
                 logger.warning("step %d left out rollouts: %s", step + 1, row["rollouts_left_out"])
             empty = empty_step_reason(row)
@@ -398,12 +353,17 @@ def run_training(settings: TrainSettings, show_progress: bool = True) -> dict:
                 break
         final_checkpoint = backend.save_checkpoint(checkpoints)
     rewards = [r["reward_mean"] for r in metrics.rows]
+    best = max(metrics.rows, key=lambda r: r["reward_mean"], default=None)
     return {
         "steps": len(metrics.rows),
         "first_reward": rewards[0] if rewards else None,
         "last_reward": rewards[-1] if rewards else None,
+        "best_reward": None if best is None else best["reward_mean"],
+        "best_step": None if best is None else best["step"],
         "policy_version": backend.policy_version,
         "metrics": metrics.path,
         "plot": metrics.plot_path,
         "checkpoint": str(final_checkpoint),
+        "checkpoints": checkpoints,
+        "trackers": trackers.locations,
     }

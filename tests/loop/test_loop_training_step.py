@@ -8,7 +8,8 @@ backend (tiny model, policy server in a child process). The backend is wrapped o
 remember the samples it was given.
 
 Checked: selective optimisation (``agents: [writer]``), transition-level advantages from
-intermediate rewards, and a reward function that raises.
+intermediate rewards, a reward function that raises, and what ``spanrl inspect`` shows of the
+rewards and returns a step trained with.
 """
 
 from __future__ import annotations
@@ -253,6 +254,14 @@ def test_transition_level_advantages_from_intermediate_rewards(tmp_path, receive
     # transition-level: calls of one rollout get different advantages
     assert given[prompt_ids(0, 0, 0)] != pytest.approx(given[prompt_ids(0, 0, 2)])
     assert row["transitions"] == sum(len(v) for v in rewards.values()) and row["rollouts_left_out"] == {}
+    # `spanrl inspect` shows the reward-to-go each call was trained with, and the rollout's events
+    shown = json.loads(spanrl_inspect(settings.store, "transitions", "--json"))
+    for t in shown:
+        task_number, attempt = int(t["rollout_id"].split("-t")[1][0]), int(t["rollout_id"].split("-a")[1][0])
+        assert t["trained_return"] == t["return"] == pytest.approx(
+            sum(rewards[(task_number, attempt)][t["index"]:])), t["rollout_id"]
+    table = spanrl_inspect(settings.store, "rollouts")
+    assert table.count("events: spanrl.reward (step 1)") == 6, table
 
 
 def test_a_raising_reward_function_leaves_the_rollout_out_and_training_goes_on(
@@ -301,3 +310,49 @@ def test_a_raising_reward_function_leaves_the_rollout_out_and_training_goes_on(
     assert len(backend.updates) == 2 and again["policy_version"] == version + 2
     for loop in (mixed, all_buggy):
         loop.dispatcher.close()
+
+
+def spanrl_inspect(store: str, *argv: str) -> str:
+    import subprocess
+    import sys
+
+    result = subprocess.run([sys.executable, "-m", "spanrl", "inspect", *argv, "--db", store],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def test_inspect_shows_the_reward_a_reward_function_gave_and_the_returns_trained_with(
+        tmp_path, receiver, torch_backend):
+    """With a reward function the receiver has no reward (total_reward None): ``spanrl inspect``
+    shows the one the trainer trained with, its source and step, and each transition's return."""
+    _, tracer = receiver()
+    settings = make_settings(tmp_path, [{"id": "q1", "answer": "7"}, {"id": "q2", "answer": "9"}],
+                             reward="picky_reward:reward", python_path=[AGENTS_DIR])
+    loop = TrainingLoop(settings)
+
+    def play(tracer, attempt: Attempt) -> None:  # attempt 0 answers right, attempt 1 wrong; two calls
+        answer = attempt.task["answer"] if attempt.attempt == 0 else "0"
+        emit_rollout(tracer, attempt, [("solver", None), ("solver", None)], answer=answer)
+
+    run_one_step(loop, tracer, RecordingBackend(torch_backend), play)
+    loop.dispatcher.close()
+
+    rollouts = json.loads(spanrl_inspect(settings.store, "rollouts", "--json"))
+    assert len(rollouts) == 4
+    for item in rollouts:
+        assert item["assembled"]["total_reward"] is None  # no reward event: the receiver has none
+        attempt = int(item["rollout_id"].split("-a")[1].split("-")[0])
+        expected = 1.0 if attempt == 0 else 0.0
+        assert item["trained"] == {"step": 1, "reward": expected, "used": True,
+                                   "reward_source": "reward function picky_reward:reward",
+                                   "returns": {"0": expected, "1": expected}}
+    right = next(r["rollout_id"] for r in rollouts if r["trained"]["reward"] == 1.0)
+    table = spanrl_inspect(settings.store, "rollouts")
+    assert "reward function picky_reward:reward (step 1)" in table and "None" not in table
+    one = spanrl_inspect(settings.store, "rollout", right)
+    assert "reward 1 (reward function picky_reward:reward (step 1))" in one
+    transitions = json.loads(spanrl_inspect(settings.store, "transitions", "--json", "--rollout", right))
+    assert [(t["index"], t["return"], t["trained_return"], t["trained_step"]) for t in transitions] == [
+        (0, 0.0, 1.0, 1), (1, 0.0, 1.0, 1)]
+    assert all("return_" not in t for t in transitions)

@@ -58,7 +58,7 @@ def test_receive_cli_settings_env_shutdown_and_inspect(receiver_process, memory_
     detail = json.loads(capsys.readouterr().out)
     assert detail["assembled"]["variables"] == {"answer": "42"}
     assert len(detail["spans"]) == 6
-    assert spanrl_main(["inspect", "rollout", "nope", "--db", str(db)]) == 1
+    assert spanrl_main(["inspect", "rollout", "nope", "--db", str(db)]) == 2  # a user error: one line, exit 2
 
 
 def test_receive_cli_reports_a_port_in_use(tmp_path):

@@ -10,12 +10,12 @@ Imports nothing heavy at module level.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from typing import Any
 
 from spanrl.errors import UserError
 from spanrl.settings_loader import CommandSettings
+from spanrl.startup_checks import ensure_model_dir, ensure_port_free
 
 
 def _setting(default: Any, help_text: str, **more: Any) -> Any:
@@ -55,9 +55,8 @@ def add_parser(subparsers) -> None:
 
 
 def _serve(settings: ServeSettings) -> int:
-    if not os.path.isfile(os.path.join(settings.model_dir, "config.json")):
-        raise UserError(f"{settings.model_dir!r} is not a Hugging Face model directory (no config.json); "
-                        "create one with `spanrl model init DIR`")
+    ensure_model_dir(settings.model_dir, "model_dir")
+    ensure_port_free(settings.host, settings.port, "port", "cannot serve on")
     import torch
     import uvicorn
 

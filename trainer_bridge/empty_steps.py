@@ -1,0 +1,40 @@
+"""Steps that trained on nothing: why, in words a user can act on, and when to stop.
+
+``run_training`` asks ``empty_step_reason(row)`` after every step; ``max_empty_steps`` such
+steps in a row raise ``NothingToTrain`` (a ``UserError``: one line, exit 2).
+"""
+
+from __future__ import annotations
+
+from spanrl.errors import UserError
+
+
+class NothingToTrain(UserError):
+    """Too many steps in a row trained on nothing (``max_empty_steps``): the message says why."""
+
+
+# Why rollouts were left out -> what the user can check (for the empty-step error).
+LEFT_OUT_HINTS = {
+    "unassembled": "no assembled rollout reached the store: is `spanrl receive` running, writing to the store "
+                   "the trainer reads, and reachable by the agents?",
+    "reward_error": "the reward function raised (its traceback is in the log)",
+    "no_reward": "no rollout had a reward",
+    "failed": "the agents failed",
+    "timeout": "the agents timed out",
+    "lost": "runners did not report back",
+    "no_transitions": "no LLM call carried token ids",
+    "no_selected_agent": "no call came from the agents named in 'agents'",
+}
+
+
+def empty_step_reason(row: dict) -> str | None:
+    """Why the step of metrics row ``row`` trained on nothing, or None when it trained."""
+    if row["transitions"]:
+        return None
+    left_out = row["rollouts_left_out"]
+    hints = [LEFT_OUT_HINTS[k] for k in sorted(left_out, key=lambda k: -left_out[k]) if k in LEFT_OUT_HINTS]
+    if row["groups_of_one_dropped"]:
+        hints.append("groups with a single usable rollout were dropped (GRPO compares rollouts of one task)")
+    counts = ", ".join(f"{k} {v}" for k, v in sorted(left_out.items())) or "none left out"
+    return (f"step {row['step']} trained on nothing: {row['rollouts']} rollouts ({counts})"
+            + (f"; {'; '.join(hints)}" if hints else ""))

@@ -1,0 +1,74 @@
+"""From scored rollouts to training samples: GRPO group advantages for every usable transition.
+
+``training_samples`` is what every backend trains on (so both backends get the same numbers);
+``trained_rollout`` is what ``spanrl inspect`` later shows a rollout was trained with.
+Called by ``training_loop.TrainingLoop.run_step``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from spanrl.otlp_receiver.trained_rewards import TrainedRollout
+
+from .backend import TrainingSample
+
+if TYPE_CHECKING:
+    from .training_loop import ScoredRollout
+
+
+def trained_rollout(step: int, item: ScoredRollout, transition_returns: bool, used: bool) -> TrainedRollout:
+    """What ``training_samples`` trained ``item`` with, as recorded for ``spanrl inspect``."""
+    return TrainedRollout(
+        rollout_id=item.attempt.rollout_id, step=step, reward=item.score, reward_source=item.reward_source,
+        returns={t.index: (t.return_ if transition_returns else item.score) for t in item.transitions},
+        used=used,
+    )
+
+
+def training_samples(scored: list[ScoredRollout], level: str, norm_adv_by_std: bool,
+                     transition_returns: bool = False,
+                     loss_weighting: str = "token") -> tuple[list[TrainingSample], set[str]]:
+    """GRPO samples of all usable transitions, with their group advantages.
+
+    ``transition_returns``: score each transition by its own credit-assigned return (reward
+    events with ``level="transition"``) instead of its rollout's score.
+    ``loss_weighting="rollout"``: fold ``grpo.weigh_rollouts_equally`` into the advantages.
+    Returns ``(samples, dropped_rollout_ids)``: rollouts of a group of one are dropped.
+    """
+    from .grpo import LOSS_WEIGHTINGS, group_advantages, weigh_rollouts_equally
+
+    if loss_weighting not in LOSS_WEIGHTINGS:
+        raise ValueError(f"loss_weighting must be one of {LOSS_WEIGHTINGS}, got {loss_weighting!r}")
+
+    returns: list[float] = []
+    groups: list[str] = []
+    rollout_ids: list[str] = []
+    transitions: list[Any] = []
+    for item in scored:
+        for transition in item.transitions:
+            returns.append(transition.return_ if transition_returns else item.score)
+            groups.append(item.attempt.task_id)
+            rollout_ids.append(item.attempt.rollout_id)
+            transitions.append(transition)
+    if not transitions:
+        return [], set()
+    advantages, keep = group_advantages(
+        returns, groups, rollout_ids, level=level,
+        estimator="grpo" if norm_adv_by_std else "drgrpo",
+    )
+    samples = [
+        TrainingSample(
+            prompt_token_ids=list(t.prompt_token_ids),
+            response_token_ids=list(t.response_token_ids),
+            advantage=float(a),
+            old_logprobs=None if t.response_logprobs is None else list(t.response_logprobs),
+            group_id=g, rollout_id=r, turn_index=t.index, reward=float(ret),
+        )
+        for t, a, k, g, r, ret in zip(transitions, advantages, keep, groups, rollout_ids, returns, strict=True)
+        if k and t.response_token_ids
+    ]
+    if loss_weighting == "rollout" and samples:
+        samples = weigh_rollouts_equally(samples)
+    dropped = {r for r, k in zip(rollout_ids, keep, strict=True) if not k}
+    return samples, dropped

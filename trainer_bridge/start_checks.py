@@ -1,0 +1,38 @@
+"""Checks ``spanrl train`` makes at start, so a user's mistake is one line naming the fix.
+
+Called by ``training_loop.run_training``: ``check_before_start`` before the model loads (a
+missing model directory, a taken policy or task-API port), ``wait_for_receiver`` next (no
+``spanrl receive`` writing the store means no rollout would ever assemble).
+Both raise ``spanrl.errors.UserError`` subclasses.
+"""
+
+from __future__ import annotations
+
+import time
+
+from spanrl.errors import UserError
+
+from .train_settings import TrainSettings
+
+
+def check_before_start(settings: TrainSettings) -> None:
+    """A missing model or a taken port is said before the model loads (seconds to minutes)."""
+    from spanrl.startup_checks import ensure_model_dir, ensure_port_free
+
+    ensure_model_dir(settings.model, "model")
+    ensure_port_free(settings.policy_host, settings.policy_port, "policy_port", "the policy server cannot listen on")
+    ensure_port_free(settings.bridge_host, settings.bridge_port, "bridge_port",
+                     "the task API for runners cannot listen on")
+
+
+def wait_for_receiver(store: str, wait_s: float) -> None:
+    """Rollouts reach the store only through a receiver: without one, every attempt would end
+    'unassembled'. Waits ``wait_s`` for one to start, then raises ``UserError``."""
+    from spanrl.otlp_receiver.store_lock import receiver_running
+
+    deadline = time.monotonic() + wait_s
+    while not receiver_running(store):
+        if time.monotonic() > deadline:
+            raise UserError(f"no `spanrl receive` is writing the store {store!r} (waited {wait_s:.0f} s); start "
+                            f"`spanrl receive --db {store}`, or set store: to the --db of the running one")
+        time.sleep(0.2)
