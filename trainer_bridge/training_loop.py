@@ -268,6 +268,7 @@ def _step_row(step: int, policy_version: int, attempts: list[Attempt], report: S
         "rollouts_left_out": dict(report.left_out),
         "groups_of_one_dropped": dropped,
         "rollouts_per_s": len(attempts) / max(rollout_seconds, 1e-9),
+        "rollout_seconds": rollout_seconds,  # waiting for the step's rollouts
         "seconds": time.monotonic() - started,
     }
     for key, value in stats.items():  # the update's own statistics (loss, kl, ...)
