@@ -32,12 +32,27 @@ class TrainingSample:
 
     ``old_logprobs``: the engine's logprob of each response token when it sampled them
     (``None``: recomputed with the current weights before the update).
+    ``group_id`` (the task's GRPO group), ``rollout_id`` and ``turn_index`` (the call's index
+    within its rollout) say where the sample came from; ``reward`` is the return its advantage
+    was computed from. ``loss_weight``: the per-rollout loss weight already folded into
+    ``advantage`` (``loss_weighting: rollout``; ``None`` when no such weight was applied), so
+    the group advantage is ``advantage / loss_weight``.
     """
 
     prompt_token_ids: Sequence[int]
     response_token_ids: Sequence[int]
     advantage: float
     old_logprobs: Sequence[float] | None = None
+    group_id: str = ""
+    rollout_id: str = ""
+    turn_index: int = 0
+    reward: float = 0.0
+    loss_weight: float | None = None
+
+    @property
+    def group_advantage(self) -> float:
+        """The advantage before any per-rollout loss weight (what GRPO computed)."""
+        return self.advantage if self.loss_weight is None else self.advantage / self.loss_weight
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,5 @@
-"""GRPO math: group advantages, the dual-clip PPO policy loss, loss aggregation, KL estimators.
+"""GRPO math: group advantages, per-rollout loss weights, the dual-clip PPO policy loss, loss
+aggregation, KL estimators.
 
 Pure functions over tensors, each with its formula and shapes, read the same way as verl's
 ``verl/trainer/ppo/core_algos.py`` and numerically equal to it (``tests/trainer_bridge`` checks
@@ -11,14 +12,21 @@ real response tokens and 0.0 on padding.
 Two spanrl choices differ from verl on purpose, both documented where they apply:
 - a group of one is *dropped* (its ``keep`` flag is False); verl would train on its raw reward.
 - advantages are rollout-level by default: all transitions of one rollout share the advantage
-  of that rollout's return within its group, so a long rollout does not outweigh a short one.
+  of that rollout's return within its group, so a long rollout does not outweigh a short one
+  in sign or size of advantage; ``weigh_rollouts_equally`` (``loss_weighting: rollout``) also
+  evens out their share of the ``token-mean`` loss, whatever their number of calls and tokens.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Hashable, Sequence
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from .backend import TrainingSample
 
 # verl's constants, kept identical so results match bit for bit.
 GRPO_EPSILON = 1e-6
@@ -151,6 +159,51 @@ def group_advantages(
     adv, keep = estimate(scores, groups, epsilon=epsilon)
     by_rollout = {r: (float(a), bool(k)) for r, a, k in zip(rollouts, adv.tolist(), keep.tolist(), strict=True)}
     return ([by_rollout[r][0] for r in rollout_ids], [by_rollout[r][1] for r in rollout_ids])
+
+
+# ----------------------------------------------------------------------------- rollout weighting
+
+
+LOSS_WEIGHTINGS = ("token", "rollout")
+
+
+def rollout_loss_weights(response_lengths: Sequence[int], rollout_ids: Sequence[Hashable]) -> list[float]:
+    """Per-sample factors that make every rollout weigh the same under ``token-mean``.
+
+    With ``N`` response tokens in the batch, ``R`` rollouts and ``n_r`` response tokens of
+    rollout ``r``, sample ``i`` of rollout ``r`` gets ``w_i = N / (R * n_r)``. Multiplying each
+    sample's advantage by ``w_i`` turns the ``token-mean`` loss ``sum_i,t L_it / N`` into
+    ``(1/R) * sum_r mean_{t in r} L_t``: a rollout of three calls weighs what a rollout of one
+    call weighs. Exact because the clipped PPO objective (dual clip included) is linear in a
+    positive per-token scale of the advantage; the KL term carries no advantage and stays
+    token-weighted.
+
+    Args: ``response_lengths``: response tokens per sample (each ``> 0``); ``rollout_ids``:
+    the rollout of each sample.
+
+    Returns: ``w_i`` per sample (all ``1.0`` when every rollout has the same token count).
+    """
+    if len(response_lengths) != len(rollout_ids):
+        raise ValueError("response_lengths and rollout_ids must have one entry per sample")
+    if any(length <= 0 for length in response_lengths):
+        raise ValueError("every sample needs at least one response token to be weighted")
+    tokens_of: dict[Hashable, int] = {}
+    for length, rollout in zip(response_lengths, rollout_ids, strict=True):
+        tokens_of[rollout] = tokens_of.get(rollout, 0) + int(length)
+    total = sum(tokens_of.values())
+    return [total / (len(tokens_of) * tokens_of[rollout]) for rollout in rollout_ids]
+
+
+def weigh_rollouts_equally(samples: Sequence[TrainingSample]) -> list[TrainingSample]:
+    """``samples`` with ``rollout_loss_weights`` folded into their advantages.
+
+    Weights already folded in are taken out first (``TrainingSample.group_advantage``), so a
+    backend that drops some samples (over-long ones) calls this again on what it keeps and the
+    weights stay exact for the samples actually trained on.
+    """
+    weights = rollout_loss_weights([len(s.response_token_ids) for s in samples], [s.rollout_id for s in samples])
+    return [dataclasses.replace(s, advantage=s.group_advantage * w, loss_weight=w)
+            for s, w in zip(samples, weights, strict=True)]
 
 
 # ----------------------------------------------------------------------------- loss aggregation

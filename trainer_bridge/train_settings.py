@@ -46,6 +46,11 @@ class TrainSettings:
         default="token-mean",
         metadata={"help": "GRPO loss aggregation: token-mean, seq-mean-token-mean or seq-mean-token-sum-norm"},
     )
+    loss_weighting: str = field(
+        default="token",
+        metadata={"help": "'token' (every response token weighs the same) or 'rollout' (every rollout "
+                  "weighs the same whatever its number of calls and tokens; needs loss_agg_mode token-mean)"},
+    )
     norm_adv_by_std: bool = field(
         default=True, metadata={"help": "GRPO (divide by group std); off = Dr.GRPO"}
     )
@@ -99,6 +104,11 @@ class TrainSettings:
             raise SettingError("group_size must be at least 2: GRPO needs a group to compare")
         if self.advantage_level not in ("rollout", "transition"):
             raise SettingError("advantage_level must be 'rollout' or 'transition'")
+        if self.loss_weighting not in ("token", "rollout"):
+            raise SettingError(f"loss_weighting must be 'token' or 'rollout', got {self.loss_weighting!r}")
+        if self.loss_weighting == "rollout" and self.loss_agg_mode != "token-mean":
+            raise SettingError(f"loss_weighting 'rollout' needs loss_agg_mode 'token-mean' (got "
+                               f"{self.loss_agg_mode!r}): set loss_agg_mode: token-mean or loss_weighting: token")
         for name in ("tasks_per_step", "steps"):
             if getattr(self, name) < 1:
                 raise SettingError(f"{name} must be at least 1")

@@ -200,6 +200,7 @@ class TrainingLoop:
         samples, dropped = training_samples(
             report.scored, self.settings.advantage_level, self.settings.norm_adv_by_std,
             transition_returns=self.settings.advantage_level == "transition" and self.reward_fn is None,
+            loss_weighting=self.settings.loss_weighting,
         )
         stats = backend.update(samples).as_metrics() if samples else {}
         return _step_row(step, backend.policy_version, attempts, report, samples, dropped, stats,
@@ -211,14 +212,19 @@ class RewardFunctionError(Exception):
 
 
 def training_samples(scored: list[ScoredRollout], level: str, norm_adv_by_std: bool,
-                     transition_returns: bool = False) -> tuple[list[TrainingSample], int]:
+                     transition_returns: bool = False,
+                     loss_weighting: str = "token") -> tuple[list[TrainingSample], int]:
     """GRPO samples of all usable transitions, with their group advantages.
 
     ``transition_returns``: score each transition by its own credit-assigned return (reward
     events with ``level="transition"``) instead of its rollout's score.
+    ``loss_weighting="rollout"``: fold ``grpo.weigh_rollouts_equally`` into the advantages.
     Returns ``(samples, dropped_rollouts)``: rollouts of a group of one are dropped.
     """
-    from .grpo import group_advantages
+    from .grpo import LOSS_WEIGHTINGS, group_advantages, weigh_rollouts_equally
+
+    if loss_weighting not in LOSS_WEIGHTINGS:
+        raise ValueError(f"loss_weighting must be one of {LOSS_WEIGHTINGS}, got {loss_weighting!r}")
 
     returns: list[float] = []
     groups: list[str] = []
@@ -242,9 +248,13 @@ def training_samples(scored: list[ScoredRollout], level: str, norm_adv_by_std: b
             response_token_ids=list(t.response_token_ids),
             advantage=float(a),
             old_logprobs=None if t.response_logprobs is None else list(t.response_logprobs),
+            group_id=g, rollout_id=r, turn_index=t.index, reward=float(ret),
         )
-        for t, a, k in zip(transitions, advantages, keep, strict=True) if k and t.response_token_ids
+        for t, a, k, g, r, ret in zip(transitions, advantages, keep, groups, rollout_ids, returns, strict=True)
+        if k and t.response_token_ids
     ]
+    if loss_weighting == "rollout" and samples:
+        samples = weigh_rollouts_equally(samples)
     dropped = len({r for r, k in zip(rollout_ids, keep, strict=True) if not k})
     return samples, dropped
 

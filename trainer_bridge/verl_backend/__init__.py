@@ -1,1 +1,1 @@
-"""The verl backend: verl's own workers train, vLLM serves the agents behind a gateway (see docs/verl.md)."""
+"""The verl backend: spanrl's training samples trained by verl's own workers, served by vLLM."""
