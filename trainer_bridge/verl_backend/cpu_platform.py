@@ -73,6 +73,8 @@ def _make_device_module() -> types.ModuleType:
 
     module.mem_get_info = mem_get_info
     module.memory_stats = lambda *args, **kwargs: {}
+    module.set_per_process_memory_fraction = nothing
+    module.get_device_name = lambda *args, **kwargs: "cpu"
     return module
 
 
