@@ -74,6 +74,7 @@ RESPONSE_PROMPT_TOKEN_IDS = "prompt_token_ids"  # top level (chat) or per choice
 RESPONSE_CHOICE_TOKEN_IDS = "token_ids"  # per choice, per stream chunk when streaming
 RESPONSE_POLICY_VERSION = "policy_version"  # top-level body field of spanrl's server
 POLICY_VERSION_HEADER = "x-spanrl-policy-version"  # response header of spanrl's server
+ROLLOUT_ID_HEADER = "x-spanrl-rollout-id"  # request header: the gateway routes a rollout's calls to one upstream
 RESPONSE_MODEL_REQUEST_FIELDS = "request_fields"  # /v1/models entry of spanrl's server: implemented/ignored fields
 
 # --- Environment variables ------------------------------------------------------------------
