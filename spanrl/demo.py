@@ -48,6 +48,7 @@ class DemoSettings:
     seed: int = _setting(0, "random seed")
     threads: int = _setting(0, "torch threads for the trainer (0 = torch's default)")
     device: str = _setting("cpu", "where the model trains and serves: cpu, cuda, cuda:N or auto (docs/gpu.md)")
+    backend: str = _setting("torch", "torch (embedded) or verl (verl's workers train, vLLM serves; docs/verl.md)")
 
 
 SETTINGS = CommandSettings("demo", DemoSettings, "DEMO")
@@ -160,6 +161,7 @@ def demo_command(settings: DemoSettings) -> int:
             steps=settings.steps, stop_at_reward=settings.stop_at_reward,
             learning_rate=settings.learning_rate, rollout_timeout_s=60.0, checkpoint_every=5,
             policy_port=policy_port, bridge_port=bridge_port, device=settings.device, seed=settings.seed,
+            backend=settings.backend,
         )
         summary = run_training(train_settings)
     except RuntimeError as exc:  # a component did not start: say where its log is

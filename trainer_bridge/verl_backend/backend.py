@@ -64,7 +64,7 @@ class VerlBackend:
 
     @property
     def endpoint_url(self) -> str:
-        return f"{self.gateway.url}/v1"
+        return str(self.gateway.url)
 
     # ------------------------------------------------------------------ update
 
@@ -96,11 +96,29 @@ class VerlBackend:
             self.gateway.set_policy_version(self._policy_version)
         finally:
             self.gateway.resume()
+        every = self.settings.checkpoint_every
+        if every and self.step % every == 0:
+            self.save_checkpoint(os.path.join(self.settings.output_dir, "checkpoints"))
         seconds = time.perf_counter() - started
         details = {**metrics, **timings, "dropped_overlong": float(batch.dropped_overlong),
                    "samples": float(len(samples) - batch.dropped_overlong - batch.dropped_empty)}
         return UpdateStats(policy_version=self._policy_version, step=self.step, loss=float(metrics.get("pg_loss", 0.0)),
                            grad_norm=float(metrics.get("grad_norm", 0.0)), seconds=seconds, details=details)
+
+    def log_probs(self, samples: Sequence[TrainingSample]) -> list[list[float]]:
+        """The actor's log-prob of each response token of ``samples`` (verl's own forward pass)."""
+        from verl.utils import tensordict_utils as tu
+        from verl.workers.utils.padding import no_padding_2_padding
+
+        from .batch import build_verl_batch, to_worker_tensordict
+
+        verl = self.settings.verl
+        batch = build_verl_batch(samples, pad_token_id=0, max_prompt_length=verl.max_prompt_length,
+                                 max_response_length=verl.max_response_length, temperature=verl.temperature)
+        data = pad_to_multiple(batch.data, self.workers.data_parallel_size)
+        td = to_worker_tensordict(data, calculate_entropy=False, compute_loss=False)
+        values = no_padding_2_padding(tu.get(self.workers.actor.compute_log_prob(td), "log_probs"), td)
+        return [values[i, : len(sample.response_token_ids)].tolist() for i, sample in enumerate(samples)]
 
     def _add_log_probs(self, data: Any) -> Any:
         """``old_log_probs``: the engine's when every sample has them, else recomputed by verl's
@@ -144,11 +162,14 @@ class VerlBackend:
     # ------------------------------------------------------------------ checkpoints
 
     def save_checkpoint(self, root: str) -> str:
+        """verl's checkpoint of the actor (model, optimizer, RNG; resumable) under
+        ``root/step-N/actor``; returns the Hugging Face model verl writes inside it."""
         path = os.path.join(os.path.abspath(root), f"step-{self.step:06d}")
-        self.workers.actor.save_checkpoint(os.path.join(path, "actor"), None, self.step, None)
+        keep = self.settings.trainer.keep_checkpoints or None
+        self.workers.actor.save_checkpoint(os.path.join(path, "actor"), None, self.step, keep)
         with open(os.path.join(path, VERSION_FILE), "w") as f:
             json.dump({"policy_version": self._policy_version, "step": self.step}, f)
-        return path
+        return os.path.join(path, "actor", "huggingface")
 
     def close(self) -> None:
         try:

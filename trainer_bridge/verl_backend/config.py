@@ -96,6 +96,8 @@ def verl_overrides(settings: TrainSettings, cpu_mode: bool) -> list[str]:
         f"{actor}.use_dynamic_bsz": True,
         f"{actor}.ppo_max_token_len_per_gpu": trainer.micro_batch_tokens,
         f"{actor}.fsdp_config.seed": settings.seed,
+        # checkpoints are verl's own (resumable) plus the Hugging Face model, ready to serve
+        f"{actor}.checkpoint.save_contents": "[model,optimizer,extra,hf_model]",
         f"{rollout}.name": "vllm",
         f"{rollout}.tensor_model_parallel_size": verl.tensor_parallel_size,
         f"{rollout}.gpu_memory_utilization": verl.gpu_memory_utilization,
@@ -112,6 +114,10 @@ def verl_overrides(settings: TrainSettings, cpu_mode: bool) -> list[str]:
         "trainer.device": "cpu" if cpu_mode else "cuda",
         "trainer.default_local_dir": os.path.abspath(os.path.join(settings.output_dir, "checkpoints")),
     }
+    if dtype == "float32":  # verl's FSDP otherwise computes in bf16 (autocast) whatever the weights
+        for role in ("actor", "ref"):
+            values[f"+actor_rollout_ref.{role}.fsdp_config.mixed_precision"] = (
+                "{param_dtype:fp32,reduce_dtype:fp32,buffer_dtype:fp32}")
     if settings.loss_agg_mode == "token-mean" and trainer.loss_scale_factor is not None:
         values[f"{actor}.loss_scale_factor"] = trainer.loss_scale_factor
     if cpu_mode:
