@@ -18,7 +18,6 @@ from spanrl.trainer_bridge.torch_backend.trainer import TorchTrainer
 from spanrl.trainer_bridge.train_settings import TrainSettings
 from spanrl.trainer_bridge.verl_backend.config import VerlConfig
 
-
 LEARNING_RATE = 1e-3
 
 
@@ -63,7 +62,8 @@ def endpoint_logprobs(base_url: str, model: str, samples) -> tuple[list[list[flo
         assert reply.status_code == 200, reply.text
         versions.add(reply.headers["x-spanrl-policy-version"])
         scored = reply.json()["choices"][0]["prompt_logprobs"][len(sample.prompt_token_ids):]
-        out.append([entry[str(token)]["logprob"] for entry, token in zip(scored, sample.response_token_ids, strict=True)])
+        out.append([entry[str(token)]["logprob"]
+                    for entry, token in zip(scored, sample.response_token_ids, strict=True)])
     return out, versions
 
 

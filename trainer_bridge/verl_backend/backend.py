@@ -36,7 +36,7 @@ INSTALL_HINT = ("install the verl backend: pip install 'spanrl[verl-cpu]' (no GP
 VERSION_FILE = "spanrl_policy_version.json"
 
 
-def check_verl_installed(cpu_mode: bool) -> None:
+def check_verl_installed() -> None:
     """One clear line when verl or vLLM is missing (instead of an import traceback)."""
     import importlib.util
 
@@ -183,8 +183,8 @@ def flatten_metrics(metrics: dict[str, Any]) -> dict[str, float]:
     flat: dict[str, float] = {}
     for key, value in metrics.items():
         values = value if isinstance(value, list) else [value]
-        numbers = [float(getattr(v, "value", v)) for v in values
-                   if isinstance(getattr(v, "value", v), int | float)]
+        plain = [getattr(v, "value", v) for v in values]  # verl's Metric objects carry .value
+        numbers = [float(v) for v in plain if isinstance(v, int | float)]
         if numbers:
             flat[key.removeprefix("actor/")] = sum(numbers) / len(numbers)
     return flat
@@ -223,8 +223,11 @@ def start_verl_backend(settings: TrainSettings, checkpoint_dir: str) -> VerlBack
     """verl's workers and vLLM replicas for ``settings``, behind a gateway (module docstring)."""
     from .config import resolve_cpu_mode, verl_overrides
 
+    if not os.path.isfile(os.path.join(settings.model, "config.json")):
+        raise UserError(f"model {settings.model!r} is not a Hugging Face model directory (no config.json); "
+                        "create one with `spanrl model init DIR`")
     cpu_mode = resolve_cpu_mode(settings.verl)
-    check_verl_installed(cpu_mode)
+    check_verl_installed()
     from .workers import apply_cpu_mode_environment
 
     if cpu_mode:
@@ -235,9 +238,6 @@ def start_verl_backend(settings: TrainSettings, checkpoint_dir: str) -> VerlBack
     from .gateway import GatewayConfig, start_gateway
     from .workers import start_verl_workers
 
-    if not os.path.isfile(os.path.join(settings.model, "config.json")):
-        raise UserError(f"model {settings.model!r} is not a Hugging Face model directory (no config.json); "
-                        "create one with `spanrl model init DIR`")
     tokenizer = AutoTokenizer.from_pretrained(settings.model)
     config = compose_verl_config(verl_overrides(settings, cpu_mode))
     workers = start_verl_workers(config, cpu_mode, settings.verl.ray_address, settings.verl.ray_num_cpus)

@@ -45,6 +45,13 @@ def cpu_mode_selected() -> bool:
 # ----------------------------------------------------------------------------- device module
 
 
+def _mem_get_info(*args: Any, **kwargs: Any) -> tuple[int, int]:
+    import psutil
+
+    memory = psutil.virtual_memory()
+    return memory.available, memory.total
+
+
 def _make_device_module() -> types.ModuleType:
     """``torch.cpu`` plus the ``torch.cuda``-style calls verl makes, answered for a CPU device."""
     import torch
@@ -57,24 +64,20 @@ def _make_device_module() -> types.ModuleType:
         setattr(module, name, zero)
     for name in ("empty_cache", "reset_peak_memory_stats", "set_device", "synchronize", "ipc_collect"):
         setattr(module, name, nothing)
-    module.manual_seed = lambda seed: torch.manual_seed(seed)
-    module.manual_seed_all = lambda seed: torch.manual_seed(seed)
-    module.is_available = lambda: True
-    module.device_count = lambda: 1
-    module.current_device = lambda: "cpu"
-    module.get_rng_state = lambda *args, **kwargs: torch.get_rng_state()
-    module.set_rng_state = lambda state, *args, **kwargs: torch.set_rng_state(state)
-
-    def mem_get_info(*args: Any, **kwargs: Any) -> tuple[int, int]:
-        import psutil
-
-        memory = psutil.virtual_memory()
-        return memory.available, memory.total
-
-    module.mem_get_info = mem_get_info
-    module.memory_stats = lambda *args, **kwargs: {}
-    module.set_per_process_memory_fraction = nothing
-    module.get_device_name = lambda *args, **kwargs: "cpu"
+    extra: dict[str, Any] = {
+        "manual_seed": lambda seed: torch.manual_seed(seed),
+        "manual_seed_all": lambda seed: torch.manual_seed(seed),
+        "is_available": lambda: True,
+        "device_count": lambda: 1,
+        "current_device": lambda: "cpu",
+        "get_rng_state": lambda *args, **kwargs: torch.get_rng_state(),
+        "set_rng_state": lambda state, *args, **kwargs: torch.set_rng_state(state),
+        "mem_get_info": _mem_get_info,
+        "memory_stats": lambda *args, **kwargs: {},
+        "set_per_process_memory_fraction": nothing,
+        "get_device_name": lambda *args, **kwargs: "cpu",
+    }
+    module.__dict__.update(extra)
     return module
 
 
@@ -227,7 +230,7 @@ def _register_platform() -> None:
             return "CUDA_VISIBLE_DEVICES"
 
         @contextmanager
-        def nvtx_range(self, msg: str):  # type: ignore[no-untyped-def]
+        def nvtx_range(self, msg: str):  # type: ignore[no-untyped-def,unused-ignore]
             yield
 
         def profiler_start(self) -> None:

@@ -42,7 +42,7 @@ class CPUWorkerExtension(vLLMColocateWorkerExtension):
         receiver = BucketedWeightReceiver(zmq_handle=self._get_zmq_handle(), device=torch.device("cpu"),
                                           use_shm=use_shm)
         receiver.receive_weights(on_bucket_received=keep_bucket)
-        self.model_runner.reload_weights(weights_iterator=iter(received))
+        self.model_runner.reload_weights(weights_iterator=iter(received))  # type: ignore[attr-defined]
         logger.info("reloaded %d tensors into vLLM (CPU)", len(received))
 
 

@@ -116,7 +116,7 @@ def start_verl_workers(config: Any, cpu_mode: bool, ray_address: str = "", ray_n
         RolloutReplicaRegistry.register("vllm", cpu_vllm_replica)
 
     # the reference policy (KL loss) lives in the same worker, as verl's trainer arranges it
-    role = Role.ActorRolloutRef if config.actor_rollout_ref.actor.use_kl_loss else Role.ActorRollout
+    role: Any = Role.ActorRolloutRef if config.actor_rollout_ref.actor.use_kl_loss else Role.ActorRollout
     pools = ResourcePoolManager(
         resource_pool_spec={"global_pool": [config.trainer.n_gpus_per_node] * config.trainer.nnodes},
         mapping={role: "global_pool"},
