@@ -149,7 +149,9 @@ def demo_command(settings: DemoSettings) -> int:
             [sys.executable, "-m", "spanrl", "run", "--agent", CALC_AGENT,
              "--bridge-url", f"http://127.0.0.1:{bridge_port}",
              "--otlp-endpoint", f"http://127.0.0.1:{grpc_port}",
-             "--concurrency", str(settings.concurrency)],
+             "--concurrency", str(settings.concurrency),
+             # verl's workers and vLLM take minutes to start before the bridge is up
+             "--bridge-wait-s", "1800" if settings.backend == "verl" else "120"],
             stdout=logs["runner"], stderr=subprocess.STDOUT,
         )
         children.append(runner)

@@ -45,6 +45,10 @@ def check_verl_installed() -> None:
         raise BackendUnavailable(f"backend 'verl' needs {', '.join(missing)}, not installed here: {INSTALL_HINT}")
 
 
+class VerlWorkerFailed(UserError):
+    """A verl worker or vLLM replica died during an update (one line, not a hang)."""
+
+
 class VerlBackend:
     """A ``PolicyBackend`` over verl's workers and vLLM replicas, behind one gateway URL."""
 
@@ -81,19 +85,13 @@ class VerlBackend:
 
         self.gateway.pause()
         try:
-            self.workers.checkpoints.sleep_replicas()
-            mark = time.perf_counter()
-            data = self._add_log_probs(data)
-            timings["old_log_prob_s"] = time.perf_counter() - mark
-            mark = time.perf_counter()
-            metrics = self._update_actor(data)
-            timings["update_s"] = time.perf_counter() - mark
-            mark = time.perf_counter()
-            self.workers.sync_weights(self._policy_version + 1)
-            timings["weight_sync_s"] = time.perf_counter() - mark
-            self._policy_version += 1
-            self.step += 1
-            self.gateway.set_policy_version(self._policy_version)
+            metrics = self._train_and_sync(data, timings)
+        except Exception as exc:
+            if type(exc).__module__.startswith("ray."):  # a worker or replica died: say so, do not hang
+                raise VerlWorkerFailed(f"verl backend: a worker or vLLM replica failed during update "
+                                       f"{self.step + 1} ({type(exc).__name__}: {str(exc).splitlines()[0][:300]}); "
+                                       "its log is in Ray's session logs (/tmp/ray/session_latest/logs)") from exc
+            raise
         finally:
             self.gateway.resume()
         every = self.settings.checkpoint_every
@@ -104,6 +102,24 @@ class VerlBackend:
                    "samples": float(len(samples) - batch.dropped_overlong - batch.dropped_empty)}
         return UpdateStats(policy_version=self._policy_version, step=self.step, loss=float(metrics.get("pg_loss", 0.0)),
                            grad_norm=float(metrics.get("grad_norm", 0.0)), seconds=seconds, details=details)
+
+    def _train_and_sync(self, data: Any, timings: dict[str, float]) -> dict[str, float]:
+        """Old log-probs, verl's actor update and the weight sync, replicas asleep meanwhile;
+        the update's metrics."""
+        self.workers.checkpoints.sleep_replicas()
+        mark = time.perf_counter()
+        data = self._add_log_probs(data)
+        timings["old_log_prob_s"] = time.perf_counter() - mark
+        mark = time.perf_counter()
+        metrics = self._update_actor(data)
+        timings["update_s"] = time.perf_counter() - mark
+        mark = time.perf_counter()
+        self.workers.sync_weights(self._policy_version + 1)
+        timings["weight_sync_s"] = time.perf_counter() - mark
+        self._policy_version += 1
+        self.step += 1
+        self.gateway.set_policy_version(self._policy_version)
+        return metrics
 
     def log_probs(self, samples: Sequence[TrainingSample]) -> list[list[float]]:
         """The actor's log-prob of each response token of ``samples`` (verl's own forward pass)."""
