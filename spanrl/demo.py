@@ -48,6 +48,7 @@ class DemoSettings:
     seed: int = _setting(0, "random seed")
     threads: int = _setting(0, "torch threads for the trainer (0 = torch's default)")
     device: str = _setting("cpu", "where the model trains and serves: cpu, cuda, cuda:N or auto (docs/gpu.md)")
+    backend: str = _setting("torch", "torch (embedded) or verl (verl's workers train, vLLM serves; docs/verl.md)")
 
 
 SETTINGS = CommandSettings("demo", DemoSettings, "DEMO")
@@ -148,7 +149,9 @@ def demo_command(settings: DemoSettings) -> int:
             [sys.executable, "-m", "spanrl", "run", "--agent", CALC_AGENT,
              "--bridge-url", f"http://127.0.0.1:{bridge_port}",
              "--otlp-endpoint", f"http://127.0.0.1:{grpc_port}",
-             "--concurrency", str(settings.concurrency)],
+             "--concurrency", str(settings.concurrency),
+             # verl's workers and vLLM take minutes to start before the bridge is up
+             "--bridge-wait-s", "1800" if settings.backend == "verl" else "120"],
             stdout=logs["runner"], stderr=subprocess.STDOUT,
         )
         children.append(runner)
@@ -160,6 +163,7 @@ def demo_command(settings: DemoSettings) -> int:
             steps=settings.steps, stop_at_reward=settings.stop_at_reward,
             learning_rate=settings.learning_rate, rollout_timeout_s=60.0, checkpoint_every=5,
             policy_port=policy_port, bridge_port=bridge_port, device=settings.device, seed=settings.seed,
+            backend=settings.backend,
         )
         summary = run_training(train_settings)
     except RuntimeError as exc:  # a component did not start: say where its log is

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 # backend name -> "module:factory"; the factory is called as factory(settings, checkpoint_dir)
 BACKENDS: dict[str, str] = {
     "torch": "spanrl.trainer_bridge.torch_backend.backend:start_torch_backend",
+    "verl": "spanrl.trainer_bridge.verl_backend.backend:start_verl_backend",
 }
 
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from spanrl.errors import SettingError
 from spanrl.trainer_bridge.torch_backend.config import EngineConfig, TrainerConfig
 from spanrl.trainer_bridge.warm_start import WARM_START_FROM_TOP_LEVEL, WarmStartConfig
+from spanrl.trainer_bridge.verl_backend.config import VerlConfig
 
 # trainer settings owned by a top-level key of the same name (users' train.yaml files use them)
 TRAINER_FROM_TOP_LEVEL = ("learning_rate", "loss_agg_mode", "kl_coef", "device", "seed", "checkpoint_every")
@@ -42,7 +43,11 @@ class TrainSettings:
         metadata={"help": "with reward 'events', score a rollout by every reward its spans carry; off = only "
                   "the receiver's AIR rule rewards count (an agent cannot award itself)"},
     )
-    backend: str = field(default="torch", metadata={"help": "training backend: torch"})
+    backend: str = field(
+        default="torch",
+        metadata={"help": "training backend: torch (embedded, one machine) or verl (verl's workers train, vLLM "
+                  "serves; the verl: block)"},
+    )
     group_size: int = field(default=8, metadata={"help": "rollouts per task (GRPO group size G)"})
     tasks_per_step: int = field(default=16, metadata={"help": "tasks per GRPO update"})
     steps: int = field(default=20, metadata={"help": "GRPO updates to run"})
@@ -135,14 +140,18 @@ class TrainSettings:
                   "demonstrations or store is set; reward, tasks, python_path, seed and device are top-level "
                   "keys); the warm model goes to <output_dir>/warm-start", "exclude": WARM_START_FROM_TOP_LEVEL},
     )
+    verl: VerlConfig = field(
+        default_factory=VerlConfig,
+        metadata={"help": "the verl backend (backend: verl): Ray, FSDP2 workers, vLLM replicas, the gateway"},
+    )
 
     def __post_init__(self) -> None:
         if not self.tasks:
             raise SettingError("'tasks' is required: a JSONL file of tasks")
         if not self.model:
             raise SettingError("'model' is required: a Hugging Face model directory")
-        if self.backend != "torch":
-            raise SettingError(f"backend {self.backend!r} is not available here; use 'torch'")
+        if self.backend not in ("torch", "verl"):
+            raise SettingError(f"unknown backend {self.backend!r}; use 'torch' or 'verl'")
         if self.reward != "events" and ":" not in self.reward:
             raise SettingError(f"reward must be 'events' or 'module:function', got {self.reward!r}")
         if self.group_size < 2:

