@@ -75,6 +75,11 @@ RESPONSE_CHOICE_TOKEN_IDS = "token_ids"  # per choice, per stream chunk when str
 RESPONSE_POLICY_VERSION = "policy_version"  # top-level body field of spanrl's server
 POLICY_VERSION_HEADER = "x-spanrl-policy-version"  # response header of spanrl's server
 RESPONSE_MODEL_REQUEST_FIELDS = "request_fields"  # /v1/models entry of spanrl's server: implemented/ignored fields
+# the Responses API (/v1/responses): vLLM's names on that route
+REQUEST_ENABLE_RESPONSE_MESSAGES = "enable_response_messages"  # request body flag
+RESPONSE_INPUT_MESSAGES = "input_messages"  # [{"type": "raw_message_tokens", "message", "tokens"}]: the prompt
+RESPONSE_OUTPUT_MESSAGES = "output_messages"  # the same shape: what was sampled
+RESPONSE_MESSAGE_TOKENS = "tokens"  # the ids of one input/output message
 
 # --- Environment variables ------------------------------------------------------------------
 ENV_PREFIX = "OTEL_SPANRL_"

@@ -48,7 +48,7 @@ class ResponsesRequest(_Lenient):
     top_k: int | None = None
     seed: int | None = None
     stop: str | list[str] | None = None
-    enable_response_messages: bool = False
+    enable_response_messages: bool = Field(False, validation_alias=semconv.REQUEST_ENABLE_RESPONSE_MESSAGES)
 
     def ignored_fields(self) -> list[str]:
         return sorted(self.model_extra or ())
@@ -160,7 +160,7 @@ class RawMessageTokens(ResponseModel):
 
     type: Literal["raw_message_tokens"] = RAW_MESSAGE_TOKENS
     message: str
-    tokens: list[int]
+    tokens: list[int] = Field(serialization_alias=semconv.RESPONSE_MESSAGE_TOKENS)
 
 
 class IncompleteDetails(ResponseModel):
@@ -173,7 +173,8 @@ class ResponseError(ResponseModel):
 
 
 class ResponsesResponse(ResponseModel):
-    omitted_when_none: ClassVar[frozenset[str]] = frozenset({"input_messages", "output_messages"})
+    omitted_when_none: ClassVar[frozenset[str]] = frozenset(
+        {semconv.RESPONSE_INPUT_MESSAGES, semconv.RESPONSE_OUTPUT_MESSAGES})
     id: str
     object: Literal["response"] = "response"
     created_at: int
@@ -196,8 +197,8 @@ class ResponsesResponse(ResponseModel):
     top_p: float
     truncation: str = "disabled"
     usage: ResponseUsage | None = None
-    input_messages: list[RawMessageTokens] | None = None
-    output_messages: list[RawMessageTokens] | None = None
+    input_messages: list[RawMessageTokens] | None = Field(None, serialization_alias=semconv.RESPONSE_INPUT_MESSAGES)
+    output_messages: list[RawMessageTokens] | None = Field(None, serialization_alias=semconv.RESPONSE_OUTPUT_MESSAGES)
     policy_version: int = Field(serialization_alias=semconv.RESPONSE_POLICY_VERSION)
 
 
