@@ -223,14 +223,17 @@ def _recorder_for(response: Any, options: Any, stream: bool) -> LLMSpanRecorder 
     return LLMSpanRecorder(span, streaming=bool(stream), header_policy_version=header_version)
 
 
-def _register(recorders: Any, kwargs: dict) -> None:
+def _register(recorders: Any, kwargs: dict) -> bool:
+    """Start recording this HTTP response's call when it is one we record; True when it is."""
     try:
         response = kwargs.get("response")
         recorder = _recorder_for(response, kwargs.get("options"), kwargs.get("stream", False))
         if recorder is not None:
             recorders[response] = recorder
+            return True
     except Exception:  # noqa: BLE001 - never break the agent
         logger.exception("spanrl: could not start recording an LLM call")
+    return False
 
 
 def _process_response_wrapper(recorders: Any) -> Callable[..., Any]:
@@ -243,10 +246,29 @@ def _process_response_wrapper(recorders: Any) -> Callable[..., Any]:
 
 def _async_process_response_wrapper(recorders: Any) -> Callable[..., Any]:
     async def wrapper(wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
-        _register(recorders, kwargs)
-        return await wrapped(*args, **kwargs)
+        recording = _register(recorders, kwargs)
+        result = await wrapped(*args, **kwargs)
+        if recording:
+            await _parse_async_stream(result)
+        return result
 
     return wrapper
+
+
+async def _parse_async_stream(result: Any) -> None:
+    """Parse a streamed ``with_streaming_response`` result (``AsyncAPIResponse``) now, once.
+
+    openinference keeps its span open over a stream only when it finds the parsed stream in the
+    response's cache, but on ``AsyncAPIResponse`` its ``parse()`` is a coroutine it does not await:
+    the span would end before any event arrived, without ids (the OpenAI Agents SDK streams this
+    way). Parsing here fills that cache (an SSE stream is not read by parsing); the caller's own
+    ``await parse()`` then gets the same, traced, stream."""
+    if type(result).__name__ != "AsyncAPIResponse" or not getattr(result, "_is_sse_stream", False):
+        return
+    try:
+        await result.parse()
+    except Exception:  # noqa: BLE001 - the caller's own parse() will raise it again
+        logger.debug("spanrl: could not parse a streamed response ahead of openinference", exc_info=True)
 
 
 def _process_response_data_wrapper(recorders: Any) -> Callable[..., Any]:
