@@ -188,7 +188,7 @@ def _with_return_token_ids(instance: Any, args: tuple, kwargs: dict) -> tuple[tu
     ``enable_response_messages``) set to true in the JSON body."""
     options = args[0] if args else kwargs.get("options")
     key = _token_id_flag(options) if options is not None else None
-    if key is None:
+    if options is None or key is None:
         return args, kwargs
     host = getattr(getattr(instance, "base_url", None), "host", None)
     if host in _STRICT_HOSTS:

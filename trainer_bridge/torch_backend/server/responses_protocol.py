@@ -22,7 +22,6 @@ from spanrl.instrumentation import semconv
 from spanrl.trainer_bridge.torch_backend.server.protocol import ResponseModel, implemented_fields
 
 INCLUDE_OUTPUT_LOGPROBS = "message.output_text.logprobs"
-RAW_MESSAGE_TOKENS = "raw_message_tokens"
 
 # ----------------------------------------------------------------------------- requests
 
@@ -158,7 +157,7 @@ class ResponseUsage(ResponseModel):
 class RawMessageTokens(ResponseModel):
     """vLLM's ``input_messages`` / ``output_messages`` entry: a text and its exact ids."""
 
-    type: Literal["raw_message_tokens"] = RAW_MESSAGE_TOKENS
+    type: Literal["raw_message_tokens"] = "raw_message_tokens"
     message: str
     tokens: list[int] = Field(serialization_alias=semconv.RESPONSE_MESSAGE_TOKENS)
 
@@ -213,7 +212,7 @@ class StreamEvent(ResponseModel):
 __all__ = [
     "FunctionCallItem", "FunctionCallOutputItem", "IGNORED_RESPONSES_FIELDS", "INCLUDE_OUTPUT_LOGPROBS",
     "ITEM_MODELS", "IncompleteDetails", "InputTokensDetails", "LogprobTop", "MessageItem", "OutputLogprob",
-    "OutputMessage", "OutputText", "OutputTokensDetails", "RAW_MESSAGE_TOKENS", "RESPONSES_REQUEST_FIELDS",
+    "OutputMessage", "OutputText", "OutputTokensDetails", "RESPONSES_REQUEST_FIELDS",
     "RawMessageTokens", "ResponseError", "ResponseUsage", "ResponsesRequest", "ResponsesResponse",
     "SKIPPED_ITEM_TYPES", "StreamEvent", "TEXT_PART_TYPES", "TextPart",
 ]
