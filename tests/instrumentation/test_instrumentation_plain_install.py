@@ -95,7 +95,7 @@ def test_a_plain_install_records_the_engines_ids(plain_venv, trace_collector, vl
     assert checked.returncode == 0, checked.stderr
     assert json.loads(checked.stdout) == [True, "None"]
 
-    env = harness.agent_environment(trace_collector.endpoint, vllm_server.base_url, OTEL_LOG_LEVEL="debug")
+    env = harness.agent_environment(trace_collector.endpoint, vllm_server.base_url)
     command = [str(plain_venv / "opentelemetry-instrument"), python, str(harness.agents / "openai_calls_agent.py"),
                "quick"]
     result = harness.run_process(command, env, timeout=120)
