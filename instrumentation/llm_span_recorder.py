@@ -1,14 +1,18 @@
 """Turn what an OpenAI-compatible endpoint returned into spanrl attributes on one LLM span.
 
-``openai_instrumentor`` creates one ``LLMSpanRecorder`` per chat-completions / completions
-call and feeds it the raw JSON the SDK parses: the whole body for a normal call, or each
-server-sent-event chunk for a streaming one. Response shapes are vLLM's (docs/interfaces.md §1):
+``openai_instrumentor`` creates one ``LLMSpanRecorder`` per chat-completions / completions /
+responses call and feeds it the raw JSON the SDK parses: the whole body for a normal call, or
+each server-sent-event chunk for a streaming one. Response shapes are vLLM's (docs/interfaces.md §1):
 
 - chat: top-level ``prompt_token_ids``, ``choices[i].token_ids``, logprobs in
   ``choices[i].logprobs.content[j].logprob``;
 - completions: ``choices[i].prompt_token_ids``, ``choices[i].token_ids``, logprobs in
   ``choices[i].logprobs.token_logprobs``;
-- both: top-level ``policy_version`` (or the ``x-spanrl-policy-version`` header) and ``id``.
+- responses (``"object": "response"``, or a stream's ``response.completed`` /
+  ``response.incomplete`` / ``response.failed`` event carrying one): the prompt's ids in
+  ``input_messages[].tokens``, the reply's in ``output_messages[].tokens`` (concatenated), logprobs
+  in ``output[].content[].logprobs[].logprob`` of the ``output_text`` parts;
+- all: top-level ``policy_version`` (or the ``x-spanrl-policy-version`` header) and ``id``.
 
 Streams concatenate ``token_ids`` (and logprobs) per choice index; a choice's attributes are
 written when its ``finish_reason`` arrives (and again if more ids follow), so the cost stays
@@ -29,6 +33,8 @@ logger = logging.getLogger(__name__)
 
 
 _INT_TYPE_ONLY = frozenset((int,))
+# Stream events of the Responses API whose ``response`` is the finished response object.
+_FINAL_RESPONSE_EVENTS = frozenset({"response.completed", "response.incomplete", "response.failed"})
 
 
 class MalformedTokenData(ValueError):
@@ -79,6 +85,37 @@ def choice_logprobs(choice: dict[str, Any]) -> tuple[float, ...] | None:
             raise MalformedTokenData(f"logprobs should be numbers, found {value!r}")
         result.append(float(value))
     return tuple(result)
+
+
+def _message_tokens(messages: Any, where: str) -> tuple[int, ...] | None:
+    """The ids of vLLM's ``input_messages`` / ``output_messages`` concatenated, None when absent."""
+    if messages is None:
+        return None
+    if not isinstance(messages, list):
+        raise MalformedTokenData(f"{where} should be a list, got {type(messages).__name__}")
+    ids: list[int] = []
+    for index, message in enumerate(messages):
+        tokens = message.get(semconv.RESPONSE_MESSAGE_TOKENS) if isinstance(message, dict) else None
+        ids.extend(parse_token_ids(tokens, f"{where}[{index}].{semconv.RESPONSE_MESSAGE_TOKENS}"))
+    return tuple(ids)
+
+
+def response_logprobs(response: dict[str, Any]) -> tuple[float, ...] | None:
+    """The sampled tokens' logprobs of a Responses API response's ``output_text`` parts, or None."""
+    values: list[float] = []
+    found = False
+    for item in response.get("output") or ():
+        if not isinstance(item, dict) or item.get("type") != "message":
+            continue
+        for part in item.get("content") or ():
+            if isinstance(part, dict) and part.get("type") == "output_text" and isinstance(part.get("logprobs"), list):
+                found = True
+                for entry in part["logprobs"]:
+                    value = entry.get("logprob") if isinstance(entry, dict) else None
+                    if isinstance(value, bool) or not isinstance(value, (int, float)):
+                        raise MalformedTokenData(f"logprobs should be numbers, found {value!r}")
+                    values.append(float(value))
+    return tuple(values) if found else None
 
 
 @dataclass
@@ -139,18 +176,18 @@ class LLMSpanRecorder:
             logger.warning("spanrl: could not set token-id attributes: %s", exc)
 
     def _observe(self, data: dict[str, Any]) -> None:
+        if isinstance(data.get("event"), str) and isinstance(data.get("data"), dict):
+            data = data["data"]  # the SDK's {"event", "data"} form of a server-sent event
+        event_type = data.get("type")
+        if isinstance(event_type, str) and event_type.startswith("response."):
+            if event_type in _FINAL_RESPONSE_EVENTS and isinstance(data.get("response"), dict):
+                self._observe_response(data["response"])
+            return  # the other events repeat what the final response carries
+        if data.get("object") == "response":
+            self._observe_response(data)
+            return
+        self._observe_common(data)
         problems: list[MalformedTokenData] = []
-        response_id = data.get("id")
-        if isinstance(response_id, str) and semconv.GENAI_RESPONSE_ID not in self._written:
-            self._set_once(semconv.GENAI_RESPONSE_ID, response_id)
-        if not self._policy_version_written:
-            # the body's value wins over the header's, which is the fallback
-            version = parse_policy_version(data.get(semconv.RESPONSE_POLICY_VERSION))
-            if version is None:
-                version = self._header_policy_version
-            if version is not None:
-                self._policy_version_written = True
-                self._set(semconv.LLM_POLICY_VERSION, version)
         prompt_ids = data.get(semconv.RESPONSE_PROMPT_TOKEN_IDS)
         if prompt_ids is not None:
             try:
@@ -169,6 +206,35 @@ class LLMSpanRecorder:
                         problems.append(exc)
         if problems:
             raise problems[0]
+
+    def _observe_common(self, data: dict[str, Any]) -> None:
+        """The response id and the policy version, from any body."""
+        response_id = data.get("id")
+        if isinstance(response_id, str) and semconv.GENAI_RESPONSE_ID not in self._written:
+            self._set_once(semconv.GENAI_RESPONSE_ID, response_id)
+        if not self._policy_version_written:
+            # the body's value wins over the header's, which is the fallback
+            version = parse_policy_version(data.get(semconv.RESPONSE_POLICY_VERSION))
+            if version is None:
+                version = self._header_policy_version
+            if version is not None:
+                self._policy_version_written = True
+                self._set(semconv.LLM_POLICY_VERSION, version)
+
+    def _observe_response(self, response: dict[str, Any]) -> None:
+        """A whole Responses API response object: one reply, written as choice 0."""
+        self._observe_common(response)
+        prompt_ids = _message_tokens(response.get(semconv.RESPONSE_INPUT_MESSAGES), semconv.RESPONSE_INPUT_MESSAGES)
+        if prompt_ids is not None:
+            self._set_once(semconv.LLM_PROMPT_TOKEN_IDS, prompt_ids)
+        output_ids = _message_tokens(response.get(semconv.RESPONSE_OUTPUT_MESSAGES),
+                                     semconv.RESPONSE_OUTPUT_MESSAGES)
+        if output_ids is None:
+            return
+        self._set(semconv.llm_response_token_ids(0), output_ids)
+        logprobs = response_logprobs(response)
+        if logprobs is not None and len(logprobs) == len(output_ids):
+            self._set(semconv.llm_response_logprobs(0), logprobs)
 
     def _observe_choice(self, position: int, choice: dict[str, Any]) -> None:
         index = choice.get("index", position)

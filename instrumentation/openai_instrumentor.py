@@ -5,17 +5,19 @@ Loaded by ``opentelemetry-instrument`` through the ``opentelemetry_instrumentor`
 openinference's ``OpenAIInstrumentor``, which makes one LLM span per call (and is turned on
 here if it is not already), and adds only what RL needs, on that same span:
 
-- the request asks the endpoint for token ids (vLLM's ``return_token_ids: true``), unless
-  ``OTEL_SPANRL_REQUEST_TOKEN_IDS=false``; an endpoint that ignores the field still works;
+- the request asks the endpoint for token ids, unless ``OTEL_SPANRL_REQUEST_TOKEN_IDS=false``,
+  with vLLM's field for the route: ``return_token_ids: true`` on chat/completions and
+  completions, ``enable_response_messages: true`` on responses; an endpoint that ignores the
+  field still works;
 - ``spanrl.llm.prompt_token_ids``, ``spanrl.llm.response.<i>.token_ids``, logprobs when
   present, ``spanrl.llm.policy_version`` and ``gen_ai.response.id``.
 
 How: openinference wraps ``OpenAI.request`` / ``AsyncOpenAI.request`` and keeps its LLM span
 current while the SDK builds the HTTP request and processes the response. We wrap three SDK
-methods that run inside that window and that every chat/completions call goes through, sync
-or async, streaming or not, with or without ``with_raw_response``:
+methods that run inside that window and that every chat/completions, completions and responses
+call goes through, sync or async, streaming or not, with or without ``with_raw_response``:
 
-- ``BaseClient._build_request``: add ``return_token_ids`` to the JSON body;
+- ``BaseClient._build_request``: add the route's token-id flag to the JSON body;
 - ``SyncAPIClient._process_response`` / ``AsyncAPIClient._process_response``: the current span
   is openinference's LLM span; remember it for this HTTP response;
 - ``BaseClient._process_response_data``: every parsed JSON body or stream chunk of that
@@ -52,8 +54,13 @@ _PATCHED_METHODS = (
 )
 # The instrumentation scope of openinference's OpenAI spans (its tracer is named after it).
 _OPENINFERENCE_SCOPE = "openinference.instrumentation.openai"
-_TOKEN_ID_PATHS = ("/chat/completions", "/completions")
-# Hosts known to reject unknown request fields: never add return_token_ids there.
+# The routes whose calls are recorded, and the request field asking each for token ids.
+_TOKEN_ID_FLAGS = {
+    "/chat/completions": semconv.REQUEST_RETURN_TOKEN_IDS,
+    "/completions": semconv.REQUEST_RETURN_TOKEN_IDS,
+    "/responses": semconv.REQUEST_ENABLE_RESPONSE_MESSAGES,
+}
+# Hosts known to reject unknown request fields: never add a token-id flag there.
 _STRICT_HOSTS = ("api.openai.com",)
 
 
@@ -147,15 +154,21 @@ def ensure_openinference_after_auto() -> None:
         waiting._ensure_openinference({})
 
 
-def _wants_token_ids(options: Any) -> bool:
+def _token_id_flag(options: Any) -> str | None:
+    """The request field asking for token ids when ``options`` is a call we record, else None."""
     method = getattr(options, "method", "")
     url = getattr(options, "url", "")
-    return (
-        isinstance(method, str)
-        and method.lower() == "post"
-        and isinstance(url, str)
-        and url.rstrip("/").endswith(_TOKEN_ID_PATHS)
-    )
+    if not (isinstance(method, str) and method.lower() == "post" and isinstance(url, str)):
+        return None
+    path = url.rstrip("/")
+    for route, flag in _TOKEN_ID_FLAGS.items():
+        if path.endswith(route):
+            return flag
+    return None
+
+
+def _wants_token_ids(options: Any) -> bool:
+    return _token_id_flag(options) is not None
 
 
 def _build_request_wrapper(request_token_ids: bool) -> Callable[..., Any]:
@@ -164,16 +177,18 @@ def _build_request_wrapper(request_token_ids: bool) -> Callable[..., Any]:
             try:
                 args, kwargs = _with_return_token_ids(instance, args, kwargs)
             except Exception:  # noqa: BLE001 - never break the agent
-                logger.exception("spanrl: could not add return_token_ids to the request")
+                logger.exception("spanrl: could not add the token-id flag to the request")
         return wrapped(*args, **kwargs)
 
     return wrapper
 
 
 def _with_return_token_ids(instance: Any, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
-    """The ``_build_request`` arguments with ``return_token_ids: true`` in the JSON body."""
+    """The ``_build_request`` arguments with the route's token-id flag (``return_token_ids`` or
+    ``enable_response_messages``) set to true in the JSON body."""
     options = args[0] if args else kwargs.get("options")
-    if options is None or not _wants_token_ids(options):
+    key = _token_id_flag(options) if options is not None else None
+    if options is None or key is None:
         return args, kwargs
     host = getattr(getattr(instance, "base_url", None), "host", None)
     if host in _STRICT_HOSTS:
@@ -182,7 +197,6 @@ def _with_return_token_ids(instance: Any, args: tuple, kwargs: dict) -> tuple[tu
     extra_json = options.extra_json if isinstance(options.extra_json, dict) else {}
     if options.json_data is not None and not isinstance(options.json_data, dict):
         return args, kwargs  # not a JSON object body; leave it alone
-    key = semconv.REQUEST_RETURN_TOKEN_IDS
     if key in json_data or key in extra_json:
         return args, kwargs  # the agent decided itself
     # A copy: the SDK reuses its options for retries and for openinference's input capture.
@@ -194,8 +208,8 @@ def _with_return_token_ids(instance: Any, args: tuple, kwargs: dict) -> tuple[tu
 
 
 def _recorder_for(response: Any, options: Any, stream: bool) -> LLMSpanRecorder | None:
-    """A recorder for this HTTP response when it answers a chat/completions call inside
-    openinference's LLM span, else None."""
+    """A recorder for this HTTP response when it answers a chat/completions, completions or
+    responses call inside openinference's LLM span, else None."""
     if not _wants_token_ids(options):
         return None
     span = trace_api.get_current_span()
@@ -209,14 +223,17 @@ def _recorder_for(response: Any, options: Any, stream: bool) -> LLMSpanRecorder 
     return LLMSpanRecorder(span, streaming=bool(stream), header_policy_version=header_version)
 
 
-def _register(recorders: Any, kwargs: dict) -> None:
+def _register(recorders: Any, kwargs: dict) -> bool:
+    """Start recording this HTTP response's call when it is one we record; True when it is."""
     try:
         response = kwargs.get("response")
         recorder = _recorder_for(response, kwargs.get("options"), kwargs.get("stream", False))
         if recorder is not None:
             recorders[response] = recorder
+            return True
     except Exception:  # noqa: BLE001 - never break the agent
         logger.exception("spanrl: could not start recording an LLM call")
+    return False
 
 
 def _process_response_wrapper(recorders: Any) -> Callable[..., Any]:
@@ -229,10 +246,29 @@ def _process_response_wrapper(recorders: Any) -> Callable[..., Any]:
 
 def _async_process_response_wrapper(recorders: Any) -> Callable[..., Any]:
     async def wrapper(wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
-        _register(recorders, kwargs)
-        return await wrapped(*args, **kwargs)
+        recording = _register(recorders, kwargs)
+        result = await wrapped(*args, **kwargs)
+        if recording:
+            await _parse_async_stream(result)
+        return result
 
     return wrapper
+
+
+async def _parse_async_stream(result: Any) -> None:
+    """Parse a streamed ``with_streaming_response`` result (``AsyncAPIResponse``) now, once.
+
+    openinference keeps its span open over a stream only when it finds the parsed stream in the
+    response's cache, but on ``AsyncAPIResponse`` its ``parse()`` is a coroutine it does not await:
+    the span would end before any event arrived, without ids (the OpenAI Agents SDK streams this
+    way). Parsing here fills that cache (an SSE stream is not read by parsing); the caller's own
+    ``await parse()`` then gets the same, traced, stream."""
+    if type(result).__name__ != "AsyncAPIResponse" or not getattr(result, "_is_sse_stream", False):
+        return
+    try:
+        await result.parse()
+    except Exception:  # noqa: BLE001 - the caller's own parse() will raise it again
+        logger.debug("spanrl: could not parse a streamed response ahead of openinference", exc_info=True)
 
 
 def _process_response_data_wrapper(recorders: Any) -> Callable[..., Any]:

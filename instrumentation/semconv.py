@@ -76,6 +76,11 @@ RESPONSE_POLICY_VERSION = "policy_version"  # top-level body field of spanrl's s
 POLICY_VERSION_HEADER = "x-spanrl-policy-version"  # response header of spanrl's server
 ROLLOUT_ID_HEADER = "x-spanrl-rollout-id"  # request header: the gateway routes a rollout's calls to one upstream
 RESPONSE_MODEL_REQUEST_FIELDS = "request_fields"  # /v1/models entry of spanrl's server: implemented/ignored fields
+# the Responses API (/v1/responses): vLLM's names on that route
+REQUEST_ENABLE_RESPONSE_MESSAGES = "enable_response_messages"  # request body flag
+RESPONSE_INPUT_MESSAGES = "input_messages"  # [{"type": "raw_message_tokens", "message", "tokens"}]: the prompt
+RESPONSE_OUTPUT_MESSAGES = "output_messages"  # the same shape: what was sampled
+RESPONSE_MESSAGE_TOKENS = "tokens"  # the ids of one input/output message
 
 # --- Environment variables ------------------------------------------------------------------
 ENV_PREFIX = "OTEL_SPANRL_"

@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 
 from spanrl.errors import SettingError
 from spanrl.trainer_bridge.torch_backend.config import EngineConfig, TrainerConfig
-from spanrl.trainer_bridge.warm_start import WARM_START_FROM_TOP_LEVEL, WarmStartConfig
 from spanrl.trainer_bridge.verl_backend.config import VerlConfig
+from spanrl.trainer_bridge.warm_start import WARM_START_FROM_TOP_LEVEL, WarmStartConfig
 
 # trainer settings owned by a top-level key of the same name (users' train.yaml files use them)
 TRAINER_FROM_TOP_LEVEL = ("learning_rate", "loss_agg_mode", "kl_coef", "device", "seed", "checkpoint_every")

@@ -118,6 +118,9 @@ def test_the_wire_keys_are_the_documented_ones():
             semconv.RESPONSE_POLICY_VERSION, semconv.POLICY_VERSION_HEADER) == (
         "return_token_ids", "prompt_token_ids", "token_ids", "policy_version", "x-spanrl-policy-version")
     assert (semconv.OPENINFERENCE_SPAN_KIND, semconv.SPAN_KIND_LLM) == ("openinference.span.kind", "LLM")
+    assert (semconv.REQUEST_ENABLE_RESPONSE_MESSAGES, semconv.RESPONSE_INPUT_MESSAGES,
+            semconv.RESPONSE_OUTPUT_MESSAGES, semconv.RESPONSE_MESSAGE_TOKENS) == (
+        "enable_response_messages", "input_messages", "output_messages", "tokens")
 
 
 def test_the_native_span_scanner_spells_only_keys_of_semconv():

@@ -2,6 +2,7 @@
 
 Runs in the engine's process (``app.serve_in_thread``) or in a torch-free child process
 (``api_process``), laid out like vLLM's ``entrypoints/openai``: ``app`` (the factory), one router
-per API family (``chat_completions``, ``completions``, ``models``, ``policy``), ``protocol``
-(typed bodies), ``serving`` (what the routes share), ``logprobs``, ``errors`` and ``chat_format``.
+per API family (``chat_completions``, ``completions``, ``responses``, ``models``, ``policy``),
+``protocol`` and ``responses_protocol`` (typed bodies), ``response_store`` (the Responses API's
+state), ``serving`` (what the routes share), ``logprobs``, ``errors`` and ``chat_format``.
 """

@@ -3,10 +3,11 @@
 Called by ``spanrl serve`` (``serve_cli.py``), by ``api_process.py`` (the torch-free front end
 in a child process, over a ``RemoteEngine``) and, inside the trainer's process, through
 ``serve_in_thread(engine, host, port)``. ``create_app`` only assembles the parts: the routes
-live one module per API family (``chat_completions``, ``completions``, ``models``, ``policy``),
-their bodies in ``protocol``, chat formatting in ``chat_format``, the error mapping in
-``errors``. Every response carries the serving policy version in the body (``policy_version``)
-and the ``x-spanrl-policy-version`` header (names from ``spanrl.instrumentation.semconv``).
+live one module per API family (``chat_completions``, ``completions``, ``responses``, ``models``,
+``policy``), their bodies in ``protocol`` and ``responses_protocol``, chat formatting in
+``chat_format``, the error mapping in ``errors``. Every response carries the serving policy
+version in the body (``policy_version``) and the ``x-spanrl-policy-version`` header (names from
+``spanrl.instrumentation.semconv``).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from fastapi import Depends, FastAPI, Request
 
 from spanrl.instrumentation import semconv
-from spanrl.trainer_bridge.torch_backend.server import chat_completions, completions, models, policy
+from spanrl.trainer_bridge.torch_backend.server import chat_completions, completions, models, policy, responses
 from spanrl.trainer_bridge.torch_backend.server.errors import (
     AuthenticationError,
     RequestTooLarge,
@@ -37,8 +38,8 @@ logger = logging.getLogger(__name__)
 
 VERSION_HEADER = semconv.POLICY_VERSION_HEADER  # kept for importers of the old name
 
-# one router per API family; a future ``responses`` (the Responses API) joins this list
-ROUTERS = (chat_completions.router, completions.router, models.router, policy.router)
+# one router per API family
+ROUTERS = (chat_completions.router, completions.router, responses.router, models.router, policy.router)
 # Largest request body: far above any real prompt, far below what would strain memory.
 MAX_BODY_BYTES = 32 * 1024 * 1024
 

@@ -9,6 +9,7 @@ tool rendering (``tools`` into the prompt) and tool-call parsing (``parse_assist
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -73,6 +74,22 @@ def encode_text(tokenizer: Any, text: str) -> list[int]:
     return list(tokenizer.encode(text, add_special_tokens=False))
 
 
+TOOL_ROLE = "tool"
+
+
+def tool_call_text(name: str, arguments: str) -> str:
+    """An earlier tool call of the model as assistant text, in the hermes form Qwen-family
+    templates render ``tool_calls`` in (``<tool_call>{"name", "arguments"}</tool_call>``);
+    ``arguments`` is the call's JSON string, kept as given when it is not JSON. Used for the
+    Responses API's ``function_call`` input items; the result of the call is a ``TOOL_ROLE``
+    message."""
+    try:
+        parsed: Any = json.loads(arguments)
+    except ValueError:
+        parsed = arguments
+    return "<tool_call>\n" + json.dumps({"name": name, "arguments": parsed}, ensure_ascii=False) + "\n</tool_call>"
+
+
 @dataclass(frozen=True)
 class AssistantOutput:
     """What the model's reply says: its text content (tool calls will join it here)."""
@@ -86,5 +103,5 @@ def parse_assistant_output(text: str) -> AssistantOutput:
     return AssistantOutput(content=text)
 
 
-__all__ = ["AssistantOutput", "encode_chat", "encode_text", "flatten_content", "parse_assistant_output",
-           "render_chat", "render_chatml"]
+__all__ = ["AssistantOutput", "TOOL_ROLE", "encode_chat", "encode_text", "flatten_content", "parse_assistant_output",
+           "render_chat", "render_chatml", "tool_call_text"]

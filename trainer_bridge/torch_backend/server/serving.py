@@ -1,7 +1,7 @@
 """What the generating routes share: the engine they serve, parsing a body, sampling parameters,
 handing a request to the engine and waiting for it (or for its tokens), and the response forms.
 
-Used by ``chat_completions.py`` and ``completions.py`` (and the future ``responses.py``), as
+Used by ``chat_completions.py``, ``completions.py`` and ``responses.py``, as
 vLLM's routes share ``serving_engine.py``. The engine is a ``PolicyEngine`` in this process or
 a ``RemoteEngine`` (``engine/link.py``) in the torch-free front end; both call a request's
 callbacks from their own thread, which ``StreamBridge`` / ``CompletionWaiter`` hand to the loop.
@@ -31,6 +31,7 @@ from spanrl.trainer_bridge.torch_backend.engine.requests import (
 )
 from spanrl.trainer_bridge.torch_backend.server.errors import InvalidRequestError, NotFoundError
 from spanrl.trainer_bridge.torch_backend.server.protocol import ResponseModel, SamplingRequest
+from spanrl.trainer_bridge.torch_backend.server.response_store import ResponseStore
 
 logger = logging.getLogger(__name__)
 
@@ -86,6 +87,7 @@ class ServerState:
 
     engine: ServedEngine
     ignored_fields: IgnoredFieldLog = field(default_factory=IgnoredFieldLog)
+    response_store: ResponseStore = field(default_factory=ResponseStore)  # the Responses API's state
 
     @staticmethod
     def of(request: Request) -> ServerState:

@@ -1,0 +1,258 @@
+"""``/v1/responses``: OpenAI's Responses API (what the OpenAI Agents SDK calls by default).
+
+Included by ``app.create_app``. ``POST /v1/responses`` turns ``instructions`` + the stored
+conversation of ``previous_response_id`` + ``input`` into chat messages (``responses_input``),
+renders and tokenizes them (``chat_format``), hands the prompt to the engine (``serving``) and
+answers with a response object, or with the event sequence the ``openai`` client parses
+(``response.created``, ``response.in_progress``, ``response.output_item.added``,
+``response.content_part.added``, ``response.output_text.delta`` per token,
+``response.output_text.done``, ``response.content_part.done``, ``response.output_item.done``,
+``response.completed``). As vLLM does on this route: ``enable_response_messages`` returns the
+prompt's and the reply's ids (``input_messages`` / ``output_messages``), ``include:
+["message.output_text.logprobs"]`` the logprobs, and a reply cut by ``max_output_tokens`` ends
+with ``response.completed`` whose status is ``incomplete``. With ``store`` (the default) the
+conversation is kept (``response_store``) for follow-ups and ``GET /v1/responses/{id}``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+
+from spanrl.trainer_bridge.torch_backend.engine.requests import GenerationRequest, SamplingParams
+from spanrl.trainer_bridge.torch_backend.server import chat_format
+from spanrl.trainer_bridge.torch_backend.server.errors import InvalidRequestError, NotFoundError, as_api_error
+from spanrl.trainer_bridge.torch_backend.server.logprobs import TopRow, chat_logprobs
+from spanrl.trainer_bridge.torch_backend.server.response_store import ResponseStore, StoredResponse
+from spanrl.trainer_bridge.torch_backend.server.responses_input import (
+    Message,
+    input_messages,
+    instructions_messages,
+)
+from spanrl.trainer_bridge.torch_backend.server.responses_protocol import (
+    IncompleteDetails,
+    OutputLogprob,
+    OutputMessage,
+    OutputText,
+    RawMessageTokens,
+    ResponsesRequest,
+    ResponsesResponse,
+    ResponseUsage,
+)
+from spanrl.trainer_bridge.torch_backend.server.serving import (
+    ServedEngine,
+    ServerState,
+    StreamBridge,
+    cancel_unfinished,
+    check_model,
+    event_stream_response,
+    json_response,
+    read_body,
+    start_completion,
+    start_stream,
+    stream_version,
+    token_events,
+    wait_result,
+)
+
+router = APIRouter()
+
+
+@router.post("/v1/responses")
+async def create_response(request: Request) -> Response:
+    state = ServerState.of(request)
+    engine = state.engine
+    body = await read_body(request, ResponsesRequest)
+    ignored = body.ignored_fields()
+    if ignored:
+        state.ignored_fields.note(request.url.path, ignored)
+    check_model(engine, body.model)
+    conversation = previous_conversation(state.response_store, body.previous_response_id)
+    conversation += input_messages(body.input)
+    if not conversation:
+        raise InvalidRequestError("input: the request has no message to answer", param="input")
+    turn = ResponseTurn(engine, state.response_store, body, conversation)
+    params = sampling_params(body)
+    if body.stream:
+        job, bridge = start_stream(engine, turn.prompt_ids, params)
+        version = await stream_version(engine, job, bridge)
+        return event_stream_response(turn.events(job, bridge, version, params), version)
+    job, waiter = start_completion(engine, turn.prompt_ids, params)
+    result = await wait_result(job, waiter)
+    choice = result.choices[0]
+    text = chat_format.parse_assistant_output(choice.text).content
+    logprobs = turn.logprobs(choice.token_ids, choice.logprobs, choice.top_logprobs) if body.wants_logprobs else None
+    response = turn.finish(text, choice.token_ids, logprobs, choice.finish_reason, result.policy_version, params)
+    return json_response(response, result.policy_version)
+
+
+@router.get("/v1/responses/{response_id}")
+async def retrieve_response(request: Request, response_id: str) -> Response:
+    state = ServerState.of(request)
+    stored = _stored(state.response_store, response_id, "response_id")
+    return json_response(stored.body, stored.body.policy_version)
+
+
+@router.delete("/v1/responses/{response_id}")
+async def delete_response(request: Request, response_id: str) -> Response:
+    state = ServerState.of(request)
+    if not state.response_store.delete(response_id):
+        _stored(state.response_store, response_id, "response_id")  # raises the 404
+    body = json.dumps({"id": response_id, "object": "response.deleted", "deleted": True})
+    return Response(body, media_type="application/json")
+
+
+def previous_conversation(store: ResponseStore, previous_response_id: str | None) -> list[Message]:
+    """The messages of the conversation ``previous_response_id`` ended (404 for an unknown id)."""
+    if previous_response_id is None:
+        return []
+    return list(_stored(store, previous_response_id, "previous_response_id").messages)
+
+
+def _stored(store: ResponseStore, response_id: str, param: str) -> StoredResponse:
+    stored = store.get(response_id)
+    if stored is None:
+        raise NotFoundError(f"no stored response with id {response_id!r}: it was never made, made with "
+                            "store=false, deleted, or dropped from the server's bounded store", param=param,
+                            code="previous_response_not_found" if param == "previous_response_id" else None)
+    return stored
+
+
+def sampling_params(body: ResponsesRequest) -> SamplingParams:
+    stops = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
+    top_k = body.top_k if body.top_k is not None else 0
+    return SamplingParams(
+        max_tokens=body.max_output_tokens,
+        temperature=1.0 if body.temperature is None else float(body.temperature),
+        top_p=1.0 if body.top_p is None else float(body.top_p),
+        top_k=0 if top_k == -1 else top_k, n=1, stop=stops, seed=body.seed,
+        logprobs=body.wants_logprobs, top_logprobs=body.top_logprobs or 0,
+    )
+
+
+class ResponseTurn:
+    """One call: its prompt, the response object at each stage, and storing it when done."""
+
+    def __init__(self, engine: ServedEngine, store: ResponseStore, body: ResponsesRequest,
+                 conversation: list[Message]):
+        self.engine, self.store, self.body, self.conversation = engine, store, body, conversation
+        self.response_id = f"resp_{uuid.uuid4().hex}"
+        self.message_id = f"msg_{uuid.uuid4().hex}"
+        self.created_at = int(time.time())
+        try:
+            self.prompt_text = chat_format.render_chat(
+                engine.tokenizer, instructions_messages(body.instructions) + conversation)
+        except Exception as exc:
+            raise InvalidRequestError(f"the input cannot be rendered with the chat template: {exc}",
+                                      param="input") from exc
+        self.prompt_ids = chat_format.encode_text(engine.tokenizer, self.prompt_text)
+
+    def response(self, status: Any, version: int, params: SamplingParams, output: list[OutputMessage] | None = None,
+                 **fields: Any) -> ResponsesResponse:
+        body = self.body
+        return ResponsesResponse(
+            id=self.response_id, created_at=self.created_at, status=status, instructions=body.instructions,
+            max_output_tokens=body.max_output_tokens, metadata=body.metadata, model=self.engine.model_name,
+            output=output or [], previous_response_id=body.previous_response_id, store=body.store,
+            temperature=params.temperature, top_p=params.top_p, top_logprobs=body.top_logprobs,
+            policy_version=version, **fields)
+
+    def logprobs(self, token_ids: list[int], logprobs: list[float] | None,
+                 top: list[list[tuple[int, float]]] | list[TopRow] | None) -> list[OutputLogprob]:
+        entries = chat_logprobs(self.engine.tokenizer, token_ids, logprobs or [], top).content
+        return [OutputLogprob.model_validate(entry.model_dump()) for entry in entries]
+
+    def message(self, text: str, logprobs: list[OutputLogprob] | None, status: Any) -> OutputMessage:
+        return OutputMessage(id=self.message_id, status=status, content=[OutputText(text=text, logprobs=logprobs)])
+
+    def finish(self, text: str, token_ids: list[int], logprobs: list[OutputLogprob] | None, finish_reason: str | None,
+               version: int, params: SamplingParams) -> ResponsesResponse:
+        """The finished response (stored when asked to): ``status`` incomplete when cut by length."""
+        incomplete = finish_reason == "length"
+        extras: dict[str, Any] = {}
+        if self.body.enable_response_messages:
+            extras["input_messages"] = [RawMessageTokens(message=self.prompt_text, tokens=self.prompt_ids)]
+            extras["output_messages"] = [RawMessageTokens(message=text, tokens=list(token_ids))]
+        response = self.response(
+            "incomplete" if incomplete else "completed", version, params,
+            output=[self.message(text, logprobs, "incomplete" if incomplete else "completed")],
+            usage=ResponseUsage.of(len(self.prompt_ids), len(token_ids)),
+            incomplete_details=IncompleteDetails(reason="max_output_tokens") if incomplete else None, **extras)
+        if self.body.store:
+            messages = (*self.conversation, {"role": "assistant", "content": text})
+            self.store.put(self.response_id, StoredResponse(messages=messages, body=response))
+        return response
+
+    async def events(self, job: GenerationRequest, bridge: StreamBridge, version: int,
+                     params: SamplingParams) -> AsyncIterator[str]:
+        """The server-sent events of a streamed response, ending with ``response.completed``."""
+        sequence = _Sequence()
+        place = {"item_id": self.message_id, "output_index": 0, "content_index": 0}
+        try:
+            started = self.response("in_progress", version, params)
+            yield sequence.event("response.created", response=started)
+            yield sequence.event("response.in_progress", response=started)
+            yield sequence.event("response.output_item.added", output_index=0,
+                                 item=OutputMessage(id=self.message_id, status="in_progress", content=[]))
+            yield sequence.event("response.content_part.added", **place,
+                                 part=OutputText(text="", logprobs=[] if self.body.wants_logprobs else None))
+            token_ids: list[int] = []
+            texts: list[str] = []
+            logprobs: list[OutputLogprob] = []
+            finish_reason = None
+            async for token in token_events(bridge):
+                token_ids.append(token.token_id)
+                texts.append(token.text)
+                finish_reason = token.finish_reason or finish_reason
+                step: list[OutputLogprob] = []
+                if self.body.wants_logprobs:
+                    step = self.logprobs([token.token_id], [token.logprob or 0.0],
+                                         [token.top_logprobs] if token.top_logprobs else None)
+                    logprobs.extend(step)
+                yield sequence.event("response.output_text.delta", **place, delta=token.text, logprobs=step)
+            if job.error is not None:
+                error = as_api_error(job.error)
+                yield sequence.event("error", code=error.code or error.error_type, message=error.message,
+                                     param=error.param)
+                return
+            text = chat_format.parse_assistant_output("".join(texts)).content
+            kept_logprobs = logprobs if self.body.wants_logprobs else None
+            done = self.finish(text, token_ids, kept_logprobs, finish_reason, version, params)
+            part = done.output[0].content[0]
+            yield sequence.event("response.output_text.done", **place, text=text, logprobs=logprobs)
+            yield sequence.event("response.content_part.done", **place, part=part)
+            yield sequence.event("response.output_item.done", output_index=0, item=done.output[0])
+            yield sequence.event("response.completed", response=done)
+        finally:
+            cancel_unfinished(job)  # the client went away
+
+
+class _Sequence:
+    """Numbers a stream's events and writes each as ``event: <type>`` + ``data: <json>``."""
+
+    def __init__(self) -> None:
+        self.next = 0
+
+    def event(self, event_type: str, **fields: Any) -> str:
+        data = {"type": event_type, "sequence_number": self.next}
+        self.next += 1
+        parts = [json.dumps(data)[:-1]]
+        for key, value in fields.items():
+            encoded = value.to_json() if hasattr(value, "to_json") else _dumps(value)
+            parts.append(f", {json.dumps(key)}: {encoded}")
+        return f"event: {event_type}\ndata: {''.join(parts)}}}\n\n"
+
+
+def _dumps(value: Any) -> str:
+    if isinstance(value, list):
+        return "[" + ", ".join(item.to_json() if hasattr(item, "to_json") else json.dumps(item) for item in value) + "]"
+    return json.dumps(value)
+
+
+__all__ = ["router", "ResponseTurn", "previous_conversation", "sampling_params"]
