@@ -110,10 +110,6 @@ def test_own_agent_path_of_the_readme_trains_and_shows_rewards(tmp_path):
     shown = spanrl(project, "inspect", "rollouts", "--db", "spanrl.db").stdout
     rewards = table_column(shown, "reward")
     assert len(rewards) == 16, shown  # 2 steps x 2 tasks x 4 attempts
-    if all(value == "" for value in rewards):
-        # The store holds reward events only; rewards from a reward function are shown once
-        # `spanrl inspect` reports what each rollout was trained with (issue 13, item 4).
-        pytest.xfail("spanrl inspect does not yet show rewards given by a reward function")
     assert all(re.fullmatch(r"-?\d+(\.\d+)?", value) for value in rewards), shown
 
 
