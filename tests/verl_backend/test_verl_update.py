@@ -74,7 +74,7 @@ def max_difference(a: list[list[float]], b: list[list[float]]) -> float:
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("embeddings", ["tied", "untied"])
 def test_verl_update_equals_embedded_trainer_and_the_endpoint_serves_it(embeddings, tiny_models, tmp_path):
-    from spanrl.trainer_bridge.verl_backend.backend import start_verl_backend
+    from spanrl.trainer_bridge.verl_backend.backend import VerlWorkerFailed, start_verl_backend
 
     model_dir = tiny_models[embeddings]
     samples = random_samples()
@@ -116,5 +116,17 @@ def test_verl_update_equals_embedded_trainer_and_the_endpoint_serves_it(embeddin
         # transformers, gives the endpoint's log-probs
         checkpoint = backend.save_checkpoint(str(tmp_path / "run" / "checkpoints"))
         assert max_difference(served_after, hf_logprobs(checkpoint, samples)) < 1e-4
+
+        # a vLLM replica that dies: agents get an error naming it (not a hang), and the next update
+        # stops with one clear error instead of waiting on the dead replica
+        import ray
+
+        for server in backend.workers.llm_servers.get_replicas()[0].servers:
+            ray.kill(server)
+        reply = httpx.post(f"{url}/completions", timeout=120,
+                           json={"model": "policy", "prompt": [5, 6], "max_tokens": 1})
+        assert reply.status_code in (502, 503) and "upstream" in reply.text.lower(), reply.text
+        with pytest.raises(VerlWorkerFailed, match="vLLM replica failed during update 2"):
+            backend.update(samples)
     finally:
         backend.close()
