@@ -18,67 +18,16 @@ import time
 import urllib.request
 from pathlib import Path
 
-import pytest
 from opentelemetry.proto.trace.v1 import trace_pb2
 
-from spanrl.demo import free_port, wait_for_port
 from spanrl.instrumentation import semconv
 from spanrl.otlp_receiver.store import SpanStore
-from spanrl.trainer_bridge.torch_backend.engine.policy_engine import PolicyEngine
-from spanrl.trainer_bridge.torch_backend.model_init import create_model_dir
-from spanrl.trainer_bridge.torch_backend.server.app import serve_in_thread
-
-# where models run in these tests: cpu, or cuda on a GPU machine (docs/gpu.md)
-TEST_DEVICE = os.environ.get("SPANRL_TEST_DEVICE", "cpu")
 
 REPO = Path(__file__).resolve().parents[2]
 AGENT = REPO / "examples" / "langchain_agent" / "agent.py"
 INSTRUMENT = Path(sys.executable).parent / "opentelemetry-instrument"
 ROLLOUT_ID, TASK_ID, ATTEMPT = "lc-rollout-1", "lc-task-7", 1
 OUTPUT_CONTENT = "llm.output_messages.0.message.content"  # openinference's key, on both spans
-
-
-class RecordingPolicyEngine(PolicyEngine):
-    """The real engine; it also keeps every request it served, to compare ids with the store."""
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.jobs = []
-
-    def submit(self, prompt_ids, params, **kwargs):
-        job = super().submit(prompt_ids, params, **kwargs)
-        self.jobs.append(job)
-        return job
-
-
-@pytest.fixture
-def policy_server(tmp_path):
-    model_dir = create_model_dir(tmp_path / "model", preset="tiny", seed=0)
-    engine = RecordingPolicyEngine.from_pretrained(model_dir, device=TEST_DEVICE, model_name="policy")
-    server = serve_in_thread(engine, port=free_port())
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
-@pytest.fixture
-def receiver(tmp_path):
-    db = tmp_path / "spanrl.db"
-    grpc_port, http_port = free_port(), free_port()
-    process = subprocess.Popen(
-        [sys.executable, "-m", "spanrl", "receive", "--db", str(db), "--grpc-port",
-         str(grpc_port), "--http-port", str(http_port), "--grace-s", "0.3"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-    )
-    try:
-        wait_for_port(grpc_port, process, "spanrl receive")
-        wait_for_port(http_port, process, "spanrl receive")
-        yield {"db": db, "grpc": f"http://127.0.0.1:{grpc_port}", "http": f"http://127.0.0.1:{http_port}"}
-    finally:
-        if process.poll() is None:
-            process.kill()
-        process.communicate()
 
 
 def agent_environment(otlp_endpoint: str, base_url: str) -> dict[str, str]:
