@@ -17,7 +17,8 @@ current while the SDK builds the HTTP request and processes the response. We wra
 methods that run inside that window and that every chat/completions, completions and responses
 call goes through, sync or async, streaming or not, with or without ``with_raw_response``:
 
-- ``BaseClient._build_request``: add the route's token-id flag to the JSON body;
+- ``BaseClient._build_request``: add the route's token-id flag to the JSON body, and the
+  ``x-spanrl-rollout-id`` header inside a rollout (sticky routing at the verl gateway);
 - ``SyncAPIClient._process_response`` / ``AsyncAPIClient._process_response``: the current span
   is openinference's LLM span; remember it for this HTTP response;
 - ``BaseClient._process_response_data``: every parsed JSON body or stream chunk of that
@@ -173,14 +174,47 @@ def _wants_token_ids(options: Any) -> bool:
 
 def _build_request_wrapper(request_token_ids: bool) -> Callable[..., Any]:
     def wrapper(wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
-        if request_token_ids:
-            try:
+        try:
+            if request_token_ids:
                 args, kwargs = _with_return_token_ids(instance, args, kwargs)
-            except Exception:  # noqa: BLE001 - never break the agent
-                logger.exception("spanrl: could not add the token-id flag to the request")
+            args, kwargs = _with_rollout_header(instance, args, kwargs)
+        except Exception:  # noqa: BLE001 - never break the agent
+            logger.exception("spanrl: could not add spanrl's fields to the request")
         return wrapped(*args, **kwargs)
 
     return wrapper
+
+
+def _current_rollout_id() -> str | None:
+    """The rollout this call belongs to: ``rollout()`` / W3C baggage, else the process's
+    resource attribute (what ``spanrl run`` gives each agent process)."""
+    from .rollout import current_identity
+
+    identity = current_identity()
+    if identity is not None:
+        return identity.rollout_id
+    resource = getattr(trace_api.get_current_span(), "resource", None)
+    value = getattr(resource, "attributes", {}).get(semconv.ROLLOUT_ID) if resource is not None else None
+    return value if isinstance(value, str) and value else None
+
+
+def _with_rollout_header(instance: Any, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """The ``_build_request`` arguments with the ``x-spanrl-rollout-id`` header on LLM calls made
+    inside a rollout (the verl gateway keeps a rollout's calls on one vLLM replica)."""
+    options = args[0] if args else kwargs.get("options")
+    if options is None or _token_id_flag(options) is None:
+        return args, kwargs
+    if getattr(getattr(instance, "base_url", None), "host", None) in _STRICT_HOSTS:
+        return args, kwargs
+    rollout_id = _current_rollout_id()
+    headers = options.headers if isinstance(options.headers, dict) else {}
+    if rollout_id is None or any(k.lower() == semconv.ROLLOUT_ID_HEADER for k in headers):
+        return args, kwargs
+    options = options.model_copy()
+    options.headers = {**headers, semconv.ROLLOUT_ID_HEADER: rollout_id}
+    if args:
+        return (options, *args[1:]), kwargs
+    return args, {**kwargs, "options": options}
 
 
 def _with_return_token_ids(instance: Any, args: tuple, kwargs: dict) -> tuple[tuple, dict]:

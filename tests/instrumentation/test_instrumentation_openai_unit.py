@@ -88,6 +88,20 @@ def test_the_agents_own_return_token_ids_choice_is_kept(private_tracing, vllm_se
     assert attributes[semconv.LLM_POLICY_VERSION] == 7  # from the header and body still
 
 
+def test_calls_inside_a_rollout_name_it_in_a_header_for_sticky_routing(private_tracing, vllm_server):
+    from spanrl.instrumentation.rollout import rollout
+
+    client = openai.OpenAI(base_url=vllm_server.base_url, api_key="k")
+    outside = client.chat.completions.with_raw_response.create(model="p", messages=MESSAGES)
+    assert semconv.ROLLOUT_ID_HEADER not in outside.http_request.headers
+    with rollout("task-1", rollout_id="r-42", tracer_provider=private_tracing.provider):
+        inside = client.chat.completions.with_raw_response.create(model="p", messages=MESSAGES)
+        chosen = client.chat.completions.with_raw_response.create(
+            model="p", messages=MESSAGES, extra_headers={"X-Spanrl-Rollout-Id": "mine"})
+    assert inside.http_request.headers[semconv.ROLLOUT_ID_HEADER] == "r-42"
+    assert chosen.http_request.headers[semconv.ROLLOUT_ID_HEADER] == "mine"  # the agent's own value wins
+
+
 def test_ids_never_land_on_a_span_that_is_not_the_calls_llm_span(private_tracing, vllm_server):
     client = openai.OpenAI(base_url=vllm_server.base_url, api_key="k")
     tracer = private_tracing.provider.get_tracer("outer")
