@@ -164,8 +164,10 @@ def test_the_bridge_token_is_required_when_set():
 
 
 def test_a_run_that_trains_on_nothing_stops_with_the_reason(tmp_path, tracer_provider):
-    """The receiver is down: every rollout of every step stays unassembled. After
-    ``max_empty_steps`` such steps training stops with an error naming the cause."""
+    """The agents' spans never reach the receiver (it runs, but they export elsewhere): every
+    rollout of every step stays unassembled. After ``max_empty_steps`` such steps training stops
+    with an error naming the cause."""
+    from spanrl.otlp_receiver.store_lock import ReceiverLock
     from spanrl.trainer_bridge.torch_backend.model_init import create_model_dir
     from spanrl.trainer_bridge.train_settings import TrainSettings
     from spanrl.trainer_bridge.training_loop import NothingToTrain, run_training
@@ -184,10 +186,12 @@ def test_a_run_that_trains_on_nothing_stops_with_the_reason(tmp_path, tracer_pro
                     tracer_provider=tracer_provider)
     thread = threading.Thread(target=runner.run, daemon=True)
     thread.start()
+    receiver = ReceiverLock(settings.store).acquire()  # what a running receiver holds on its store
     try:
         with pytest.raises(NothingToTrain) as raised:
             run_training(settings, show_progress=False)
     finally:
+        receiver.release()
         runner.stop()
         thread.join(timeout=30)
     message = str(raised.value)
