@@ -13,7 +13,7 @@ from __future__ import annotations
 import importlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from spanrl.errors import UserError
 
@@ -112,17 +112,30 @@ class BackendUnavailable(UserError):
     """The configured backend is unknown or cannot be imported here."""
 
 
-def make_backend(settings: TrainSettings, checkpoint_dir: str) -> PolicyBackend:
-    """Start the backend ``settings.backend`` (resumed from ``checkpoint_dir`` with
-    ``settings.resume``), serving its policy at its ``endpoint_url``."""
+def _backend_module(settings: TrainSettings) -> tuple[Any, str]:
     target = BACKENDS.get(settings.backend)
     if target is None:
         raise BackendUnavailable(f"unknown backend {settings.backend!r}; choose one of {sorted(BACKENDS)}")
     module_name, factory_name = target.split(":")
     try:
-        module = importlib.import_module(module_name)
+        return importlib.import_module(module_name), factory_name
     except ImportError as exc:
         raise BackendUnavailable(f"backend {settings.backend!r} cannot be imported ({exc}); "
                                  "install its dependencies") from exc
+
+
+def check_backend(settings: TrainSettings) -> None:
+    """Fail fast, before any waiting, when backend ``settings.backend`` cannot start here (its
+    module's ``check_backend(settings)``, when it has one: missing libraries, no device, ...)."""
+    module, _ = _backend_module(settings)
+    check = getattr(module, "check_backend", None)
+    if check is not None:
+        check(settings)
+
+
+def make_backend(settings: TrainSettings, checkpoint_dir: str) -> PolicyBackend:
+    """Start the backend ``settings.backend`` (resumed from ``checkpoint_dir`` with
+    ``settings.resume``), serving its policy at its ``endpoint_url``."""
+    module, factory_name = _backend_module(settings)
     backend: PolicyBackend = getattr(module, factory_name)(settings, checkpoint_dir)
     return backend

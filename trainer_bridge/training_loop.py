@@ -29,7 +29,7 @@ from typing import Any
 from spanrl.errors import UserError
 from spanrl.otlp_receiver import trained_rewards
 
-from .backend import PolicyBackend, TrainingSample, make_backend
+from .backend import PolicyBackend, TrainingSample, check_backend, make_backend
 from .empty_steps import NothingToTrain, empty_step_reason
 from .samples import trained_rollout, training_samples
 from .task_dispatch import Attempt, Outcome, TaskDispatcher, task_id_of
@@ -290,6 +290,7 @@ def run_training(settings: TrainSettings, show_progress: bool = True) -> dict:
     from .trackers import flat_config, open_trackers
 
     check_before_start(settings)
+    check_backend(settings)  # e.g. verl not installed: say so before any waiting
     checkpoints = settings.trainer.checkpoint_dir or os.path.join(settings.output_dir, "checkpoints")
     _prepare_output(settings, checkpoints)
     from .warm_start import warm_start_before_training

@@ -235,15 +235,24 @@ def _latest_checkpoint(checkpoint_dir: str) -> tuple[str, int, int] | None:
     return path, int(saved["policy_version"]), int(saved["step"])
 
 
-def start_verl_backend(settings: TrainSettings, checkpoint_dir: str) -> VerlBackend:
-    """verl's workers and vLLM replicas for ``settings``, behind a gateway (module docstring)."""
-    from .config import resolve_cpu_mode, verl_overrides
+def check_backend(settings: TrainSettings) -> bool:
+    """What can be known before starting anything: a model directory, CPU mode possible or a
+    GPU there, verl and vLLM installed (one line each). Returns whether CPU mode is on."""
+    from .config import resolve_cpu_mode
 
     if not os.path.isfile(os.path.join(settings.model, "config.json")):
         raise UserError(f"model {settings.model!r} is not a Hugging Face model directory (no config.json); "
                         "create one with `spanrl model init DIR`")
     cpu_mode = resolve_cpu_mode(settings.verl)
     check_verl_installed()
+    return cpu_mode
+
+
+def start_verl_backend(settings: TrainSettings, checkpoint_dir: str) -> VerlBackend:
+    """verl's workers and vLLM replicas for ``settings``, behind a gateway (module docstring)."""
+    from .config import verl_overrides
+
+    cpu_mode = check_backend(settings)
     from .workers import apply_cpu_mode_environment
 
     if cpu_mode:

@@ -69,7 +69,7 @@ def rewrite_request(body: dict[str, Any], path: str, upstream_model: str,
 
 def rewrite_reply(data: Any, served_model: str, version: int) -> Any:
     """A successful JSON reply as the agent gets it: its model name, the policy version."""
-    if isinstance(data, dict) and "error" not in data:
+    if isinstance(data, dict) and not data.get("error"):  # Responses bodies carry "error": null
         if "model" in data:
             data["model"] = served_model
         data[semconv.RESPONSE_POLICY_VERSION] = version
