@@ -320,16 +320,71 @@ def test_upstreams_join_by_set_upstreams_and_come_back_when_healthy(start, upstr
     assert served_by(gateway, before) == upstreams[1].url
 
 
+class SlowStreamingUpstream:
+    """An OpenAI-compatible upstream whose chat stream sends one chunk every 50 ms for 20 s, on
+    a free loopback port: long enough that an agent leaving mid-stream is certainly early.
+    ``disconnected`` is set when the gateway closed the stream (its write failed)."""
+
+    def __init__(self) -> None:
+        import http.server
+        import threading
+
+        upstream = self
+        self.disconnected = threading.Event()
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *args):  # keep the test output clean
+                pass
+
+            def _json(self, body: dict) -> None:
+                data = json.dumps(body).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_GET(self):
+                self._json({"object": "list", "data": [{"id": "slow", "object": "model"}]})
+
+            def do_POST(self):
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
+                self.end_headers()
+                try:
+                    for i in range(400):
+                        chunk = {"id": "c", "object": "chat.completion.chunk", "model": "slow",
+                                 "choices": [{"index": 0, "delta": {"content": f"{i} "}, "finish_reason": None}]}
+                        self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
+                        self.wfile.flush()
+                        time.sleep(0.05)
+                except (BrokenPipeError, ConnectionResetError):
+                    upstream.disconnected.set()
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
 def test_an_agent_leaving_mid_stream_frees_its_place(start):
-    gateway = start()
-    # 4 choices of up to 800 tokens: many seconds of streaming here (~75 tokens/s), unless the agent leaves
-    body = {"model": SERVED, "messages": MESSAGES, "max_tokens": 800, "n": 4, "stream": True}
-    with httpx.stream("POST", f"{gateway.url}/chat/completions", json=body) as reply:
-        first = next(reply.iter_lines())
-        assert first.startswith("data: ") and gateway.stats().in_flight == 1
-    deadline = time.monotonic() + 3.0  # 1 s on an idle machine; a loaded one can be slower
-    while gateway.stats().in_flight:  # the gateway notices the agent went away and gives its place back
-        assert time.monotonic() < deadline, gateway.stats()
-        time.sleep(0.02)
-    assert gateway.pause(5.0)  # nothing left to wait for
-    gateway.resume()
+    upstream = SlowStreamingUpstream()
+    try:
+        gateway = start(urls=[upstream.url])
+        body = {"model": SERVED, "messages": MESSAGES, "stream": True}
+        with httpx.stream("POST", f"{gateway.url}/chat/completions", json=body) as reply:
+            first = next(reply.iter_lines())
+            assert first.startswith("data: ") and gateway.stats().in_flight == 1
+        deadline = time.monotonic() + 2.0  # the stream had 20 s to go
+        while gateway.stats().in_flight:  # the gateway notices the agent went away and gives its place back
+            assert time.monotonic() < deadline, gateway.stats()
+            time.sleep(0.02)
+        assert upstream.disconnected.wait(5.0)  # and stops reading the upstream's stream
+        assert gateway.pause(5.0)  # nothing left to wait for
+        gateway.resume()
+    finally:
+        upstream.stop()
