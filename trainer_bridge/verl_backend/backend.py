@@ -72,14 +72,18 @@ class VerlBackend:
 
     # ------------------------------------------------------------------ update
 
-    def update(self, samples: Sequence[TrainingSample]) -> UpdateStats:
+    def _batch(self, samples: Sequence[TrainingSample]) -> Any:
+        """verl's batch of ``samples``, padded with the tokenizer's pad id (eos when it has none)."""
         from .batch import build_verl_batch
 
-        started = time.perf_counter()
         verl = self.settings.verl
         pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.tokenizer.eos_token_id
-        batch = build_verl_batch(samples, pad_token_id=int(pad_id), max_prompt_length=verl.max_prompt_length,
-                                 max_response_length=verl.max_response_length, temperature=verl.temperature)
+        return build_verl_batch(samples, pad_token_id=int(pad_id), max_prompt_length=verl.max_prompt_length,
+                                max_response_length=verl.max_response_length, temperature=verl.temperature)
+
+    def update(self, samples: Sequence[TrainingSample]) -> UpdateStats:
+        started = time.perf_counter()
+        batch = self._batch(samples)
         data = pad_to_multiple(batch.data, self.workers.data_parallel_size)
         timings: dict[str, float] = {"batch_s": time.perf_counter() - started}
 
@@ -126,12 +130,9 @@ class VerlBackend:
         from verl.utils import tensordict_utils as tu
         from verl.workers.utils.padding import no_padding_2_padding
 
-        from .batch import build_verl_batch, to_worker_tensordict
+        from .batch import to_worker_tensordict
 
-        verl = self.settings.verl
-        batch = build_verl_batch(samples, pad_token_id=0, max_prompt_length=verl.max_prompt_length,
-                                 max_response_length=verl.max_response_length, temperature=verl.temperature)
-        data = pad_to_multiple(batch.data, self.workers.data_parallel_size)
+        data = pad_to_multiple(self._batch(samples).data, self.workers.data_parallel_size)
         td = to_worker_tensordict(data, calculate_entropy=False, compute_loss=False)
         values = no_padding_2_padding(tu.get(self.workers.actor.compute_log_prob(td), "log_probs"), td)
         return [values[i, : len(sample.response_token_ids)].tolist() for i, sample in enumerate(samples)]
