@@ -101,6 +101,16 @@ class StoreError(RuntimeError):
     """The store could not be opened or written (locked, disk full, I/O): a retry may pass."""
 
 
+def describe_write_error(exc: sqlite3.Error) -> str:
+    """SQLite's message plus its error name and, for a failed write, what to check."""
+    name = getattr(exc, "sqlite_errorname", "")
+    text = f"{exc} ({name})" if name else str(exc)
+    if name.startswith(("SQLITE_FULL", "SQLITE_IOERR")):
+        text += ("; is the disk full or a file-size limit reached? nothing of this batch was stored;"
+                 " it is refused as retryable until the store can write again")
+    return text
+
+
 @dataclass(frozen=True)
 class RolloutSummary:
     """One row of ``spanrl inspect rollouts``: a rollout, open or assembled."""
@@ -229,7 +239,7 @@ class SpanStore:
                         if rollout_id in pending:
                             db.execute("DELETE FROM pending_completions WHERE rollout_id = ?", (rollout_id,))
         except sqlite3.Error as exc:
-            raise StoreError(f"cannot write {len(rows)} spans to {self.path}: {exc}") from exc
+            raise StoreError(f"cannot write {len(rows)} spans to {self.path}: {describe_write_error(exc)}") from exc
         return rejected
 
     def complete_rollout(self, rollout_id: str, now: float | None = None) -> str:
