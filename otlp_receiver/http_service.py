@@ -1,5 +1,6 @@
 """OTLP/HTTP: ``POST /v1/traces`` (protobuf or JSON), ``/v1/metrics`` and ``/v1/logs``
-(accepted and dropped), and spanrl's ``POST /spanrl/v1/rollouts/<id>/complete``.
+(accepted and dropped), spanrl's ``POST /spanrl/v1/rollouts/<id>/complete``, ``GET
+/spanrl/v1/health`` and ``GET /spanrl/v1/stats`` (the ingest counters, behind the token).
 
 Started by ``server.py`` on a stdlib ``ThreadingHTTPServer`` (no extra dependency; one thread
 per connection, keep-alive). Follows the OTLP/HTTP spec: the response has the request's
@@ -40,6 +41,7 @@ PROTOBUF = "application/x-protobuf"
 JSON = "application/json"
 COMPLETE_PREFIX = "/spanrl/v1/rollouts/"
 COMPLETE_SUFFIX = "/complete"
+STATS_PATH = "/spanrl/v1/stats"
 TLS_HANDSHAKE_TIMEOUT_S = 10.0
 SIGNAL_PATHS = {"/v1/traces": "traces", "/v1/metrics": "metrics", "/v1/logs": "logs"}
 
@@ -68,6 +70,13 @@ class _Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         if self.path == "/spanrl/v1/health":
             self._send(200, JSON, b'{"status": "ok"}')
+        elif self.path == STATS_PATH:
+            try:
+                self.server.export.check_authorization(self.headers.get("Authorization"))
+            except Exception as exc:
+                self._send(401, JSON, json.dumps({"message": str(exc)}).encode())
+                return
+            self._send(200, JSON, json.dumps(self.server.export.stats()).encode())
         else:
             self._send(404, JSON, b'{"message": "not found"}')
 

@@ -5,16 +5,8 @@ from __future__ import annotations
 
 import datetime
 import ipaddress
-import os
-import re
-import resource
 import shutil
-import signal
-import socket
-import subprocess
 import sys
-import threading
-import time
 from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
@@ -24,17 +16,10 @@ import pytest
 from spanrl.otlp_receiver.server import ReceiverServer
 from spanrl.otlp_receiver.settings import ReceiverSettings
 
+sys.path.insert(0, str(Path(__file__).parent))  # the suite's plain modules, shared with bench/reliability.py
+from reliability_harness import ReceiverProcess, free_port, wait_for  # noqa: E402
+
 NODE_DIR = Path(__file__).resolve().parents[1] / "node"
-
-
-def wait_for(predicate, timeout: float = 10.0, interval: float = 0.05, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 @pytest.fixture
@@ -98,61 +83,6 @@ def kit():
     return SimpleNamespace(wait_for=wait_for, node_dir=NODE_DIR, free_port=free_port)
 
 
-class ReceiverProcess:
-    """``spanrl receive`` as a subprocess (the real CLI), optionally with a file-size limit."""
-
-    def __init__(self, db: Path, *extra: str, file_size_limit: int | None = None) -> None:
-        self.db = db
-        self.extra = extra
-        self.file_size_limit = file_size_limit
-        self.proc: subprocess.Popen | None = None
-        self.grpc_port = 0
-        self.http_port = 0
-        self.output: list[str] = []
-
-    def _limit(self) -> None:  # runs in the child before exec
-        if self.file_size_limit is not None:
-            resource.setrlimit(resource.RLIMIT_FSIZE, (self.file_size_limit, resource.RLIM_INFINITY))
-
-    def start(self, grpc_port: int = 0, http_port: int = 0) -> ReceiverProcess:
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "spanrl", "receive", "--db", str(self.db), "--grpc-port", str(grpc_port),
-             "--http-port", str(http_port), "--grace-s", "0.2", "--poll-s", "0.05", *self.extra],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, preexec_fn=self._limit,
-        )
-        assert self.proc.stdout is not None
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            line = self.proc.stdout.readline()
-            if not line:
-                raise AssertionError("spanrl receive exited early:\n" + "".join(self.output))
-            self.output.append(line)
-            match = re.search(r"ready, OTLP/gRPC [\d.]+:(\d+), OTLP/HTTP https?://[\d.]+:(\d+)", line)
-            if match:
-                self.grpc_port, self.http_port = int(match.group(1)), int(match.group(2))
-                break
-        else:
-            raise AssertionError("spanrl receive did not get ready:\n" + "".join(self.output))
-        threading.Thread(target=self._drain, daemon=True).start()
-        return self
-
-    def _drain(self) -> None:
-        assert self.proc is not None and self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.output.append(line)
-
-    def raise_file_size_limit(self) -> None:
-        """Space returns: lift the running receiver's file-size limit (prlimit on its pid)."""
-        assert self.proc is not None
-        resource.prlimit(self.proc.pid, resource.RLIMIT_FSIZE, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
-
-    def kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
-            self.proc.wait(timeout=10)
-
-
 @pytest.fixture
 def receiver_process(tmp_path):
     made: list[ReceiverProcess] = []
@@ -167,7 +97,3 @@ def receiver_process(tmp_path):
         process.kill()
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]

@@ -8,10 +8,7 @@ run (>= 10^5 cases in all) is ``bench/reliability.py``.
 
 from __future__ import annotations
 
-import importlib.util
 import os
-import sys
-from pathlib import Path
 
 import pytest
 
@@ -23,12 +20,9 @@ POLICY_CASES = max(1, CASES // 2)  # each valid case generates tokens with a rea
 
 @pytest.fixture(scope="module")
 def fuzz():
-    path = Path(__file__).with_name("fuzz_targets.py")
-    spec = importlib.util.spec_from_file_location("spanrl_fuzz_targets", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
+    import reliability_fuzz  # tests/reliability/ is on sys.path (conftest.py)
+
+    return reliability_fuzz
 
 
 @pytest.mark.parametrize("encoding", ["protobuf", "json"])
