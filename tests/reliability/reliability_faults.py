@@ -1,7 +1,8 @@
 """Faults injected into running parts, each a function that raises AssertionError when the part
 does not survive it: kill -9 of the receiver mid-stream, the store's disk full, the receiver down
-for a while under an agent, the bridge restarted under running runners; and a round of claims and
-reports between runners and the bridge, counting rollouts lost between them.
+for a while under an agent, the bridge restarted under running runners, kill -9 of the trainer
+mid-step; and a round of claims and reports between runners and the bridge, counting rollouts
+lost between them.
 
 Used by ``test_faults.py`` (each once, short) and ``bench/reliability.py`` (repeated, counted).
 
@@ -13,8 +14,14 @@ WAL file), as ENOSPC would, and ``prlimit`` on the running process gives the spa
 
 from __future__ import annotations
 
+import json
+import os
 import random
+import signal
 import sqlite3
+import subprocess
+import sys
+import textwrap
 import threading
 import time
 from dataclasses import dataclass
@@ -275,3 +282,98 @@ def runner_bridge_round(agents: int, restart_bridge: bool = False, work_s: float
     ok = sum(1 for o in outcomes.values() if o.status == "ok")
     return RoundResult(agents, len(attempts), ok, len(attempts) - ok, errors, sum(retries))
 
+
+
+# --- the trainer ---------------------------------------------------------------------------------
+
+TRAINING_RUN = textwrap.dedent("""
+    import random, sys
+    from pathlib import Path
+    from spanrl.trainer_bridge.backend import TrainingSample
+    from spanrl.trainer_bridge.torch_backend.checkpoints import list_checkpoints
+    from spanrl.trainer_bridge.torch_backend.config import TrainerConfig
+    from spanrl.trainer_bridge.torch_backend.trainer import TorchTrainer
+    model_dir, checkpoints = sys.argv[1:3]
+    config = TrainerConfig(device="cpu", learning_rate=1e-3, checkpoint_every=1, checkpoint_dir=checkpoints,
+                           keep_checkpoints=2)
+    if list_checkpoints(checkpoints):
+        trainer = TorchTrainer.resume(checkpoints, config)
+    else:
+        trainer = TorchTrainer(model_dir, config)
+    print(f"started at version {trainer.policy_version}", flush=True)
+    rng = random.Random(trainer.step)
+    while True:
+        batch = [TrainingSample([1] + [rng.randrange(3, 200) for _ in range(6)], [rng.randrange(3, 200), 2],
+                                rng.uniform(-1, 1)) for _ in range(8)]
+        trainer.grpo_step(batch)  # saves step-NNNNNN after every step
+        print(f"version {trainer.policy_version}", flush=True)
+""")
+
+
+def tiny_model_dir(folder: Path) -> Path:
+    """A tiny model made here (the tokenizer trained on a few lines), as the trainer tests do."""
+    from spanrl.trainer_bridge.torch_backend.model_init import create_model_dir
+
+    corpus = folder / "corpus.txt"
+    corpus.write_text("CALC 1+2\nRESULT 3\nANSWER 3\n" * 20)
+    return create_model_dir(folder / "tiny", preset="tiny", corpus_files=[corpus], seed=0)
+
+
+def _run_until_killed(model_dir, checkpoints, steps_before_kill: int, rng: random.Random) -> tuple[int, int]:
+    """Train until ``steps_before_kill`` steps were reported, then kill -9 at a random moment of
+    the next step (training or writing its checkpoint). Returns (version started at, last
+    version reported, i.e. saved)."""
+    process = subprocess.Popen([sys.executable, "-c", TRAINING_RUN, str(model_dir), str(checkpoints)],
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert process.stdout is not None
+    started_at, reported, step_times = None, None, []
+    try:
+        last = time.monotonic()
+        for line in process.stdout:
+            if line.startswith("started at version"):
+                started_at = int(line.split()[-1])
+                last = time.monotonic()
+            elif line.startswith("version"):
+                reported = int(line.split()[-1])
+                step_times.append(time.monotonic() - last)
+                last = time.monotonic()
+                if len(step_times) >= steps_before_kill:
+                    break
+        assert started_at is not None and reported is not None, "the training run did not start"
+        time.sleep(rng.uniform(0.0, sum(step_times) / len(step_times)))
+        process.send_signal(signal.SIGKILL)
+        process.wait(timeout=30)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    return started_at, reported
+
+
+def trainer_kill_rounds(model_dir: Path, checkpoints: Path, kills: int, seed: int = 0) -> int:
+    """``kills`` times: train (resuming from the newest checkpoint), kill -9 mid-step. Checks the
+    resume never goes back and the newest checkpoint is whole. Returns the version reached."""
+    from transformers import AutoModelForCausalLM
+
+    from spanrl.trainer_bridge.torch_backend.checkpoints import STATE_FILE, list_checkpoints
+    from spanrl.trainer_bridge.torch_backend.trainer import TorchTrainer
+
+    rng = random.Random(seed)
+    highest_saved = 0
+    for _ in range(kills):
+        started_at, reported = _run_until_killed(model_dir, checkpoints, 2, rng)
+        assert started_at >= highest_saved, f"resumed at version {started_at} after {highest_saved} was saved"
+        highest_saved = max(highest_saved, reported)
+        complete = list_checkpoints(checkpoints)
+        assert complete, "no complete checkpoint after the kill"
+        newest = complete[-1]
+        state = json.loads((newest / STATE_FILE).read_text())
+        assert state["policy_version"] >= highest_saved
+        # what a policy server would load from the newest checkpoint is whole
+        assert AutoModelForCausalLM.from_pretrained(newest) is not None
+        for entry in checkpoints.iterdir():  # anything else is a hidden staging or replaced directory
+            assert entry in complete or entry.name.startswith("."), entry
+    resumed = TorchTrainer.resume(checkpoints)
+    assert resumed.policy_version >= highest_saved >= 2 * kills
+    return resumed.policy_version
