@@ -3,7 +3,7 @@
 // Usage: node flood.js <grpc|http-json> <endpoint> <rollout-prefix> <spans-per-second> <seconds> <out.json>
 // Writes one JSON object to out.json: emitted (spans ended), acked / failed ("traceId:spanId" of spans whose
 // export succeeded / failed after the exporter's retries). Spans emitted but in neither list
-// were dropped by the processor (its queue was full).
+// were dropped by the processor (its queue was full). FLOOD_DEBUG=1 prints each failed export's error.
 'use strict';
 
 const { TracerProvider, BatchSpanProcessor } = require('@opentelemetry/sdk-trace');
@@ -35,6 +35,7 @@ const exporter = {
     inner.export(spans, (result) => {
       const keys = spans.map((s) => `${s.spanContext().traceId}:${s.spanContext().spanId}`);
       (result.code === ExportResultCode.SUCCESS ? acked : failed).push(...keys);
+      if (result.code !== ExportResultCode.SUCCESS && process.env.FLOOD_DEBUG) console.error("export failed:", result.error && result.error.message);
       done(result);
     });
   },
