@@ -37,11 +37,12 @@ import reliability_fuzz as fuzz  # noqa: E402
 import reliability_overload as overload  # noqa: E402
 from reliability_harness import ReceiverProcess  # noqa: E402
 
+MAX_RSS_GROWTH_MIB = 200  # the receiver's memory under overload: bounded by --max-pending-mb, not by load
 FULL = {"fuzz_protobuf": 40_000, "fuzz_json": 30_000, "fuzz_bridge": 15_000, "fuzz_policy": 15_000,
         "overload_s": 20.0, "python_agents": 4, "node_agents": 4, "receiver_kills": 5, "disk_full": 2,
         "receiver_down": 2, "bridge_restarts": 3, "trainer_kills": 3, "agents": (1, 32, 256),
         "max_pending_mb": "1", "capacity_s": 3.0, "form": "full"}
-SHORT = {"fuzz_protobuf": 60, "fuzz_json": 60, "fuzz_bridge": 60, "fuzz_policy": 0,
+SHORT = {"fuzz_protobuf": 40, "fuzz_json": 40, "fuzz_bridge": 40, "fuzz_policy": 0,
          "overload_s": 1.5, "python_agents": 2, "node_agents": 2, "receiver_kills": 1, "disk_full": 1,
          "receiver_down": 1, "bridge_restarts": 1, "trainer_kills": 0, "agents": (1, 32, 256),
          "max_pending_mb": "0.05", "capacity_s": 1.0, "form": "short"}
@@ -66,10 +67,16 @@ def run_spans(figures: Figures, folder: Path, plan: dict) -> None:
     finally:
         receiver.kill()
     consistent = report.stored == report.acked - report.rejected_late + report.stored_failed
+    accounted = report.acked + report.failed + report.dropped_by_clients == report.sent
     figures.line(f"spans: sent {report.sent} / acked {report.acked} / stored {report.stored} / lost {report.lost}",
-                 bad=report.lost != 0 or not consistent)
+                 bad=report.lost != 0 or not consistent or not accounted)
     for text in report.lines():
         figures.line(f"  {text}")
+    if report.overloaded_requests == 0:
+        figures.line("  the receiver never pushed back: the load did not exceed its capacity", bad=True)
+    growth = (report.rss_peak_bytes - report.rss_start_bytes) / (1024 * 1024)
+    if growth > MAX_RSS_GROWTH_MIB:
+        figures.line(f"  receiver memory grew {growth:.0f} MiB (> {MAX_RSS_GROWTH_MIB} MiB)", bad=True)
     if node is None:
         figures.line("  (no Node.js agents: node or tests/node/node_modules missing)")
 

@@ -2,7 +2,7 @@
 process, over HTTP and over gRPC), the bridge API and the policy server's API over HTTP. Zero
 crashes: every bad case gets its documented status and a message, nothing answers 5xx.
 
-``SPANRL_FUZZ_CASES`` (default 150) sets the cases per target; CI runs the default, the full
+``SPANRL_FUZZ_CASES`` (default 100) sets the cases per target; CI runs the default, the full
 run (>= 10^5 cases in all) is ``bench/reliability.py``.
 """
 
@@ -14,7 +14,7 @@ import pytest
 
 from spanrl.otlp_receiver.store import SpanStore
 
-CASES = int(os.environ.get("SPANRL_FUZZ_CASES", "150"))
+CASES = int(os.environ.get("SPANRL_FUZZ_CASES", "100"))
 POLICY_CASES = max(1, CASES // 2)  # each valid case generates tokens with a real (tiny) model
 
 
