@@ -138,3 +138,16 @@ def test_tls_settings_need_both_files_and_a_matching_pair(tmp_path, self_signed)
     other.write_text("-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----\n")
     with pytest.raises(TlsSetupError, match="do not load as a pair"):
         http_ssl_context(cert, str(other))
+
+
+def test_spanrl_receive_with_a_bad_tls_setting_says_why_and_exits_2(tmp_path, self_signed):
+    import sys
+
+    cert, _ = self_signed
+    base = [sys.executable, "-m", "spanrl", "receive", "--db", str(tmp_path / "x.db"), "--grpc-port", "0",
+            "--http-port", "0"]
+    only_cert = subprocess.run(base + ["--tls-cert", cert], capture_output=True, text=True, timeout=60)
+    assert only_cert.returncode == 2 and "both tls_cert and tls_key" in only_cert.stderr
+    missing_key = subprocess.run(base + ["--tls-cert", cert, "--tls-key", str(tmp_path / "none.pem")],
+                                 capture_output=True, text=True, timeout=60)
+    assert missing_key.returncode == 2 and "cannot read the TLS key" in missing_key.stderr, missing_key.stderr
