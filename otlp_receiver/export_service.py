@@ -101,11 +101,13 @@ class ExportService:
 
     def stats(self) -> dict[str, int]:
         """Counters since start (``GET /spanrl/v1/stats``): spans acknowledged as stored and
-        rejected in answers, spans committed, commits, requests refused as overload."""
+        rejected in answers, spans in committed writes (a retry counts again) and those new to
+        the store, commits, requests refused as overload."""
         writer = self.writer
         with self._count_lock:
             return {"accepted_spans": self.accepted_spans, "rejected_spans": self.rejected_spans,
-                    "committed_spans": writer.committed_spans, "commits": writer.commits,
+                    "committed_spans": writer.committed_spans, "new_spans": writer.store.new_spans,
+                    "commits": writer.commits,
                     "overloaded_requests": writer.overloaded_requests, "pending_bytes": writer.pending_bytes}
 
     def export_other(self, signal: str, body: bytes, json_encoding: bool = False):
