@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hmac
 import logging
+import threading
 from typing import Any
 
 import grpc
@@ -74,6 +75,7 @@ class ExportService:
         self.token = token
         self.accepted_spans = 0
         self.rejected_spans = 0
+        self._count_lock = threading.Lock()
 
     def check_authorization(self, header: str | None) -> None:
         if not self.token:
@@ -90,11 +92,23 @@ class ExportService:
         refused = self.writer.submit(decoded.rows)  # returns once committed
         if refused:
             decoded.refuse(refused)
-        self.accepted_spans += len(decoded.rows)
-        if decoded.rejected:
+        with self._count_lock:
+            self.accepted_spans += len(decoded.rows) - len(refused)
             self.rejected_spans += decoded.rejected
+        if decoded.rejected:
             logger.warning("%s", decoded.error_message())
         return decoded.response()
+
+    def stats(self) -> dict[str, int]:
+        """Counters since start (``GET /spanrl/v1/stats``): spans acknowledged as stored and
+        rejected in answers, spans in committed writes (a retry counts again) and those new to
+        the store, commits, requests refused as overload."""
+        writer = self.writer
+        with self._count_lock:
+            return {"accepted_spans": self.accepted_spans, "rejected_spans": self.rejected_spans,
+                    "committed_spans": writer.committed_spans, "new_spans": writer.store.new_spans,
+                    "commits": writer.commits,
+                    "overloaded_requests": writer.overloaded_requests, "pending_bytes": writer.pending_bytes}
 
     def export_other(self, signal: str, body: bytes, json_encoding: bool = False):
         """Metrics and logs: checked and dropped; the response is a full success."""

@@ -3,6 +3,7 @@
 Started by ``server.py``. Requests arrive as raw bytes (no generated stub deserializer) so
 garbage is answered INVALID_ARGUMENT by us rather than a generic INTERNAL by gRPC. gzip is
 handled by grpcio; messages over the limit are refused by grpcio with RESOURCE_EXHAUSTED.
+With server credentials (``tls.py``) the port speaks TLS only.
 Overload answers UNAVAILABLE with the retry delay in both trailer forms clients read:
 ``grpc-status-details-bin`` (a google.rpc.Status with a RetryInfo detail; Go and Java
 exporters) and ``google.rpc.retryinfo-bin`` (a bare RetryInfo; the OTel Python exporter).
@@ -56,7 +57,8 @@ def _authorization(context: grpc.ServicerContext) -> str | None:
 class GrpcExportServer:
     """A grpc.Server with the three OTLP Export methods bound to an ``ExportService``."""
 
-    def __init__(self, service: ExportService, host: str, port: int, workers: int, max_message_bytes: int) -> None:
+    def __init__(self, service: ExportService, host: str, port: int, workers: int, max_message_bytes: int,
+                 credentials: grpc.ServerCredentials | None = None) -> None:
         self.service = service
         self.server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="spanrl-grpc"),
@@ -81,7 +83,10 @@ class GrpcExportServer:
         ]
         self.server.add_generic_rpc_handlers(handlers)
         try:
-            self.port = self.server.add_insecure_port(f"{host}:{port}")
+            if credentials is None:
+                self.port = self.server.add_insecure_port(f"{host}:{port}")
+            else:
+                self.port = self.server.add_secure_port(f"{host}:{port}", credentials)
         except RuntimeError as exc:  # grpcio reports a failed bind this way
             raise OSError(f"cannot bind OTLP/gRPC on {host}:{port}: address in use? ({exc})") from exc
         if self.port == 0:

@@ -1,10 +1,12 @@
 """OTLP/HTTP: ``POST /v1/traces`` (protobuf or JSON), ``/v1/metrics`` and ``/v1/logs``
-(accepted and dropped), and spanrl's ``POST /spanrl/v1/rollouts/<id>/complete``.
+(accepted and dropped), spanrl's ``POST /spanrl/v1/rollouts/<id>/complete``, ``GET
+/spanrl/v1/health`` and ``GET /spanrl/v1/stats`` (the ingest counters, behind the token).
 
 Started by ``server.py`` on a stdlib ``ThreadingHTTPServer`` (no extra dependency; one thread
 per connection, keep-alive). Follows the OTLP/HTTP spec: the response has the request's
 content type; errors carry a google.rpc.Status body; overload answers 503 with Retry-After;
 gzip request bodies are accepted (and bounded by the message limit after decompression).
+With an SSL context (``tls.py``) the port speaks HTTPS only.
 """
 
 from __future__ import annotations
@@ -12,6 +14,9 @@ from __future__ import annotations
 import json
 import logging
 import math
+import socket
+import ssl
+import sys
 import threading
 import zlib
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -36,6 +41,8 @@ PROTOBUF = "application/x-protobuf"
 JSON = "application/json"
 COMPLETE_PREFIX = "/spanrl/v1/rollouts/"
 COMPLETE_SUFFIX = "/complete"
+STATS_PATH = "/spanrl/v1/stats"
+TLS_HANDSHAKE_TIMEOUT_S = 10.0
 SIGNAL_PATHS = {"/v1/traces": "traces", "/v1/metrics": "metrics", "/v1/logs": "logs"}
 
 
@@ -48,12 +55,28 @@ class _Handler(BaseHTTPRequestHandler):
     server_version = "spanrl-receiver"
     server: _Server
 
+    def setup(self) -> None:
+        if isinstance(self.request, ssl.SSLSocket):
+            # The handshake runs here, in the connection's own thread (not in the accept loop,
+            # where one slow or plaintext client would stall every other); bounded in time.
+            self.request.settimeout(TLS_HANDSHAKE_TIMEOUT_S)
+            self.request.do_handshake()
+            self.request.settimeout(None)
+        super().setup()
+
     def log_message(self, format: str, *args) -> None:  # route the access log to logging
         logger.debug("%s " + format, self.address_string(), *args)
 
     def do_GET(self) -> None:
         if self.path == "/spanrl/v1/health":
             self._send(200, JSON, b'{"status": "ok"}')
+        elif self.path == STATS_PATH:
+            try:
+                self.server.export.check_authorization(self.headers.get("Authorization"))
+            except Exception as exc:
+                self._send(401, JSON, json.dumps({"message": str(exc)}).encode())
+                return
+            self._send(200, JSON, json.dumps(self.server.export.stats()).encode())
         else:
             self._send(404, JSON, b'{"message": "not found"}')
 
@@ -195,17 +218,29 @@ class _Server(ThreadingHTTPServer):
     # socketserver's listen backlog of 5 resets connections when many exporters connect at once
     request_queue_size = 4096  # capped by the kernel's net.core.somaxconn
 
-    def __init__(self, address, export: ExportService, store: SpanStore, max_message_bytes: int) -> None:
+    def __init__(self, address, export: ExportService, store: SpanStore, max_message_bytes: int,
+                 ssl_context: ssl.SSLContext | None = None) -> None:
         self.export = export
         self.store = store
         self.max_message_bytes = max_message_bytes
         super().__init__(address, _Handler)
+        if ssl_context is not None:
+            self.socket = ssl_context.wrap_socket(self.socket, server_side=True, do_handshake_on_connect=False)
+
+    def handle_error(self, request, client_address) -> None:
+        error = sys.exc_info()[1]
+        if isinstance(error, (ssl.SSLError, socket.timeout, ConnectionError)):
+            # a plaintext client on the TLS port, a client that left mid-handshake: its problem
+            logger.info("OTLP/HTTP connection from %s refused: %s", client_address[0], error)
+            return
+        super().handle_error(request, client_address)
 
 
 class HttpExportServer:
-    def __init__(self, export: ExportService, store: SpanStore, host: str, port: int, max_message_bytes: int) -> None:
+    def __init__(self, export: ExportService, store: SpanStore, host: str, port: int, max_message_bytes: int,
+                 ssl_context: ssl.SSLContext | None = None) -> None:
         try:
-            self.server = _Server((host, port), export, store, max_message_bytes)
+            self.server = _Server((host, port), export, store, max_message_bytes, ssl_context)
         except OSError as exc:
             raise OSError(f"cannot bind OTLP/HTTP on {host}:{port}: {exc.strerror or exc}") from exc
         self.port = self.server.server_address[1]

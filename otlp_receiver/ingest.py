@@ -64,6 +64,11 @@ class IngestWriter:
         self._thread = threading.Thread(target=self._run, name="spanrl-ingest-writer", daemon=True)
         self.committed_spans = 0
         self.commits = 0
+        self.overloaded_requests = 0
+
+    @property
+    def pending_bytes(self) -> int:
+        return self._pending_bytes
 
     def start(self) -> None:
         self._thread.start()
@@ -76,9 +81,8 @@ class IngestWriter:
         size = sum(len(r.body) for r in rows)
         pending = _Pending(rows, size)
         with self._cond:
-            if self._stopping:
-                raise Overloaded(self.retry_after_s, self._pending_bytes)
-            if self._pending_bytes and self._pending_bytes + size > self.max_pending_bytes:
+            if self._stopping or (self._pending_bytes and self._pending_bytes + size > self.max_pending_bytes):
+                self.overloaded_requests += 1
                 raise Overloaded(self.retry_after_s, self._pending_bytes)
             self._pending_bytes += size
             self._queue.append(pending)

@@ -58,7 +58,8 @@ def handle(settings: ReceiverSettings) -> int:
     # said once the signals are handled: whoever waits for this line may stop us right away
     print(
         f"spanrl receive: ready, OTLP/gRPC {settings.host}:{server.grpc_port},"
-        f" OTLP/HTTP http://{settings.host}:{server.http_port}, store {settings.db}",
+        f" OTLP/HTTP {'https' if settings.tls else 'http'}://{settings.host}:{server.http_port},"
+        f" store {settings.db}{' (TLS)' if settings.tls else ''}",
         flush=True,
     )
     while not stop.wait(0.5):

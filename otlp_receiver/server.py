@@ -29,6 +29,7 @@ from spanrl.otlp_receiver.settings import ReceiverSettings
 from spanrl.otlp_receiver.span_tree import records_from_bodies
 from spanrl.otlp_receiver.store import SpanStore, StoredSpan, StoreError
 from spanrl.otlp_receiver.store_lock import ReceiverLock
+from spanrl.otlp_receiver.tls import grpc_server_credentials, http_ssl_context
 from spanrl.otlp_receiver.transitions import Rollout
 
 logger = logging.getLogger(__name__)
@@ -158,9 +159,15 @@ class ReceiverServer:
         s = self.settings
         self.writer.start()
         try:
-            self.grpc = GrpcExportServer(self.export, s.host, s.grpc_port, s.workers, s.max_message_bytes)
-            self.http = HttpExportServer(self.export, self.read_store, s.host, s.http_port, s.max_message_bytes)
+            ssl_context = http_ssl_context(s.tls_cert, s.tls_key) if s.tls_cert and s.tls_key else None
+            credentials = grpc_server_credentials(s.tls_cert, s.tls_key) if s.tls_cert and s.tls_key else None
+            self.grpc = GrpcExportServer(self.export, s.host, s.grpc_port, s.workers, s.max_message_bytes,
+                                         credentials)
+            self.http = HttpExportServer(self.export, self.read_store, s.host, s.http_port, s.max_message_bytes,
+                                         ssl_context)
         except Exception:
+            if self.grpc is not None:
+                self.grpc.stop(0)
             self.writer.stop()
             self.write_store.close()
             self.read_store.close()
@@ -171,8 +178,9 @@ class ReceiverServer:
         self.assembler.start()
         self._started = True
         logger.info(
-            "spanrl receiver: OTLP/gRPC on %s:%d, OTLP/HTTP on http://%s:%d, store %s",
-            s.host, self.grpc.port, s.host, self.http.port, s.db,
+            "spanrl receiver: OTLP/gRPC on %s:%d%s, OTLP/HTTP on %s://%s:%d, store %s",
+            s.host, self.grpc.port, " (TLS)" if s.tls else "", "https" if s.tls else "http", s.host,
+            self.http.port, s.db,
         )
         return self
 

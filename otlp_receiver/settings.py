@@ -43,11 +43,18 @@ class ReceiverSettings:
     gamma: float = _setting(1.0, "discount of the discounted credit assignment")
     air_rules: str = _setting("off", "AIR rules: off, default, or a JSON/YAML rules file")
     retokenize_with: str | None = _setting(None, "tokenizer directory allowed to rebuild missing token ids (flagged)")
+    tls_cert: str | None = _setting(
+        None, "PEM certificate (chain) file: serve both ports over TLS (with --tls-key); none = plaintext")
+    tls_key: str | None = _setting(None, "PEM private key file of --tls-cert")
     workers: int = _setting(16, "gRPC worker threads")
     poll_s: float = _setting(0.2, "how often the assembler looks for ended rollouts, seconds")
 
     def __post_init__(self) -> None:
         self.validate()
+
+    @property
+    def tls(self) -> bool:
+        return self.tls_cert is not None
 
     @property
     def max_message_bytes(self) -> int:
@@ -62,6 +69,8 @@ class ReceiverSettings:
             raise SettingError(f"sync must be full, normal or extra, got {self.sync!r}")
         if self.credit not in CREDIT_MODES:
             raise SettingError(f"credit must be identical or discounted, got {self.credit!r}")
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise SettingError("TLS needs both tls_cert and tls_key (PEM files); give both or neither")
         for name in ("max_message_mb", "max_pending_mb", "workers", "poll_s"):
             if getattr(self, name) <= 0:
                 raise SettingError(f"{name} must be positive, got {getattr(self, name)!r}")

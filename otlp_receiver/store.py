@@ -101,6 +101,16 @@ class StoreError(RuntimeError):
     """The store could not be opened or written (locked, disk full, I/O): a retry may pass."""
 
 
+def describe_write_error(exc: sqlite3.Error) -> str:
+    """SQLite's message plus its error name and, for a failed write, what to check."""
+    name = getattr(exc, "sqlite_errorname", "")
+    text = f"{exc} ({name})" if name else str(exc)
+    if name.startswith(("SQLITE_FULL", "SQLITE_IOERR")):
+        text += ("; is the disk full or a file-size limit reached? nothing of this batch was stored;"
+                 " it is refused as retryable until the store can write again")
+    return text
+
+
 @dataclass(frozen=True)
 class RolloutSummary:
     """One row of ``spanrl inspect rollouts``: a rollout, open or assembled."""
@@ -137,6 +147,7 @@ class SpanStore:
             raise StoreError(f"sync must be one of {SYNC_MODES}, got {sync!r}")
         self.path = Path(path)
         self._lock = threading.RLock()
+        self.new_spans = 0  # spans this connection added (a retried span already stored is not counted)
         try:
             self._db = sqlite3.connect(
                 str(self.path), timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None,
@@ -214,6 +225,7 @@ class SpanStore:
         for index, row in enumerate(rows):
             per_rollout.setdefault(row.rollout_id or "", []).append((index, row))
         rejected: list[RejectedSpan] = []
+        added = 0
         try:
             with self._transaction() as db:
                 named = [r for r in per_rollout if r]
@@ -224,12 +236,14 @@ class SpanStore:
                         refuse_late(db, rollout_id, group, rejected)
                         continue
                     stored, inserted = insert_group(db, rollout_id, group, now, rejected)
+                    added += inserted
                     if rollout_id and inserted:
                         count_new_spans(db, rollout_id, stored, inserted, now, pending.get(rollout_id))
                         if rollout_id in pending:
                             db.execute("DELETE FROM pending_completions WHERE rollout_id = ?", (rollout_id,))
         except sqlite3.Error as exc:
-            raise StoreError(f"cannot write {len(rows)} spans to {self.path}: {exc}") from exc
+            raise StoreError(f"cannot write {len(rows)} spans to {self.path}: {describe_write_error(exc)}") from exc
+        self.new_spans += added
         return rejected
 
     def complete_rollout(self, rollout_id: str, now: float | None = None) -> str:

@@ -62,7 +62,7 @@ class _Handler(BaseHTTPRequestHandler):
             raw = self._read_body()
             try:
                 body = json.loads(raw) if raw.strip() else {}
-            except json.JSONDecodeError as exc:
+            except ValueError as exc:  # JSONDecodeError, or UnicodeDecodeError: not UTF-8/16/32 text
                 raise BridgeAPIError(400, f"request body is not JSON: {exc}") from exc
             if not isinstance(body, dict):
                 raise BridgeAPIError(400, "request body must be a JSON object")

@@ -166,7 +166,7 @@ class ReceiverProcess:
             if not line:
                 raise AssertionError("spanrl receive exited early:\n" + "".join(self.output))
             self.output.append(line)
-            match = re.search(r"ready, OTLP/gRPC [\d.]+:(\d+), OTLP/HTTP http://[\d.]+:(\d+)", line)
+            match = re.search(r"ready, OTLP/gRPC [\d.]+:(\d+), OTLP/HTTP https?://[\d.]+:(\d+)", line)
             if match:
                 self.grpc_port, self.http_port = int(match.group(1)), int(match.group(2))
                 break

@@ -116,10 +116,14 @@ def resume_trainer(trainer_class: type[TorchTrainer], checkpoint: str | Path,
 
 
 def list_checkpoints(root: str | Path) -> list[Path]:
-    """Complete checkpoints (``step-NNNNNN`` with a state file) under ``root``, oldest first."""
+    """Complete checkpoints (``step-NNNNNN`` with a state file) under ``root``, oldest first.
+
+    A checkpoint that was being replaced when the process died (renamed to ``.NAME.old-PID``, the
+    new one not yet in place) is put back first, so the newest step is never skipped."""
     root = Path(root)
     if not root.is_dir():
         return []
+    _restore_interrupted_replacements(root)
     found = [p for p in root.iterdir() if p.name.startswith(CHECKPOINT_PREFIX) and (p / STATE_FILE).is_file()]
     return sorted(found, key=lambda p: p.name)
 
@@ -133,3 +137,11 @@ def latest_checkpoint(path: str | Path) -> Path:
     if not found:
         raise FileNotFoundError(f"no complete checkpoint (with {STATE_FILE}) in {path}")
     return found[-1]
+
+
+def _restore_interrupted_replacements(root: Path) -> None:
+    for old in root.glob(f".{CHECKPOINT_PREFIX}*.old-*"):
+        name = old.name[1:].rsplit(".old-", 1)[0]
+        if (old / STATE_FILE).is_file() and not (root / name).exists():
+            logger.warning("checkpoint %s was being replaced when its process died: restored", name)
+            old.rename(root / name)

@@ -1,0 +1,225 @@
+"""The reliability figures of spanrl, each printed on its own line:
+
+- spans sent / acked / stored / lost, with Python and Node.js agents exporting at about twice
+  the receiver's measured capacity (plus the spans clients failed or dropped on their side);
+- faults injected / survived: kill -9 of the receiver mid-stream, the store's disk full, the
+  receiver down for a while, the bridge restarted under running runners, kill -9 of the trainer
+  mid-step;
+- cases fuzzed / crashes: OTLP protobuf and JSON into the receiver, the bridge API, the policy
+  server's API;
+- rollouts lost between runner and bridge at 1, 32 and 256 concurrent agents.
+
+    python bench/reliability.py            # the full run (>= 10^5 fuzz cases; see the time below)
+    python bench/reliability.py --short    # small numbers (CI: tests/reliability/test_bench_short.py)
+
+Time: the fuzzers ran about 70 cases/s (1,700 in 25 s, `--short --only fuzz --fuzz-cases 2000`,
+on a shared, busy 2-core machine), so the full run's 10^5 cases alone take roughly 25 min there
+(an extrapolation; the policy server's cases generate tokens and are slower); the other sections
+take a few minutes. Exits 1 when anything was lost, crashed or not survived. The scenarios live in tests/reliability/
+(``reliability_*.py``), shared with the test suite; this needs the dev extra (hypothesis) and,
+for the Node.js agents, ``npm install`` in tests/node.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import shutil
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tests" / "reliability"))
+
+import reliability_faults as faults  # noqa: E402
+import reliability_fuzz as fuzz  # noqa: E402
+import reliability_overload as overload  # noqa: E402
+from reliability_harness import ReceiverProcess  # noqa: E402
+
+MAX_RSS_GROWTH_MIB = 200  # the receiver's memory under overload: bounded by --max-pending-mb, not by load
+FULL = {"fuzz_protobuf": 40_000, "fuzz_json": 30_000, "fuzz_bridge": 15_000, "fuzz_policy": 15_000,
+        "overload_s": 20.0, "python_agents": 4, "node_agents": 4, "receiver_kills": 5, "disk_full": 2,
+        "receiver_down": 2, "bridge_restarts": 3, "trainer_kills": 3, "agents": (1, 32, 256),
+        "max_pending_mb": "1", "capacity_s": 3.0, "form": "full"}
+SHORT = {"fuzz_protobuf": 40, "fuzz_json": 40, "fuzz_bridge": 40, "fuzz_policy": 0,
+         "overload_s": 1.5, "python_agents": 2, "node_agents": 2, "receiver_kills": 1, "disk_full": 1,
+         "receiver_down": 1, "bridge_restarts": 1, "trainer_kills": 0, "agents": (1, 32, 256),
+         "max_pending_mb": "0.05", "capacity_s": 1.0, "form": "short"}
+
+
+class Figures:
+    def __init__(self) -> None:
+        self.failed = False
+
+    def line(self, text: str, bad: bool = False) -> None:
+        self.failed |= bad
+        print(text, flush=True)
+
+
+def run_spans(figures: Figures, folder: Path, plan: dict) -> None:
+    node = shutil.which("node") if (overload.NODE_DIR / "node_modules").is_dir() else None
+    # a small pending limit: the receiver pushes back (retryable refusals) rather than queueing
+    receiver = ReceiverProcess(folder / "overload.db", "--max-pending-mb", plan["max_pending_mb"]).start()
+    try:
+        report = overload.run_overload(receiver, plan["overload_s"], plan["python_agents"], plan["node_agents"],
+                                       node, capacity_s=plan["capacity_s"])
+    finally:
+        receiver.kill()
+    consistent = report.stored == report.acked - report.rejected_late + report.stored_failed
+    accounted = report.acked + report.failed + report.dropped_by_clients == report.sent
+    figures.line(f"spans: sent {report.sent} / acked {report.acked} / stored {report.stored} / lost {report.lost}",
+                 bad=report.lost != 0 or not consistent or not accounted)
+    for text in report.lines():
+        figures.line(f"  {text}")
+    if report.overloaded_requests == 0:
+        figures.line("  the receiver never pushed back: the load did not exceed its capacity", bad=True)
+    growth = (report.rss_peak_bytes - report.rss_start_bytes) / (1024 * 1024)
+    if growth > MAX_RSS_GROWTH_MIB:
+        figures.line(f"  receiver memory grew {growth:.0f} MiB (> {MAX_RSS_GROWTH_MIB} MiB)", bad=True)
+    if node is None:
+        figures.line("  (no Node.js agents: node or tests/node/node_modules missing)")
+
+
+def run_faults(figures: Figures, folder: Path, plan: dict) -> None:
+    scenarios: list[tuple[str, int, Callable[[int], object]]] = [
+        ("receiver kill -9 mid-stream", plan["receiver_kills"],
+         lambda n: faults.receiver_sigkill_midstream(folder, seed=n)),
+        ("store disk full (RLIMIT_FSIZE)", plan["disk_full"], lambda n: faults.disk_full(_fresh(folder, f"full{n}"))),
+        ("receiver down for a while", plan["receiver_down"],
+         lambda n: faults.receiver_down_for_a_while(_fresh(folder, f"down{n}"))),
+        ("bridge restarted under 32 runners", plan["bridge_restarts"], lambda n: _bridge_restart()),
+    ]
+    if plan["trainer_kills"]:
+        model_dir = faults.tiny_model_dir(_fresh(folder, "model"))
+        scenarios.append(("trainer kill -9 mid-step", plan["trainer_kills"],
+                          lambda n: faults.trainer_kill_rounds(model_dir, _fresh(folder, f"ckpt{n}"), 1, seed=n)))
+    injected = survived = 0
+    details = []
+    for name, times, scenario in scenarios:
+        ok = 0
+        for n in range(times):
+            try:
+                scenario(n)
+                ok += 1
+            except Exception as exc:  # noqa: BLE001 - a fault not survived is a figure, not a stop
+                details.append(f"  {name} #{n}: NOT survived: {type(exc).__name__}: {exc}")
+                traceback.print_exc(file=sys.stderr)
+        injected += times
+        survived += ok
+        details.append(f"  {name}: {ok}/{times}")
+    figures.line(f"faults: injected {injected} / survived {survived}", bad=survived != injected)
+    for text in details:
+        figures.line(text)
+
+
+def _bridge_restart() -> None:
+    result = faults.runner_bridge_round(32, restart_bridge=True)
+    assert result.lost == 0 and not result.client_errors, result
+
+
+def _fresh(folder: Path, name: str) -> Path:
+    path = folder / name
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def run_fuzz(figures: Figures, folder: Path, plan: dict) -> None:
+    from spanrl.otlp_receiver.server import ReceiverServer
+    from spanrl.otlp_receiver.settings import ReceiverSettings
+
+    reports = []
+    settings = ReceiverSettings(grpc_port=0, http_port=0, db=str(folder / "fuzz.db"), sync="normal", grace_s=0.0,
+                                poll_s=0.2, idle_timeout_s=0)
+    with ReceiverServer(settings) as receiver:
+        reports.append(fuzz.fuzz_otlp(receiver, plan["fuzz_protobuf"], "protobuf"))
+        reports.append(fuzz.fuzz_otlp(receiver, plan["fuzz_json"], "json"))
+    reports.append(_fuzz_bridge(plan["fuzz_bridge"]))
+    if plan["fuzz_policy"]:
+        reports.append(_fuzz_policy(folder, plan["fuzz_policy"]))
+    cases = sum(r.cases for r in reports)
+    crashes = sum(len(r.crashes) for r in reports)
+    figures.line(f"fuzz: cases {cases} / crashes {crashes}", bad=crashes != 0)
+    for report in reports:
+        figures.line(f"  {report.target}: cases {report.cases} / crashes {len(report.crashes)}")
+        for crash in report.crashes[:5]:
+            figures.line(f"    {crash}")
+
+
+def _fuzz_bridge(cases: int):
+    from spanrl.trainer_bridge.bridge_api import BridgeAPI, PolicyInfo
+    from spanrl.trainer_bridge.task_dispatch import TaskDispatcher
+
+    dispatcher = TaskDispatcher(rollout_timeout_s=30.0)
+    dispatcher.open_round(0, [(f"t{i}", {"q": i}) for i in range(50)], group_size=2)
+    api = BridgeAPI(dispatcher, PolicyInfo("http://127.0.0.1:9/v1", "policy"), lambda: 1, port=0,
+                    token="fuzz-token").start()
+    try:
+        return fuzz.fuzz_bridge(api, "fuzz-token", cases)
+    finally:
+        dispatcher.close()
+        api.stop()
+
+
+def _fuzz_policy(folder: Path, cases: int):
+    import torch
+
+    from spanrl.trainer_bridge.torch_backend.engine.policy_engine import PolicyEngine
+    from spanrl.trainer_bridge.torch_backend.server.app import serve_in_thread
+
+    torch.set_num_threads(1)
+    model_dir = faults.tiny_model_dir(_fresh(folder, "policy-model"))
+    engine = PolicyEngine.from_pretrained(model_dir, device="cpu", dtype="float32").start()
+    handle = serve_in_thread(engine, "127.0.0.1", 0)
+    try:
+        return fuzz.fuzz_policy_server(handle.port, engine.model_name, cases)
+    finally:
+        handle.stop()
+        engine.stop()
+
+
+def run_runner_bridge(figures: Figures, plan: dict) -> None:
+    for agents in plan["agents"]:
+        result = faults.runner_bridge_round(agents)
+        figures.line(f"runner<->bridge at {agents} concurrent agents: rollouts lost {result.lost} of"
+                     f" {result.attempts} (client errors {len(result.client_errors)}, retries {result.retries})",
+                     bad=result.lost != 0 or bool(result.client_errors))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--short", action="store_true", help="small numbers (CI)")
+    parser.add_argument("--fuzz-cases", type=int, default=None,
+                        help="total fuzz cases, split 40/30/15/15 over protobuf/JSON/bridge/policy server")
+    parser.add_argument("--only", choices=("spans", "faults", "fuzz", "bridge"), action="append",
+                        help="run only these sections (repeatable)")
+    args = parser.parse_args(argv)
+    plan = dict(SHORT if args.short else FULL)
+    if args.fuzz_cases is not None:
+        total = args.fuzz_cases
+        plan.update(fuzz_protobuf=total * 40 // 100, fuzz_json=total * 30 // 100, fuzz_bridge=total * 15 // 100,
+                    fuzz_policy=total * 15 // 100 if plan["fuzz_policy"] else 0)
+    logging.basicConfig(level=logging.ERROR)  # exporters' retry warnings are expected here
+    figures = Figures()
+    sections = set(args.only or ("spans", "faults", "fuzz", "bridge"))
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="spanrl-reliability-") as tmp:
+        folder = Path(tmp)
+        print(f"bench/reliability.py ({plan['form']} form)", flush=True)
+        if "spans" in sections:
+            run_spans(figures, folder, plan)
+        if "faults" in sections:
+            run_faults(figures, folder, plan)
+        if "fuzz" in sections:
+            run_fuzz(figures, folder, plan)
+        if "bridge" in sections:
+            run_runner_bridge(figures, plan)
+    figures.line(f"result: {'FAILED' if figures.failed else 'ok'} in {time.monotonic() - started:.0f} s")
+    return 1 if figures.failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
