@@ -24,15 +24,19 @@ from spanrl.demo import CALC_AGENT, CALC_REWARD, free_port
 TEST_DEVICE = os.environ.get("SPANRL_TEST_DEVICE", "cpu")
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 WARM_START_STEPS = 200  # a weak model: its agent is right on about 0.3 of the tasks (measured)
-STEPS, VAL_EVERY, VAL_TASKS = 6, 3, 16
+STEPS, VAL_EVERY, VAL_TASKS = 8, 4, 16
 
 
 def weak_model(root) -> str:
     """A tiny calculator model after a short warm start on demonstrations."""
+    import torch
+
     from spanrl.examples.calc_agent.demonstrations import curriculum_batches, write_demonstrations
     from spanrl.trainer_bridge.torch_backend.model_init import create_model_dir
     from spanrl.trainer_bridge.torch_backend.trainer import TorchTrainer, TrainerConfig
 
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the receiver, trainer and runner processes come next; a shared machine
     corpus = root / "demonstrations.jsonl"
     write_demonstrations(str(corpus), count=2000, seed=0)
     base = create_model_dir(root / "model-init", preset="tiny", corpus_files=[str(corpus)], seed=0)
@@ -40,6 +44,7 @@ def weak_model(root) -> str:
     trainer.sft_steps(curriculum_batches(WARM_START_STEPS, 32, seed=0), lr=1e-3, max_steps=WARM_START_STEPS,
                       progress=False)
     trainer.save_checkpoint(root / "model-weak")
+    torch.set_num_threads(threads)
     return str(root / "model-weak")
 
 
@@ -71,8 +76,8 @@ def test_sft_from_rollouts_raises_the_reward_and_validation_is_scored_apart(tmp_
     config = tmp_path / "train.yaml"
     config.write_text(json.dumps({
         "tasks": str(tasks), "model": model, "output_dir": str(run_dir), "store": str(db),
-        "reward": CALC_REWARD, "algorithm": "sft", "sft_min_reward": 1.0, "group_size": 4, "tasks_per_step": 8,
-        "steps": STEPS, "learning_rate": 1e-3, "checkpoint_every": 0, "policy_port": 0, "bridge_port": bridge_port,
+        "reward": CALC_REWARD, "algorithm": "sft", "sft_min_reward": 1.0, "group_size": 4, "tasks_per_step": 16,
+        "steps": STEPS, "learning_rate": 5e-4, "checkpoint_every": 0, "policy_port": 0, "bridge_port": bridge_port,
         "device": TEST_DEVICE, "rollout_timeout_s": 60, "report_to": ["tensorboard"], "val_tasks": str(val_tasks),
         "val_every": VAL_EVERY, "val_attempts": 2, "max_empty_steps": 0,
     }))  # JSON is YAML
@@ -111,12 +116,13 @@ def test_sft_from_rollouts_raises_the_reward_and_validation_is_scored_apart(tmp_
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     rewards = [r["reward_mean"] for r in rows]
     assert len(rows) == STEPS, rewards
-    # learning its own rewarded calls raises the weak model's reward
-    assert sum(rewards[-2:]) / 2 > sum(rewards[:2]) / 2 + 0.1, rewards
+    # learning its own rewarded calls raises the weak model's reward (measured once, loaded machine:
+    # 0.36 0.34 0.50 0.56 0.67 0.52 0.72 over the first 7 steps)
+    assert sum(rewards[-3:]) / 3 > sum(rewards[:2]) / 2 + 0.1, rewards
     for row in rows:
         assert row["transitions"] > 0 and row["rollouts_below_sft_min_reward"] < row["rollouts"], row
     validated = [r for r in rows if "val_reward" in r]
-    assert [r["step"] for r in validated] == [3, 6]
+    assert [r["step"] for r in validated] == [VAL_EVERY, STEPS]
     for row in validated:
         assert row["val_rollouts"] == VAL_TASKS * 2 and 0.0 <= row["val_reward"] <= 1.0, row
 
