@@ -35,7 +35,8 @@ def use_sft_loss(workers: Any) -> None:
 
     from verl.workers.utils.losses import sft_loss
 
-    workers.actor.set_loss_fn(partial(sft_loss, config=None))
+    # config=None as verl's sft_trainer_ray passes it: sft_loss never reads its config
+    workers.actor.set_loss_fn(partial(sft_loss, config=None))  # type: ignore[arg-type]
 
 
 def sft_tensordict(data: Any, actor_config: Any) -> Any:
