@@ -33,6 +33,8 @@ def empty_step_reason(row: dict) -> str | None:
         return None
     left_out = row["rollouts_left_out"]
     hints = [LEFT_OUT_HINTS[k] for k in sorted(left_out, key=lambda k: -left_out[k]) if k in LEFT_OUT_HINTS]
+    if row.get("rollouts_below_sft_min_reward"):
+        hints.append("no scored rollout reached sft_min_reward (algorithm: sft learns only those)")
     if row["groups_of_one_dropped"]:
         hints.append("groups with a single usable rollout were dropped (GRPO compares rollouts of one task)")
     counts = ", ".join(f"{k} {v}" for k, v in sorted(left_out.items())) or "none left out"

@@ -1,4 +1,5 @@
-"""Training metrics: ``metrics.jsonl`` (one JSON object per step) and the reward-curve PNG."""
+"""Training metrics: ``metrics.jsonl`` (one JSON object per step) and the reward-curve PNG
+(``reward_mean`` per step, and ``val_reward`` where a validation round scored the held-out tasks)."""
 
 from __future__ import annotations
 
@@ -43,9 +44,15 @@ class MetricsLog:
         steps = [r["step"] for r in self.rows]
         fig, ax = plt.subplots(figsize=(6, 3.5), dpi=100)
         ax.plot(steps, [r["reward_mean"] for r in self.rows], marker="o", label="reward_mean")
-        ax.set_xlabel("GRPO step")
+        validated = [r for r in self.rows if "val_reward" in r]
+        if validated:  # the held-out score, at the steps it was taken
+            ax.plot([r["step"] for r in validated], [r["val_reward"] for r in validated], marker="s",
+                    linestyle="--", label="val_reward")
+            ax.legend(loc="best")
+        ax.set_xlabel("training step")
         ax.set_ylabel("mean reward")
-        ax.set_ylim(-0.05, 1.05) if all(0 <= r["reward_mean"] <= 1 for r in self.rows) else None
+        values = [r["reward_mean"] for r in self.rows] + [r["val_reward"] for r in validated]
+        ax.set_ylim(-0.05, 1.05) if all(0 <= v <= 1 for v in values) else None
         ax.grid(alpha=0.3)
         ax.set_title("spanrl: reward per step")
         fig.tight_layout()

@@ -65,12 +65,14 @@ class TaskDispatcher:
         self._finished = False
         self._last_claim_at: float | None = None  # any round: runners were there then
 
-    def open_round(self, step: int, tasks: list[tuple[str, dict]], group_size: int) -> list[Attempt]:
-        """Queue ``group_size`` attempts of each ``(task_id, task)``; returns them."""
+    def open_round(self, step: int, tasks: list[tuple[str, dict]], group_size: int,
+                   prefix: str = "s") -> list[Attempt]:
+        """Queue ``group_size`` attempts of each ``(task_id, task)``; returns them. Their rollout
+        ids start with ``prefix`` and the step (``v`` marks validation rounds)."""
         attempts = {}
         for task_id, task in tasks:
             for attempt in range(group_size):
-                rollout_id = f"s{step}-{task_id}-a{attempt}-{uuid.uuid4().hex[:8]}"
+                rollout_id = f"{prefix}{step}-{task_id}-a{attempt}-{uuid.uuid4().hex[:8]}"
                 attempts[rollout_id] = Attempt(rollout_id, task_id, attempt, task, step)
         with self._lock:
             self._round = _Round(step, attempts, unclaimed=deque(attempts))

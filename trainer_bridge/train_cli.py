@@ -31,7 +31,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 def train_command(settings: TrainSettings) -> int:
     from .training_loop import run_training
 
-    print(training_summary(run_training(settings)))
+    summary = run_training(settings)
+    if settings.val_only:
+        from .validation import validation_summary
+
+        print(validation_summary(summary["validation"]))
+        return 0
+    print(training_summary(summary))
     return 0
 
 

@@ -124,6 +124,27 @@ class TrainSettings:
         default=30.0, metadata={"help": "say 'waiting for runners' (and the URL to give `spanrl run`) when "
                                 "no runner claimed a task for this long, seconds (0 = never)"}
     )
+    algorithm: str = field(
+        default="grpo",
+        metadata={"help": "'grpo' (RL on group advantages) or 'sft' (rejection-sampling fine-tuning: learn the "
+                  "calls of rollouts rewarded at least sft_min_reward, by plain NLL)"},
+    )
+    sft_min_reward: float = field(
+        default=1.0, metadata={"help": "with algorithm sft, learn only rollouts whose reward is at least this"}
+    )
+    val_tasks: str = field(
+        default="", metadata={"help": "held-out task file (JSONL, as tasks) scored every val_every steps as "
+                              "val_reward; its rollouts are never trained on (empty = no validation)"}
+    )
+    val_every: int = field(
+        default=5, metadata={"help": "validate after every N-th step and after the last one"}
+    )
+    val_attempts: int = field(default=1, metadata={"help": "attempts per validation task"})
+    val_only: bool = field(
+        default=False,
+        metadata={"help": "score val_tasks with the model (or, with --resume, the run's newest checkpoint), "
+                  "print val_reward and exit: no training"},
+    )
     trainer: TrainerConfig = field(
         default_factory=TrainerConfig,
         metadata={"help": "the torch trainer (learning_rate, loss_agg_mode, kl_coef, device, seed and "
@@ -154,8 +175,14 @@ class TrainSettings:
             raise SettingError(f"unknown backend {self.backend!r}; use 'torch' or 'verl'")
         if self.reward != "events" and ":" not in self.reward:
             raise SettingError(f"reward must be 'events' or 'module:function', got {self.reward!r}")
-        if self.group_size < 2:
+        if self.algorithm not in ("grpo", "sft"):
+            raise SettingError(f"algorithm must be 'grpo' or 'sft', got {self.algorithm!r}")
+        if self.group_size < (2 if self.algorithm == "grpo" else 1):
             raise SettingError("group_size must be at least 2: GRPO needs a group to compare")
+        if self.val_every < 1 or self.val_attempts < 1:
+            raise SettingError("val_every and val_attempts must be at least 1")
+        if self.val_only and not self.val_tasks:
+            raise SettingError("--val-only scores the held-out tasks: give val_tasks (a task JSONL file)")
         if self.advantage_level not in ("rollout", "transition"):
             raise SettingError("advantage_level must be 'rollout' or 'transition'")
         if self.loss_weighting not in ("token", "rollout"):

@@ -31,6 +31,7 @@ from spanrl.otlp_receiver import trained_rewards
 
 from .backend import PolicyBackend, TrainingSample, check_backend, make_backend
 from .empty_steps import NothingToTrain, empty_step_reason
+from .rejection_sampling import sft_samples, sft_update
 from .samples import trained_rollout, training_samples
 from .task_dispatch import Attempt, Outcome, TaskDispatcher, task_id_of
 from .train_settings import TrainSettings
@@ -210,15 +211,22 @@ class TrainingLoop:
         rollout_seconds = time.monotonic() - started
         transition_returns = (self.settings.advantage_level == "transition" and self.reward_fn is None
                               and self.settings.trust_agent_rewards)  # returns include the agent's rewards
-        samples, dropped = training_samples(
-            report.scored, self.settings.advantage_level, self.settings.norm_adv_by_std,
-            transition_returns=transition_returns,
-            loss_weighting=self.settings.loss_weighting,
-        )
-        stats = backend.update(samples).as_metrics() if samples else {}
+        rejected: set[str] = set()
+        if self.settings.algorithm == "sft":  # rejection sampling: learn the good rollouts' calls (NLL)
+            samples, rejected = sft_samples(report.scored, self.settings.sft_min_reward)
+            dropped: set[str] = set()
+            stats = sft_update(backend, samples) if samples else {}
+            stats["rollouts_below_sft_min_reward"] = len(rejected)
+        else:
+            samples, dropped = training_samples(
+                report.scored, self.settings.advantage_level, self.settings.norm_adv_by_std,
+                transition_returns=transition_returns,
+                loss_weighting=self.settings.loss_weighting,
+            )
+            stats = backend.update(samples).as_metrics() if samples else {}
         try:
             trained_rewards.record(self.settings.store, [
-                trained_rollout(step + 1, item, transition_returns, item.attempt.rollout_id not in dropped)
+                trained_rollout(step + 1, item, transition_returns, item.attempt.rollout_id not in dropped | rejected)
                 for item in report.scored
             ])
         except sqlite3.Error as exc:  # what inspect shows must not stop training
@@ -289,6 +297,10 @@ def run_training(settings: TrainSettings, show_progress: bool = True) -> dict:
     from .start_checks import check_before_start, wait_for_receiver
     from .trackers import flat_config, open_trackers
 
+    if settings.val_only:
+        from .validation import run_validation_only
+
+        return {"validation": run_validation_only(settings)}
     check_before_start(settings)
     check_backend(settings)  # e.g. verl not installed: say so before any waiting
     checkpoints = settings.trainer.checkpoint_dir or os.path.join(settings.output_dir, "checkpoints")
@@ -297,6 +309,9 @@ def run_training(settings: TrainSettings, show_progress: bool = True) -> dict:
 
     settings = warm_start_before_training(settings, progress=show_progress)  # model: the warm one
     loop = TrainingLoop(settings)
+    from .validation import Validator
+
+    validator = Validator(settings) if settings.val_tasks else None
     wait_for_receiver(settings.store, settings.receiver_wait_s)
     with ExitStack() as cleanup:  # whatever started is stopped, also when start-up fails
         trackers = open_trackers(settings.report_to, settings.output_dir, flat_config(settings),
@@ -333,6 +348,8 @@ def run_training(settings: TrainSettings, show_progress: bool = True) -> dict:
                 on_wait=lambda done, total: bar.set_postfix_str(f"rollouts {done}/{total}"),
                 on_idle=waiting_for_runners,
             )
+            if validator is not None and validator.due(step):  # held-out score: never trained on
+                row.update(validator.run(loop, step + 1, backend, on_idle=waiting_for_runners).as_metrics())
             metrics.append(row)
             metrics.plot()
             trackers.log(row)

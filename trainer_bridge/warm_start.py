@@ -108,6 +108,7 @@ def choose_rollouts(config: WarmStartConfig) -> ChosenRollouts:
     from spanrl.otlp_receiver.store import SpanStore
 
     from .training_loop import load_reward_function, load_tasks
+    from .validation import is_validation_rollout
 
     if not os.path.isfile(config.store):
         raise UserError(f"store {config.store!r} not found: give the SQLite file `spanrl receive --db` wrote")
@@ -117,8 +118,8 @@ def choose_rollouts(config: WarmStartConfig) -> ChosenRollouts:
         rollouts, _ = store.completed_rollouts(since=0)
     scored: list[tuple[float, Any]] = []
     for rollout in rollouts:
-        if rollout.status != "ok" or not rollout.transitions:
-            continue
+        if rollout.status != "ok" or not rollout.transitions or is_validation_rollout(rollout.rollout_id):
+            continue  # validation rollouts are held out: never learned
         if reward_fn is None:
             score = rollout.total_reward
         elif rollout.task_id in tasks:

@@ -54,6 +54,17 @@ class TorchBackend:
             grad_norm=stats["grad_norm"], seconds=stats["seconds"], details=stats,
         )
 
+    def sft_update(self, samples: Sequence[TrainingSample]) -> UpdateStats:
+        """One supervised (NLL) update on ``samples``' responses (``algorithm: sft``), published."""
+        from spanrl.trainer_bridge.torch_backend.sft_update import sft_step
+
+        stats = sft_step(self.trainer, samples)
+        self.engine.swap_weights(self.trainer.policy_state_dict(), self.trainer.policy_version)
+        return UpdateStats(
+            policy_version=self.trainer.policy_version, step=self.trainer.step, loss=stats["loss"],
+            grad_norm=stats["grad_norm"], seconds=stats["seconds"], details=stats,
+        )
+
     def save_checkpoint(self, root: str) -> str:
         return str(self.trainer.save_checkpoint(os.path.join(root, checkpoint_name(self.trainer.step))))
 

@@ -60,6 +60,7 @@ class VerlBackend:
         self.tokenizer = tokenizer
         self._policy_version = policy_version
         self.step = step
+        self._sft_loss_set = False  # the actor's loss is verl's sft_loss (algorithm: sft) once set
         gateway.set_policy_version(policy_version)
 
     @property
@@ -82,6 +83,16 @@ class VerlBackend:
                                 max_response_length=verl.max_response_length, temperature=verl.temperature)
 
     def update(self, samples: Sequence[TrainingSample]) -> UpdateStats:
+        if self._sft_loss_set:
+            raise UserError("this verl backend trains with the SFT loss (algorithm: sft); a GRPO update needs a "
+                            "fresh backend")
+        return self._update(samples, sft=False)
+
+    def sft_update(self, samples: Sequence[TrainingSample]) -> UpdateStats:
+        """One supervised (NLL) update with verl's ``sft_loss`` (``sft_update.py``), published."""
+        return self._update(samples, sft=True)
+
+    def _update(self, samples: Sequence[TrainingSample], sft: bool) -> UpdateStats:
         started = time.perf_counter()
         batch = self._batch(samples)
         data = pad_to_multiple(batch.data, self.workers.data_parallel_size)
@@ -89,7 +100,7 @@ class VerlBackend:
 
         self.gateway.pause()
         try:
-            metrics = self._train_and_sync(data, timings)
+            metrics = self._train_and_sync(data, timings, sft)
         except Exception as exc:
             if type(exc).__module__.startswith("ray."):  # a worker or replica died: say so, do not hang
                 raise VerlWorkerFailed(f"verl backend: a worker or vLLM replica failed during update "
@@ -104,18 +115,28 @@ class VerlBackend:
         seconds = time.perf_counter() - started
         details = {**metrics, **timings, "dropped_overlong": float(batch.dropped_overlong),
                    "samples": float(len(samples) - batch.dropped_overlong - batch.dropped_empty)}
-        return UpdateStats(policy_version=self._policy_version, step=self.step, loss=float(metrics.get("pg_loss", 0.0)),
+        loss = metrics.get("loss", 0.0) if sft else metrics.get("pg_loss", 0.0)
+        return UpdateStats(policy_version=self._policy_version, step=self.step, loss=float(loss),
                            grad_norm=float(metrics.get("grad_norm", 0.0)), seconds=seconds, details=details)
 
-    def _train_and_sync(self, data: Any, timings: dict[str, float]) -> dict[str, float]:
-        """Old log-probs, verl's actor update and the weight sync, replicas asleep meanwhile;
-        the update's metrics."""
+    def _train_and_sync(self, data: Any, timings: dict[str, float], sft: bool = False) -> dict[str, float]:
+        """Old log-probs, verl's actor update (or its SFT step) and the weight sync, replicas
+        asleep meanwhile; the update's metrics."""
         self.workers.checkpoints.sleep_replicas()
-        mark = time.perf_counter()
-        data = self._add_log_probs(data)
-        timings["old_log_prob_s"] = time.perf_counter() - mark
-        mark = time.perf_counter()
-        metrics = self._update_actor(data)
+        if sft:
+            from .sft_update import sft_actor_update, use_sft_loss
+
+            if not self._sft_loss_set:
+                use_sft_loss(self.workers)
+                self._sft_loss_set = True
+            mark = time.perf_counter()
+            metrics = sft_actor_update(self.workers, data)
+        else:
+            mark = time.perf_counter()
+            data = self._add_log_probs(data)
+            timings["old_log_prob_s"] = time.perf_counter() - mark
+            mark = time.perf_counter()
+            metrics = self._update_actor(data)
         timings["update_s"] = time.perf_counter() - mark
         mark = time.perf_counter()
         self.workers.sync_weights(self._policy_version + 1)

@@ -1,0 +1,147 @@
+"""Validation: a held-out task file scored through the same runners, never trained on.
+
+``spanrl train`` with ``val_tasks`` opens, after every ``val_every``-th step and after the
+last one, a validation round: each held-out task ``val_attempts`` times, handed to the same
+runners over the same bridge, served by the policy the step just published. The round's
+rollouts are collected and scored exactly as training rollouts are
+(``TrainingLoop.collect``), but they go into no update: their mean score is ``val_reward``
+in that step's metrics row (and so in the plot and the trackers). Their rollout ids start with
+``VALIDATION_PREFIX`` so the store keeps them apart (``spanrl sft --store`` skips them).
+
+``spanrl train --val-only`` (``run_validation_only``) starts the backend on the model (or,
+with ``--resume``, on the run's newest checkpoint), runs one validation round and returns
+its result: no training, no metrics.jsonl. Called by ``training_loop.run_training``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .backend import PolicyBackend
+    from .train_settings import TrainSettings
+    from .training_loop import TrainingLoop
+
+logger = logging.getLogger(__name__)
+
+VALIDATION_PREFIX = "v"  # rollout ids of validation rounds: v<step>-<task>-a<n>-<uuid>
+RESULT_FILE = "validation.json"  # written by --val-only into output_dir
+
+
+def is_validation_rollout(rollout_id: str) -> bool:
+    """Whether ``rollout_id`` was made by a validation round (training ids start with ``s``)."""
+    return rollout_id.startswith(VALIDATION_PREFIX) and rollout_id[1:2].isdigit()
+
+
+@dataclass(frozen=True)
+class ValidationResult:
+    """One validation round: the mean score of its scored rollouts and what was left out."""
+
+    step: int
+    policy_version: int
+    val_reward: float | None  # None when no rollout could be scored
+    rollouts: int
+    rollouts_scored: int
+    left_out: dict[str, int]
+    seconds: float
+
+    def as_metrics(self) -> dict[str, Any]:
+        """The keys a metrics row takes (``val_reward`` only when there was a score)."""
+        row: dict[str, Any] = {"val_rollouts": self.rollouts, "val_rollouts_scored": self.rollouts_scored,
+                               "val_seconds": self.seconds}
+        if self.val_reward is not None:
+            row["val_reward"] = self.val_reward
+        if self.left_out:
+            row["val_rollouts_left_out"] = dict(self.left_out)
+        return row
+
+
+class Validator:
+    """The held-out tasks of ``settings.val_tasks`` and when to score them."""
+
+    def __init__(self, settings: TrainSettings) -> None:
+        from .training_loop import load_tasks
+
+        self.settings = settings
+        self.tasks = load_tasks(settings.val_tasks)
+
+    def due(self, step: int) -> bool:
+        """After step ``step`` (0-based), is a validation round due?"""
+        done = step + 1
+        return done % self.settings.val_every == 0 or done == self.settings.steps
+
+    def run(self, loop: TrainingLoop, steps_done: int, backend: PolicyBackend,
+            on_idle: Callable[[float, int], None] | None = None) -> ValidationResult:
+        """One validation round through ``loop``'s dispatcher and store after ``steps_done``
+        updates; nothing is trained."""
+        started = time.monotonic()
+        attempts = loop.dispatcher.open_round(steps_done, self.tasks, self.settings.val_attempts,
+                                              prefix=VALIDATION_PREFIX)
+        outcomes = loop.dispatcher.wait_round(on_idle=on_idle, idle_after_s=self.settings.runner_wait_warn_s)
+        report = loop.collect(attempts, outcomes)
+        scores = [item.score for item in report.scored]
+        result = ValidationResult(
+            step=steps_done, policy_version=backend.policy_version,
+            val_reward=sum(scores) / len(scores) if scores else None, rollouts=len(attempts),
+            rollouts_scored=len(scores), left_out=dict(Counter(report.left_out)),
+            seconds=time.monotonic() - started,
+        )
+        logger.info("validation after step %d (policy version %d): val_reward %s over %d of %d rollouts",
+                    result.step, result.policy_version, result.val_reward, len(scores), len(attempts))
+        return result
+
+
+def run_validation_only(settings: TrainSettings) -> ValidationResult:
+    """``spanrl train --val-only``: score ``val_tasks`` once with the policy the backend loads
+    (``model``, or the newest checkpoint under ``output_dir`` with ``resume``) and write
+    ``output_dir/validation.json``."""
+    from contextlib import ExitStack
+
+    from .backend import check_backend, make_backend
+    from .bridge_api import BridgeAPI, PolicyInfo
+    from .start_checks import check_before_start, wait_for_receiver
+    from .training_loop import TrainingLoop
+
+    check_before_start(settings)
+    check_backend(settings)
+    checkpoints = settings.trainer.checkpoint_dir or os.path.join(settings.output_dir, "checkpoints")
+    loop = TrainingLoop(settings)
+    validator = Validator(settings)
+    wait_for_receiver(settings.store, settings.receiver_wait_s)
+    with ExitStack() as cleanup:
+        backend = make_backend(settings, checkpoints)
+        cleanup.callback(backend.close)
+        api = BridgeAPI(
+            loop.dispatcher, PolicyInfo(backend.endpoint_url, settings.policy_model_name),
+            lambda: backend.policy_version, settings.bridge_host, settings.bridge_port, settings.bridge_token,
+        ).start()
+        cleanup.callback(api.stop)
+        cleanup.callback(time.sleep, 1.0)  # runners hear "finished" (410) before the API goes away
+        cleanup.callback(loop.dispatcher.close)
+        logger.info("validation only: policy endpoint %s, task API %s (give it to `spanrl run` as bridge_url)",
+                    backend.endpoint_url, api.url)
+
+        def waiting_for_runners(idle_s: float, unclaimed: int) -> None:
+            logger.warning("waiting for runners: no runner has claimed a task for %.0f s (%d attempts wait); "
+                           "start `spanrl run RUN.yaml` with bridge_url: %s", idle_s, unclaimed, api.url)
+
+        result = validator.run(loop, backend.policy_version, backend, on_idle=waiting_for_runners)
+    os.makedirs(settings.output_dir, exist_ok=True)
+    with open(os.path.join(settings.output_dir, RESULT_FILE), "w", encoding="utf-8") as f:
+        json.dump({**asdict(result), "model": settings.model, "val_tasks": settings.val_tasks}, f, indent=2)
+    return result
+
+
+def validation_summary(result: ValidationResult) -> str:
+    """What ``spanrl train --val-only`` prints."""
+    score = "none (no rollout could be scored)" if result.val_reward is None else f"{result.val_reward:.4f}"
+    left = ", ".join(f"{k} {v}" for k, v in sorted(result.left_out.items()))
+    return (f"spanrl train --val-only: val_reward {score} over {result.rollouts_scored} of {result.rollouts} "
+            f"rollouts (policy version {result.policy_version})" + (f"; left out: {left}" if left else ""))
