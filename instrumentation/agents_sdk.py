@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Collection
-from typing import Any
+from typing import Any, cast
 
 from opentelemetry import context as context_api
 from opentelemetry import trace as trace_api
@@ -56,7 +56,7 @@ class AgentSpanBridge:
         self._open[span.span_id] = (otel_span, token)
 
     def on_span_end(self, span: Any) -> None:
-        opened = self._open.pop(getattr(span, "span_id", None), None)
+        opened = self._open.pop(span.span_id, None)
         if opened is None:
             return
         otel_span, token = opened
@@ -100,11 +100,11 @@ def register_bridge(tracer_provider: trace_api.TracerProvider | None = None) -> 
         default = default_processor()
         set_trace_processors([p for p in registered if p is not default] + [bridge])
     else:  # a provider whose processors cannot be read: leave them, add the bridge
-        add_trace_processor(bridge)
+        add_trace_processor(cast(Any, bridge))  # duck-typed TracingProcessor
     return bridge
 
 
-class SpanrlAgentsSDKInstrumentor(BaseInstrumentor):  # type: ignore[misc]
+class SpanrlAgentsSDKInstrumentor(BaseInstrumentor):
     """Registers the bridge once the program imports the Agents SDK."""
 
     def instrumentation_dependencies(self) -> Collection[str]:
