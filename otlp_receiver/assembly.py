@@ -11,9 +11,9 @@ LangChain LLM span with the OpenAI span under it: an LLM span with LLM spans bel
 wrapper and is dropped, unless it alone carries token ids, then the spans below it are the
 duplicates; a framework LLM span that is not an ancestor of the SDK span of the same call, as
 openinference's LangChain tracer makes them, is merged into it when the SDK span lies in its
-time window with the same output text; the policy endpoint's own span of a call is merged with the
-agent side's by response id, ``endpoint_spans``); attach rewards and AIR rewards to calls by structure, never by timing; one
-transition per call and choice, in call start order; credit assignment; variables.
+time window with the same output text; the policy endpoint's own span of a call is merged with
+the agent side's by response id, ``endpoint_spans``); attach rewards and AIR rewards to calls by
+structure, never by timing; one transition per call and choice, in call start order; credit assignment; variables.
 
 Which call a span's reward (or AIR signal) judges, ``call_for_span``:
 1. the span is a call -> that call;

@@ -24,13 +24,13 @@ from fastapi import Depends, FastAPI, Request
 from spanrl.instrumentation import semconv
 from spanrl.trainer_bridge.endpoint_spans import EndpointSpans
 from spanrl.trainer_bridge.torch_backend.server import chat_completions, completions, models, policy, responses
+from spanrl.trainer_bridge.torch_backend.server.call_spans import CallSpanMiddleware
 from spanrl.trainer_bridge.torch_backend.server.errors import (
     AuthenticationError,
     RequestTooLarge,
     error_response,
     install_error_handlers,
 )
-from spanrl.trainer_bridge.torch_backend.server.call_spans import CallSpanMiddleware
 from spanrl.trainer_bridge.torch_backend.server.serving import ServedEngine, ServerState
 
 if TYPE_CHECKING:  # this module runs in the torch-free API process too (api_process.py)
