@@ -224,8 +224,8 @@ class EndpointSpans:
             built.wait(timeout_s)
         return self.provider.force_flush(int(timeout_s * 1000))
 
-    def shutdown(self) -> None:
-        self.flush()
+    def shutdown(self, timeout_s: float = 5.0) -> None:
+        self.flush(timeout_s)
         self._queue.put(None)
         self.provider.shutdown()
 
