@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -25,7 +26,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from spanrl.demo import free_port
+from spanrl.demo import free_port, wait_for_port
 from spanrl.exporter.in_process import span_exporter
 from spanrl.exporter.span_processor import install_identity_processor
 from spanrl.instrumentation import rollout, semconv
@@ -74,24 +75,30 @@ def wait_assembled(store: SpanStore, rollout_id: str, timeout_s: float = 20.0):
     raise AssertionError(f"rollout {rollout_id} was not assembled within {timeout_s} s")
 
 
-def test_a_raw_httpx_agent_trains_from_the_endpoints_spans(span_emitting_server, receiver):
-    engine = span_emitting_server.engine
+def run_raw_agent_in_a_rollout(base_url: str, receiver, rollout_id: str, flush) -> list[str]:
+    """The raw httpx agent inside a rollout of this process (its root span exported to ``receiver``)."""
     provider = TracerProvider()
     install_identity_processor(provider)
     provider.add_span_processor(SimpleSpanProcessor(span_exporter(receiver["grpc"], "grpc", {})))
     propagator = CompositePropagator([TraceContextTextMapPropagator(), W3CBaggagePropagator()])
-    with rollout("task-raw", attempt=2, rollout_id="raw-httpx-rollout", tracer_provider=provider):
+    with rollout("task-raw", attempt=2, rollout_id=rollout_id, tracer_provider=provider):
         headers: dict[str, str] = {}
         propagator.inject(headers)  # what OTel's generic HTTP instrumentation puts on a request
         env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "OPENAI_"))}
-        env.update(OPENAI_BASE_URL=span_emitting_server.base_url, OPENAI_MODEL="policy",
-                   TRACE_HEADERS=json.dumps(headers), ROLLOUT_ID="raw-httpx-rollout")
+        env.update(OPENAI_BASE_URL=base_url, OPENAI_MODEL="policy", TRACE_HEADERS=json.dumps(headers),
+                   ROLLOUT_ID=rollout_id)
         result = subprocess.run([sys.executable, str(AGENTS / "raw_httpx_agent.py")], env=env,
                                 capture_output=True, text=True, timeout=120)
         assert result.returncode == 0, result.stderr[-3000:]
-        assert endpoint_spans_of(span_emitting_server).flush()
+        flush()  # the endpoint's spans are exported before the rollout ends
     provider.shutdown()
-    replies = json.loads(result.stdout.strip().splitlines()[-1])
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def test_a_raw_httpx_agent_trains_from_the_endpoints_spans(span_emitting_server, receiver):
+    engine = span_emitting_server.engine
+    replies = run_raw_agent_in_a_rollout(span_emitting_server.base_url, receiver, "raw-httpx-rollout",
+                                         lambda: endpoint_spans_of(span_emitting_server).flush())
     assert len(replies) == len(engine.jobs) == 3
 
     store = SpanStore(receiver["db"])
@@ -154,3 +161,66 @@ def test_an_instrumented_sdk_agent_served_by_a_span_emitting_endpoint_keeps_one_
     # ... and the agent side's span of each call stayed the call (where its structure is)
     kept = {t.span_id for t in assembled.transitions}
     assert not kept & {r.key for r in endpoint_spans}
+
+
+NODE_DIR = Path(__file__).resolve().parents[1] / "node"
+
+
+def test_a_nodejs_agent_with_only_otel_http_instrumentation_trains(span_emitting_server, receiver):
+    node = shutil.which("node")
+    assert node, "node is not installed: this test needs Node.js >= 18"
+    assert (NODE_DIR / "node_modules" / "openai").is_dir(), f"run `npm install` in {NODE_DIR} (.ci/run does)"
+    engine = span_emitting_server.engine
+    result = subprocess.run([node, "agent_via_endpoint.js", receiver["grpc"], span_emitting_server.base_url,
+                             "policy", "node-endpoint-rollout"], cwd=NODE_DIR, capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert endpoint_spans_of(span_emitting_server).flush()
+    replies = json.loads(result.stdout.strip().splitlines()[-1])
+    assert len(replies) == len(engine.jobs) == 3
+    store = SpanStore(receiver["db"])
+    try:
+        assembled = wait_assembled(store, "node-endpoint-rollout")
+    finally:
+        store.close()
+    assert [(t.prompt_token_ids, t.response_token_ids) for t in assembled.transitions] == served_ids(engine)
+    assert assembled.task_id == "node-task"
+    records = {r.key: r for r in _stored_records(receiver["db"], "node-endpoint-rollout")}
+    for transition in assembled.transitions:
+        call = records[transition.span_id]
+        assert call.attributes[semconv.LLM_SOURCE] == semconv.LLM_SOURCE_ENDPOINT
+        assert call.parent is not None and call.parent.name != semconv.ROLLOUT_SPAN_NAME  # the Node HTTP client span
+        assert call.parent.parent is not None and call.parent.parent.name == semconv.ROLLOUT_SPAN_NAME
+
+
+def test_spanrl_serve_with_spans_endpoint_gives_a_raw_agent_its_transitions(tmp_path, receiver):
+    """The CLI: ``spanrl serve --spans-endpoint`` (HTTP in its child process) exports the spans."""
+    from transformers import AutoTokenizer
+
+    from spanrl.trainer_bridge.torch_backend.server import chat_format
+
+    model_dir = create_model_dir(tmp_path / "policy", preset="tiny", seed=0)
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    process = subprocess.Popen([sys.executable, "-m", "spanrl", "serve", str(model_dir), "--port", str(port),
+                                "--spans-endpoint", receiver["grpc"], "--device", TEST_DEVICE], env=env,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for_port(port, process, "spanrl serve", timeout_s=120)
+        replies = run_raw_agent_in_a_rollout(f"http://127.0.0.1:{port}/v1", receiver, "serve-cli-rollout",
+                                             lambda: time.sleep(1.5))  # > the spans' 0.5 s export delay
+    finally:
+        process.terminate()
+        process.communicate(timeout=30)
+    store = SpanStore(receiver["db"])
+    try:
+        assembled = wait_assembled(store, "serve-cli-rollout")
+    finally:
+        store.close()
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    transitions = assembled.transitions
+    assert len(transitions) == 3
+    assert list(transitions[0].prompt_token_ids) == chat_format.encode_chat(
+        tokenizer, [{"role": "user", "content": "What is 2 + 3?"}])
+    assert list(transitions[2].prompt_token_ids) == chat_format.encode_text(tokenizer, "CALC 4+4")
+    assert tokenizer.decode(list(transitions[2].response_token_ids)) == replies[2]
