@@ -105,8 +105,8 @@ class _Calls:
         # Positions for call_for_span include merged framework spans, so a signal that lands
         # on or after one of them is routed to the SDK call it merged into.
         self.merged_into = self._unnested_duplicates(kept)
-        for key, call in same_call_by_response_id(kept, self.merged_into).items():  # the endpoint's own span
-            self.merged_into.setdefault(key, call)
+        for key, same_call in same_call_by_response_id(kept, self.merged_into).items():  # the endpoint's span
+            self.merged_into.setdefault(key, same_call)
         self.duplicates += len(self.merged_into)
         self.kept = [r for r in kept if r.key not in self.merged_into]
         self._index = kept
