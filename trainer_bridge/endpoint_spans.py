@@ -15,7 +15,8 @@ Where spans go (``spans_target``): the setting (``spanrl serve --spans-endpoint`
 / ``OTEL_EXPORTER_OTLP_ENDPOINT``; nothing configured, or ``OTEL_SDK_DISABLED=true``: no spans.
 Protocol from ``OTEL_EXPORTER_OTLP_TRACES_PROTOCOL`` / ``OTEL_EXPORTER_OTLP_PROTOCOL`` (default
 ``grpc``). Serving never waits for spans: a request hands its ``ServedCall`` to a queue; one
-thread builds the spans, the SDK's batch processor exports them; a failed export is logged once.
+thread builds the spans, the SDK's batch processor exports them; a failed export is logged once
+(the OTLP exporters' own per-retry lines are kept back in this process).
 """
 
 from __future__ import annotations
@@ -113,17 +114,41 @@ class ServedCall:
     error: str | None = None
 
 
+# The OTLP exporters log every retry and failure themselves; in a serving process that is a line
+# per batch while the receiver is down. Their records are kept back and the last one is quoted
+# in the one warning ``_ExportFailuresLoggedOnce`` gives.
+EXPORTER_LOGGERS = ("opentelemetry.exporter.otlp.proto.grpc.exporter",
+                    "opentelemetry.exporter.otlp.proto.http.trace_exporter")
+
+
+class _LastExporterMessage(logging.Filter):
+    def __init__(self) -> None:
+        super().__init__()
+        self.message: str | None = None
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        self.message = record.getMessage()
+        return False
+
+
+_exporter_messages = _LastExporterMessage()
+
+
 class _ExportFailuresLoggedOnce(SpanExporter):
     """The OTLP exporter, its failures logged once (serving goes on whatever the receiver does)."""
 
     def __init__(self, exporter: SpanExporter, target: str) -> None:
         self._exporter, self._target = exporter, target
         self._warned = False
+        for name in EXPORTER_LOGGERS:
+            exporter_logger = logging.getLogger(name)
+            if _exporter_messages not in exporter_logger.filters:
+                exporter_logger.addFilter(_exporter_messages)
 
     def export(self, spans: Sequence[Any]) -> SpanExportResult:
         try:
             result = self._exporter.export(spans)
-            reason = "the exporter reported a failure"
+            reason = _exporter_messages.message or "the exporter reported a failure"
         except Exception as exc:  # noqa: BLE001 - never let the receiver break the endpoint
             result, reason = SpanExportResult.FAILURE, f"{type(exc).__name__}: {exc}"
         if result is not SpanExportResult.SUCCESS and not self._warned:

@@ -224,3 +224,25 @@ def test_spanrl_serve_with_spans_endpoint_gives_a_raw_agent_its_transitions(tmp_
         tokenizer, [{"role": "user", "content": "What is 2 + 3?"}])
     assert list(transitions[2].prompt_token_ids) == chat_format.encode_text(tokenizer, "CALC 4+4")
     assert tokenizer.decode(list(transitions[2].response_token_ids)) == replies[2]
+
+
+def test_a_receiver_that_is_down_never_breaks_serving_and_is_said_once(tmp_path, monkeypatch, caplog):
+    import httpx
+
+    monkeypatch.setenv(SPANS_ENDPOINT_ENV, f"http://127.0.0.1:{free_port()}")  # nothing listens there
+    model_dir = create_model_dir(tmp_path / "model", preset="tiny", seed=0)
+    engine = RecordingPolicyEngine.from_pretrained(model_dir, device=TEST_DEVICE, model_name="policy")
+    server = serve_in_thread(engine, port=free_port())
+    try:
+        with caplog.at_level("WARNING"), httpx.Client(timeout=60) as client:
+            for question in ("What is 1 + 1?", "What is 2 + 2?", "What is 3 + 3?"):
+                reply = client.post(f"{server.base_url}/chat/completions", headers={
+                    semconv.ROLLOUT_ID_HEADER: "lost"}, json={"model": "policy", "max_tokens": 4, "messages": [
+                        {"role": "user", "content": question}]})
+                assert reply.status_code == 200
+                endpoint_spans_of(server).flush(timeout_s=10)  # one failed export per call
+    finally:
+        server.stop()
+    warnings = [r.getMessage() for r in caplog.records if "could not export its LLM spans" in r.getMessage()]
+    assert len(warnings) == 1 and "said once" in warnings[0], warnings
+    assert not [r for r in caplog.records if r.name.startswith("opentelemetry.exporter")]
