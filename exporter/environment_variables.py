@@ -3,8 +3,12 @@
 Registered as the ``opentelemetry_environment_variables`` entry point, so each constant also
 becomes an ``opentelemetry-instrument`` flag: ``OTEL_SPANRL_REQUEST_TOKEN_IDS`` can be given as
 ``opentelemetry-instrument --spanrl_request_token_ids false python agent.py``.
-Only constants that start with ``OTEL_`` belong here (the CLI turns each into a flag).
+Only constants that start with ``OTEL_`` belong here (the CLI turns each into a flag). Loading
+this module in the launcher also checks that the OTel SDK will start in the agent
+(``telemetry_status.check_in_launcher``: one line on stderr when it will not).
 """
+
+from spanrl.exporter import telemetry_status as _telemetry_status
 
 OTEL_SPANRL_REQUEST_TOKEN_IDS = "OTEL_SPANRL_REQUEST_TOKEN_IDS"
 """``true`` (default) or ``false``: add vLLM's ``return_token_ids: true`` to chat and
@@ -18,3 +22,5 @@ OTEL_SPANRL_RECEIVER_TOKEN = "OTEL_SPANRL_RECEIVER_TOKEN"
 OTEL_SPANRL_SAFE_DEFAULTS = "OTEL_SPANRL_SAFE_DEFAULTS"
 """``true`` (default) or ``false``: let spanrl raise the span attribute count limit, sample
 every span and turn off the metrics/logs exporters the user did not ask for."""
+
+_telemetry_status.check_in_launcher()  # only in the opentelemetry-instrument launcher; never raises

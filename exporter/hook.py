@@ -10,7 +10,9 @@ instrumentors, post-instrument hooks.
 gets the rollout-identity span processor and its safe defaults (``safe_defaults``).
 ``post_instrument`` turns on openinference's OpenAI instrumentor if spanrl's is on and
 openinference's own entry point did not (spanrl's needs its LLM span), and makes sure of the
-above in case another hook replaced the provider. Neither ever raises: a failure is logged and the agent starts anyway.
+above in case another hook replaced the provider. When telemetry is off (the SDK disabled, spanrl's
+instrumentor skipped) they say so once on stderr (``telemetry_status``). Neither ever raises: a
+failure is logged and the agent starts anyway.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from opentelemetry import trace as trace_api
 from opentelemetry.sdk.trace import TracerProvider
 
 from spanrl.exporter import environment_variables as env
-from spanrl.exporter import safe_defaults
+from spanrl.exporter import safe_defaults, telemetry_status
 from spanrl.exporter.span_processor import install_identity_processor
 from spanrl.instrumentation import openai_instrumentor
 from spanrl.instrumentation.settings import InstrumentationSettings
@@ -79,7 +81,9 @@ def pre_instrument(tracer_provider: TracerProvider | None = None) -> None:
     """Called by opentelemetry-instrument after the SDK is configured, before instrumentors.
     ``tracer_provider``: prepare this provider instead of the global one."""
     try:
-        done = _prepare_provider(tracer_provider)
+        telemetry_status.say_if_sdk_disabled()
+        # a disabled SDK has no provider to prepare (said once on stderr just above)
+        done = [] if telemetry_status.sdk_disabled() else _prepare_provider(tracer_provider)
         if done:
             logger.info("spanrl: %s", "; ".join(done))
         openai_instrumentor.auto_instrumentation_started()
@@ -91,7 +95,9 @@ def post_instrument(tracer_provider: TracerProvider | None = None) -> None:
     """Called by opentelemetry-instrument after all instrumentors; idempotent with the above."""
     try:
         openai_instrumentor.ensure_openinference_after_auto()
-        done = _prepare_provider(tracer_provider)
+        telemetry_status.say_if_instrumentor_skipped(
+            openai_instrumentor.SpanrlOpenAIInstrumentor().is_instrumented_by_opentelemetry)
+        done = [] if telemetry_status.sdk_disabled() else _prepare_provider(tracer_provider)
         if done:
             logger.info("spanrl (post-instrument): %s", "; ".join(done))
     except Exception:  # noqa: BLE001

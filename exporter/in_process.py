@@ -73,13 +73,13 @@ def start_tracing(
         endpoint = endpoint or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or (
             DEFAULT_GRPC_ENDPOINT if protocol == "grpc" else DEFAULT_HTTP_ENDPOINT
         )
-        export_headers = _headers_with_token(headers)
+        export_headers = headers_with_token(headers)
         provider = tracer_provider if tracer_provider is not None else _global_sdk_provider(service_name)
         install_identity_processor(provider)
         if InstrumentationSettings.from_env().safe_defaults:
             safe_defaults.raise_attribute_count_limit(provider)
             safe_defaults.sample_everything(provider)
-        export_processor = BatchSpanProcessor(_span_exporter(endpoint, protocol, export_headers))
+        export_processor = BatchSpanProcessor(span_exporter(endpoint, protocol, export_headers))
         provider.add_span_processor(export_processor)
         instrumentor = _instrument_openai(provider) if instrument_openai else None
         _active = _Tracing(provider, export_processor, instrumentor)
@@ -105,7 +105,8 @@ def stop_tracing(timeout_millis: int = 30000) -> None:
         tracing.export_processor.shutdown()
 
 
-def _headers_with_token(headers: Mapping[str, str] | None) -> dict[str, str]:
+def headers_with_token(headers: Mapping[str, str] | None) -> dict[str, str]:
+    """``headers`` (lower-cased) plus ``authorization: Bearer`` from ``OTEL_SPANRL_RECEIVER_TOKEN``."""
     result = {str(k).lower(): str(v) for k, v in (headers or {}).items()}
     token = os.environ.get(env.OTEL_SPANRL_RECEIVER_TOKEN, "").strip()
     if token and "authorization" not in result:
@@ -130,21 +131,22 @@ def _global_sdk_provider(service_name: str) -> TracerProvider:
     return provider
 
 
-def _span_exporter(endpoint: str, protocol: str, headers: dict[str, str]):
+def span_exporter(endpoint: str, protocol: str, headers: dict[str, str], timeout_s: float | None = None):
+    """An OTLP span exporter for ``endpoint`` over ``protocol`` (``grpc`` or ``http/protobuf``)."""
     if protocol == "grpc":
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (  # noqa: PLC0415
             OTLPSpanExporter,
         )
 
         insecure = urlparse(endpoint).scheme != "https"
-        return OTLPSpanExporter(endpoint=endpoint, insecure=insecure, headers=headers or None)
+        return OTLPSpanExporter(endpoint=endpoint, insecure=insecure, headers=headers or None, timeout=timeout_s)
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import (  # noqa: PLC0415
         OTLPSpanExporter as HTTPSpanExporter,
     )
 
     if urlparse(endpoint).path in ("", "/"):
         endpoint = endpoint.rstrip("/") + "/v1/traces"
-    return HTTPSpanExporter(endpoint=endpoint, headers=headers or None)
+    return HTTPSpanExporter(endpoint=endpoint, headers=headers or None, timeout=timeout_s)
 
 
 def _instrument_openai(provider: TracerProvider) -> object | None:

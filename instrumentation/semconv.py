@@ -40,6 +40,12 @@ def llm_response_logprobs(choice_index: int) -> str:
     return f"{LLM_RESPONSE_PREFIX}{int(choice_index)}{LLM_RESPONSE_LOGPROBS_SUFFIX}"
 
 
+# The policy endpoint's own span of a call (trainer_bridge/endpoint_spans.py): the same LLM keys,
+# marked so the receiver keeps one transition when the agent side also reported the call.
+LLM_SOURCE = "spanrl.llm.source"  # string
+LLM_SOURCE_ENDPOINT = "endpoint"  # its value on spans the policy endpoint emitted
+
+
 # --- Semantic variables ---------------------------------------------------------------------
 VARIABLE_PREFIX = "spanrl.variable."  # + name -> string / number / bool
 

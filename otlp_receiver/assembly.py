@@ -11,8 +11,9 @@ LangChain LLM span with the OpenAI span under it: an LLM span with LLM spans bel
 wrapper and is dropped, unless it alone carries token ids, then the spans below it are the
 duplicates; a framework LLM span that is not an ancestor of the SDK span of the same call, as
 openinference's LangChain tracer makes them, is merged into it when the SDK span lies in its
-time window with the same output text); attach rewards and AIR rewards to calls by structure, never by timing; one
-transition per call and choice, in call start order; credit assignment; variables.
+time window with the same output text; the policy endpoint's own span of a call is merged with
+the agent side's by response id, ``endpoint_spans``); attach rewards and AIR rewards to calls by
+structure, never by timing; one transition per call and choice, in call start order; credit assignment; variables.
 
 Which call a span's reward (or AIR signal) judges, ``call_for_span``:
 1. the span is a call -> that call;
@@ -37,6 +38,7 @@ from spanrl.instrumentation import semconv
 from spanrl.otlp_receiver.agent_names import AgentNames
 from spanrl.otlp_receiver.air import AirRule
 from spanrl.otlp_receiver.credit import credit_function
+from spanrl.otlp_receiver.endpoint_spans import same_call_by_response_id
 from spanrl.otlp_receiver.retokenize import RetokenizeError, Retokenizer
 from spanrl.otlp_receiver.rollout_status import rollout_status
 from spanrl.otlp_receiver.span_tree import SpanRecord, SpanTree, as_list
@@ -104,6 +106,8 @@ class _Calls:
         # Positions for call_for_span include merged framework spans, so a signal that lands
         # on or after one of them is routed to the SDK call it merged into.
         self.merged_into = self._unnested_duplicates(kept)
+        for key, same_call in same_call_by_response_id(kept, self.merged_into).items():  # the endpoint's span
+            self.merged_into.setdefault(key, same_call)
         self.duplicates += len(self.merged_into)
         self.kept = [r for r in kept if r.key not in self.merged_into]
         self._index = kept

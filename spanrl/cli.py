@@ -39,6 +39,7 @@ COMMAND_MODULES = {
     "train": "spanrl.trainer_bridge.train_cli",
     "run": "spanrl.runner.run_cli",
     "demo": "spanrl.demo",
+    "doctor": "spanrl.doctor",
 }
 
 

@@ -10,6 +10,7 @@ Imports nothing heavy at module level.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,6 +41,9 @@ class ServeSettings:
     batch_wait_ms: float = _setting(
         20.0, "while a batch decodes, newcomers gather until they are a quarter of it, but join after "
         "waiting this long at most")
+    spans_endpoint: str | None = _setting(
+        None, "OTLP endpoint (the receiver, e.g. http://127.0.0.1:4317) that gets one LLM span per generation "
+        "request; default: OTEL_EXPORTER_OTLP_TRACES_ENDPOINT / OTEL_EXPORTER_OTLP_ENDPOINT; 'off' = none")
     single_process: bool = _setting(
         False, "serve HTTP from the engine's own process instead of a child process (one process; under "
         "concurrent load both then share one GIL and it is slower)")
@@ -62,6 +66,10 @@ def _serve(settings: ServeSettings) -> int:
 
     if settings.threads > 0:
         torch.set_num_threads(settings.threads)
+    if settings.spans_endpoint:  # read by create_app here and in the HTTP front end's process
+        from spanrl.trainer_bridge.endpoint_spans import SPANS_ENDPOINT_ENV
+
+        os.environ[SPANS_ENDPOINT_ENV] = settings.spans_endpoint
 
     from spanrl.trainer_bridge.torch_backend.engine.policy_engine import PolicyEngine
     from spanrl.trainer_bridge.torch_backend.server.app import create_app

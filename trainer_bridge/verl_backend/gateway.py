@@ -21,7 +21,9 @@ recomputes log-probs at that temperature; an agent's other value is logged once 
 503's ``Retry-After``; the ``openai`` client retries by itself), ``request_timeout_s`` (a
 non-streamed request's whole time; for a stream, its wait for each next event),
 ``health_check_interval_s`` (how often an upstream out of rotation is probed), ``api_token``
-(when set, agents must send ``Authorization: Bearer <token>``).
+(when set, agents must send ``Authorization: Bearer <token>``), ``spans_endpoint`` (where the
+gateway's own LLM span per request goes over OTLP, ``trainer_bridge/endpoint_spans.py``; None:
+``OTEL_SPANRL_SERVE_SPANS_ENDPOINT`` / ``OTEL_EXPORTER_OTLP_*`` as for ``spanrl serve``; ``off``: none).
 
 What passes through (``gateway_app.py`` routes, ``gateway_relay.py``, ``gateway_rewrite.py``,
 ``gateway_upstreams.py``, ``gateway_state.py``):
@@ -72,6 +74,7 @@ class GatewayConfig:
     health_check_interval_s: float = 2.0
     api_token: str | None = None
     log_level: str = "warning"  # uvicorn's
+    spans_endpoint: str | None = None  # OTLP endpoint of its LLM spans; None: the environment's; "off": none
 
     def __post_init__(self) -> None:
         if not self.served_model_name:
@@ -178,7 +181,8 @@ class GatewayHandle:
 
         self._loop = asyncio.get_running_loop()
         state = self._state = GatewayState(self.config, self._upstreams)
-        config = uvicorn.Config(create_app(state), log_level=self.config.log_level, access_log=False,
+        app = create_app(state)
+        config = uvicorn.Config(app, log_level=self.config.log_level, access_log=False,
                                 lifespan="off", timeout_graceful_shutdown=5)
         self._server = server = uvicorn.Server(config)
         watcher = asyncio.create_task(watch_upstreams(state, self.config.health_check_interval_s))
@@ -189,6 +193,8 @@ class GatewayHandle:
             watcher.cancel()
             ready.cancel()
             await state.client.aclose()
+            if app.state.endpoint_spans is not None:  # the spans of the last calls leave before the gateway does
+                await asyncio.to_thread(app.state.endpoint_spans.shutdown)
 
     async def _signal_ready(self, server: Any) -> None:
         while not server.started:

@@ -24,6 +24,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from spanrl.instrumentation import semconv
+from spanrl.trainer_bridge.endpoint_spans import EndpointSpans
 from spanrl.trainer_bridge.verl_backend.gateway_relay import (
     RelayedStream,
     acquire_upstream,
@@ -32,6 +33,7 @@ from spanrl.trainer_bridge.verl_backend.gateway_relay import (
     unreachable,
 )
 from spanrl.trainer_bridge.verl_backend.gateway_rewrite import GENERATION_PATHS, encode_json, rewrite_request
+from spanrl.trainer_bridge.verl_backend.gateway_spans import GatewaySpanMiddleware
 from spanrl.trainer_bridge.verl_backend.gateway_state import GatewayError, GatewayState, Lease
 from spanrl.trainer_bridge.verl_backend.gateway_upstreams import NoUpstreamError, rollout_key
 
@@ -153,6 +155,9 @@ def create_app(state: GatewayState) -> Starlette:
     app = Starlette(routes=routes, exception_handlers={Exception: handle_error, HTTPException: handle_error,
                                                        GatewayError: handle_error})
     app.state.gateway = state
+    app.state.endpoint_spans = spans = EndpointSpans.from_environment(state.config.spans_endpoint)
+    if spans is not None:
+        app.add_middleware(GatewaySpanMiddleware, spans=spans)
     return app
 
 

@@ -16,6 +16,7 @@ import threading
 from typing import Any
 
 from spanrl.instrumentation import semconv
+from spanrl.trainer_bridge.verl_backend import gateway_spans
 
 logger = logging.getLogger(__name__)
 
@@ -73,6 +74,7 @@ def rewrite_reply(data: Any, served_model: str, version: int) -> Any:
         if "model" in data:
             data["model"] = served_model
         data[semconv.RESPONSE_POLICY_VERSION] = version
+        gateway_spans.observe_reply(data)  # the gateway's own LLM span reads what the agent gets
     return data
 
 

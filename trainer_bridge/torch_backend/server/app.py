@@ -22,7 +22,9 @@ from typing import TYPE_CHECKING, Any
 from fastapi import Depends, FastAPI, Request
 
 from spanrl.instrumentation import semconv
+from spanrl.trainer_bridge.endpoint_spans import EndpointSpans
 from spanrl.trainer_bridge.torch_backend.server import chat_completions, completions, models, policy, responses
+from spanrl.trainer_bridge.torch_backend.server.call_spans import CallSpanMiddleware
 from spanrl.trainer_bridge.torch_backend.server.errors import (
     AuthenticationError,
     RequestTooLarge,
@@ -42,10 +44,15 @@ VERSION_HEADER = semconv.POLICY_VERSION_HEADER  # kept for importers of the old 
 ROUTERS = (chat_completions.router, completions.router, responses.router, models.router, policy.router)
 # Largest request body: far above any real prompt, far below what would strain memory.
 MAX_BODY_BYTES = 32 * 1024 * 1024
+SPANS_FROM_ENVIRONMENT = "environment"  # create_app's default: EndpointSpans.from_environment()
 
 
-def create_app(engine: ServedEngine, api_token: str | None = None) -> FastAPI:
-    """A FastAPI app serving ``engine``; requires ``Authorization: Bearer <api_token>`` if set."""
+def create_app(engine: ServedEngine, api_token: str | None = None,
+               spans: EndpointSpans | None | str = SPANS_FROM_ENVIRONMENT) -> FastAPI:
+    """A FastAPI app serving ``engine``; requires ``Authorization: Bearer <api_token>`` if set.
+
+    ``spans``: where its LLM span per generation request goes (``trainer_bridge/endpoint_spans.py``):
+    by default as the environment says (off when it names no OTLP endpoint), None for none."""
     # a dependency rather than an HTTP middleware: Starlette's BaseHTTPMiddleware costs every
     # request an extra task and stream, which shows at small models' request rates; and only
     # when a token is set, since solving a dependency costs each request too
@@ -54,6 +61,11 @@ def create_app(engine: ServedEngine, api_token: str | None = None) -> FastAPI:
     app.state.server = ServerState(engine)
     install_error_handlers(app)
     app.add_middleware(_BodyLimit, max_bytes=MAX_BODY_BYTES)
+    if spans == SPANS_FROM_ENVIRONMENT:
+        spans = EndpointSpans.from_environment()
+    if isinstance(spans, EndpointSpans):
+        app.add_middleware(CallSpanMiddleware, spans=spans)
+    app.state.endpoint_spans = spans
     for router in ROUTERS:
         app.include_router(router)
     return app

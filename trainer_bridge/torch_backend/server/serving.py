@@ -29,6 +29,7 @@ from spanrl.trainer_bridge.torch_backend.engine.requests import (
     SamplingParams,
     TokenEvent,
 )
+from spanrl.trainer_bridge.torch_backend.server import call_spans
 from spanrl.trainer_bridge.torch_backend.server.errors import InvalidRequestError, NotFoundError
 from spanrl.trainer_bridge.torch_backend.server.protocol import ResponseModel, SamplingRequest
 from spanrl.trainer_bridge.torch_backend.server.response_store import ResponseStore
@@ -122,6 +123,7 @@ def version_headers(version: int) -> dict[str, str]:
 
 def json_response(body: ResponseModel, version: int) -> Response:
     """A typed body with the serving version's header."""
+    call_spans.note_response(body)
     return Response(body.to_json(), media_type="application/json", headers=version_headers(version))
 
 
@@ -183,6 +185,7 @@ def start_stream(engine: ServedEngine, prompt_ids: list[int],
     bridge = StreamBridge(asyncio.get_running_loop())
     job = engine.submit(prompt_ids, params, on_token=bridge.on_token, on_start=bridge.on_start,
                         on_done=bridge.on_done, text_deltas=True)
+    call_spans.track_job(job)
     return job, bridge
 
 
@@ -190,7 +193,9 @@ def start_completion(engine: ServedEngine, prompt_ids: list[int],
                      params: SamplingParams) -> tuple[GenerationRequest, CompletionWaiter]:
     """Submit a request whose result is read once it is done."""
     waiter = CompletionWaiter(asyncio.get_running_loop())
-    return engine.submit(prompt_ids, params, on_done=waiter.on_done, text_deltas=False), waiter
+    job = engine.submit(prompt_ids, params, on_done=waiter.on_done, text_deltas=False)
+    call_spans.track_job(job)
+    return job, waiter
 
 
 async def wait_result(job: GenerationRequest, waiter: CompletionWaiter) -> GenerationResult:
@@ -244,7 +249,7 @@ SSE_DONE = "data: [DONE]\n\n"
 
 def event_stream_response(events: AsyncIterator[str], version: int) -> StreamingResponse:
     headers = {**version_headers(version), "cache-control": "no-cache"}
-    return StreamingResponse(events, media_type="text/event-stream", headers=headers)
+    return StreamingResponse(call_spans.watch_stream(events), media_type="text/event-stream", headers=headers)
 
 
 __all__ = ["CompletionWaiter", "IgnoredFieldLog", "SSE_DONE", "ServedEngine", "ServerState", "StreamBridge",
