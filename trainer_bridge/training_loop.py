@@ -34,6 +34,7 @@ from .empty_steps import NothingToTrain, empty_step_reason
 from .samples import trained_rollout, training_samples
 from .task_dispatch import Attempt, Outcome, TaskDispatcher, task_id_of
 from .train_settings import TrainSettings
+from .trajectory_merge import update_rows
 
 logger = logging.getLogger(__name__)
 
@@ -108,10 +109,10 @@ class TrainingLoop:
         self.cursor = 0
 
     # --- rounds ----------------------------------------------------------------------------
-    def next_tasks(self) -> list[tuple[str, dict]]:
-        """``tasks_per_step`` tasks, each epoch in a fresh random order."""
+    def next_tasks(self, count: int | None = None) -> list[tuple[str, dict]]:
+        """``count`` (default ``tasks_per_step``) tasks, each epoch in a fresh random order."""
         chosen: list[tuple[str, dict]] = []
-        while len(chosen) < self.settings.tasks_per_step:
+        while len(chosen) < (self.settings.tasks_per_step if count is None else count):
             if not self._task_order:
                 self._task_order = list(range(len(self.tasks)))
                 self.rng.shuffle(self._task_order)
@@ -132,8 +133,7 @@ class TrainingLoop:
         found: dict[str, Any] = {}
         deadline = time.monotonic() + self.settings.assembly_wait_s
         while waiting.keys() - found.keys():
-            rollouts, self.cursor = self.store.completed_rollouts(since=self.cursor)
-            for rollout in rollouts:
+            for rollout in self.new_rollouts():
                 if rollout.rollout_id in waiting:
                     found[rollout.rollout_id] = rollout
             if not (waiting.keys() - found.keys()) or time.monotonic() > deadline:
@@ -168,6 +168,11 @@ class TrainingLoop:
                 continue
             scored.append(ScoredRollout(attempt, score, transitions, self.reward_source(rollout)))
         return StepReport(scored, left_out)
+
+    def new_rollouts(self) -> list[Any]:
+        """Rollouts the store completed since the last call."""
+        rollouts, self.cursor = self.store.completed_rollouts(since=self.cursor)
+        return list(rollouts)
 
     def reward_source(self, rollout: Any) -> str:
         if self.reward_fn is not None:
@@ -207,7 +212,12 @@ class TrainingLoop:
         outcomes = self.dispatcher.wait_round(on_wait=on_wait, on_idle=on_idle,
                                               idle_after_s=self.settings.runner_wait_warn_s)
         report = self.collect(attempts, outcomes)
-        rollout_seconds = time.monotonic() - started
+        return self.train_on(step, backend, attempts, report, time.monotonic() - started, started)
+
+    def train_on(self, step: int, backend: PolicyBackend, attempts: list[Attempt], report: StepReport,
+                 rollout_seconds: float, started: float) -> dict:
+        """Samples of ``report``'s scored rollouts (merged into rows with ``merge_trajectories``),
+        one update on them; the step's metrics row."""
         transition_returns = (self.settings.advantage_level == "transition" and self.reward_fn is None
                               and self.settings.trust_agent_rewards)  # returns include the agent's rewards
         samples, dropped = training_samples(
@@ -215,7 +225,8 @@ class TrainingLoop:
             transition_returns=transition_returns,
             loss_weighting=self.settings.loss_weighting,
         )
-        stats = backend.update(samples).as_metrics() if samples else {}
+        rows, merge_metrics = update_rows(samples, self.settings.merge_trajectories)
+        stats = backend.update(rows).as_metrics() if rows else {}
         try:
             trained_rewards.record(self.settings.store, [
                 trained_rollout(step + 1, item, transition_returns, item.attempt.rollout_id not in dropped)
@@ -223,8 +234,8 @@ class TrainingLoop:
             ])
         except sqlite3.Error as exc:  # what inspect shows must not stop training
             logger.warning("could not record the rewards of step %d in %s: %s", step + 1, self.settings.store, exc)
-        return _step_row(step, backend.policy_version, attempts, report, samples, len(dropped), stats,
-                         rollout_seconds, started)
+        return {**_step_row(step, backend.policy_version, attempts, report, samples, len(dropped), stats,
+                            rollout_seconds, started), **merge_metrics}
 
 
 class RewardFunctionError(Exception):
@@ -296,7 +307,12 @@ def run_training(settings: TrainSettings, show_progress: bool = True) -> dict:
     from .warm_start import warm_start_before_training
 
     settings = warm_start_before_training(settings, progress=show_progress)  # model: the warm one
-    loop = TrainingLoop(settings)
+    if settings.async_training:
+        from .async_training import AsyncTrainingLoop
+
+        loop: TrainingLoop = AsyncTrainingLoop(settings)
+    else:
+        loop = TrainingLoop(settings)
     wait_for_receiver(settings.store, settings.receiver_wait_s)
     with ExitStack() as cleanup:  # whatever started is stopped, also when start-up fails
         trackers = open_trackers(settings.report_to, settings.output_dir, flat_config(settings),
