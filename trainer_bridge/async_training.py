@@ -177,13 +177,14 @@ class AsyncTrainingLoop(TrainingLoop):
     def __init__(self, settings: TrainSettings) -> None:
         super().__init__(settings)
         self.dispatcher: GroupDispatcher = GroupDispatcher(settings.rollout_timeout_s)
-        self._assembled: dict[str, Any] = {}  # rollouts read from the store whose group is not taken yet
+        self._assembled: dict[str, Any] = {}  # rollouts read from the store whose group is not trained yet
+        self._collecting: set[str] = set()  # the rollouts of the groups this step took
 
     def new_rollouts(self) -> list[Any]:
-        """Rollouts of groups not taken yet: those read before and those the store completed
-        since (the synchronous loop would skip the ones of other groups)."""
+        """Rollouts of the groups in flight or being collected: those read before and those the
+        store completed since (the synchronous loop would skip the ones of other groups)."""
         for rollout in super().new_rollouts():
-            if self.dispatcher.knows(rollout.rollout_id):
+            if rollout.rollout_id in self._collecting or self.dispatcher.knows(rollout.rollout_id):
                 self._assembled[rollout.rollout_id] = rollout
         return list(self._assembled.values())
 
@@ -201,10 +202,11 @@ class AsyncTrainingLoop(TrainingLoop):
                                                       idle_after_s=settings.runner_wait_warn_s)
         attempts = [a for g in groups for a in g.attempts]
         outcomes = {k: v for g in groups for k, v in g.outcomes.items()}
-        # the waiting attempts' rollouts are read now: none of their groups is taken any more
+        self._collecting = {a.rollout_id for a in attempts}
         report = self.collect(attempts, outcomes)
         for attempt in attempts:
             self._assembled.pop(attempt.rollout_id, None)
+        self._collecting = set()
         versions = {a.rollout_id: g.dispatched_at_version for g in groups for a in g.attempts}
         staleness = filter_stale(report.scored, versions, backend.policy_version, settings.max_staleness,
                                  settings.off_policy_rollouts)
@@ -218,6 +220,8 @@ class AsyncTrainingLoop(TrainingLoop):
         scores = [item.score for item in report.scored]  # what the agents scored, stale ones included
         row.update({
             "reward_mean": sum(scores) / len(scores) if scores else 0.0,
+            # groups often finished before the step asked: the rate is over the whole step
+            "rollouts_per_s": len(attempts) / max(row["seconds"], 1e-9),
             "rollouts_off_policy": staleness.off_policy,
             "policy_lag_mean": staleness.lag_mean,
             "groups_in_flight": self.dispatcher.groups_in_flight,
