@@ -16,11 +16,13 @@ import sys
 
 import pytest
 
+from spanrl.errors import SettingError
 from spanrl.otlp_receiver.transitions import Transition
 from spanrl.runner.bridge_client import BridgeClient
 from spanrl.trainer_bridge.async_training import GroupDispatcher, filter_stale, rollout_lag
 from spanrl.trainer_bridge.bridge_api import BridgeAPI, PolicyInfo
 from spanrl.trainer_bridge.task_dispatch import Attempt
+from spanrl.trainer_bridge.train_settings import TrainSettings
 from spanrl.trainer_bridge.training_loop import ScoredRollout
 
 TEST_DEVICE = os.environ.get("SPANRL_TEST_DEVICE", "cpu")
@@ -87,6 +89,20 @@ def test_stale_rollouts_are_counted_and_corrected_or_dropped():
     assert [r.attempt.rollout_id for r in dropped.kept] == ["fresh"]
     assert (dropped.off_policy, dropped.stale_dropped, dropped.off_policy_dropped) == (4, 2, 2)
     assert dropped.lag_mean == pytest.approx((0 + 1 + 1 + 2 + 2) / 5)
+
+
+def test_async_settings_set_the_trainers_correction_and_refuse_what_cannot_run():
+    settings = TrainSettings(tasks="t.jsonl", model="m", async_training=True, is_truncation=3.0)
+    assert settings.trainer.rollout_is_cap == 3.0
+    assert TrainSettings(tasks="t.jsonl", model="m", async_training=True,
+                         off_policy_rollouts="drop").trainer.rollout_is_cap == 0.0
+    assert TrainSettings(tasks="t.jsonl", model="m").trainer.rollout_is_cap == 0.0
+    with pytest.raises(SettingError, match="off_policy_rollouts"):
+        TrainSettings(tasks="t.jsonl", model="m", off_policy_rollouts="maybe")
+    with pytest.raises(SettingError, match="torch backend only"):
+        TrainSettings(tasks="t.jsonl", model="m", backend="verl", async_training=True)
+    with pytest.raises(SettingError, match="max_staleness"):
+        TrainSettings(tasks="t.jsonl", model="m", max_staleness=-1)
 
 
 def run_demo(out, *extra: str) -> list[dict]:
