@@ -49,6 +49,9 @@ class DemoSettings:
     threads: int = _setting(0, "torch threads for the trainer (0 = torch's default)")
     device: str = _setting("cpu", "where the model trains and serves: cpu, cuda, cuda:N or auto (docs/gpu.md)")
     backend: str = _setting("torch", "torch (embedded) or verl (verl's workers train, vLLM serves; docs/verl.md)")
+    merge_trajectories: bool = _setting(False, "train each rollout's calls as one masked row (docs/algorithms.md)")
+    async_training: bool = _setting(False, "update on finished groups while others run (docs/algorithms.md)")
+    max_staleness: int = _setting(1, "async_training: policy versions a rollout may lag behind")
 
 
 SETTINGS = CommandSettings("demo", DemoSettings, "DEMO")
@@ -163,7 +166,8 @@ def demo_command(settings: DemoSettings) -> int:
             steps=settings.steps, stop_at_reward=settings.stop_at_reward,
             learning_rate=settings.learning_rate, rollout_timeout_s=60.0, checkpoint_every=5,
             policy_port=policy_port, bridge_port=bridge_port, device=settings.device, seed=settings.seed,
-            backend=settings.backend,
+            backend=settings.backend, merge_trajectories=settings.merge_trajectories,
+            async_training=settings.async_training, max_staleness=settings.max_staleness,
         )
         summary = run_training(train_settings)
     except RuntimeError as exc:  # a component did not start: say where its log is

@@ -38,6 +38,14 @@ class TrainingSample:
     was computed from. ``loss_weight``: the per-rollout loss weight already folded into
     ``advantage`` (``loss_weighting: rollout``; ``None`` when no such weight was applied), so
     the group advantage is ``advantage / loss_weight``.
+
+    A merged row (``trajectory_merge``, ``merge_trajectories: true``) holds several calls of
+    one rollout: ``response_loss_mask`` is 1 on the calls' own response tokens and 0 on the
+    tokens in between (tool results, new user turns), ``token_advantages`` the advantage of
+    each response token (its call's), ``old_logprobs`` one value per response token (0 where
+    masked out). ``None``: every response token is trained on with ``advantage``.
+    ``policy_version``: the oldest policy version that generated a response token (``None``:
+    unknown); asynchronous training corrects or drops samples older than the current one.
     """
 
     prompt_token_ids: Sequence[int]
@@ -49,6 +57,30 @@ class TrainingSample:
     turn_index: int = 0
     reward: float = 0.0
     loss_weight: float | None = None
+    response_loss_mask: Sequence[int] | None = None
+    token_advantages: Sequence[float] | None = None
+    policy_version: int | None = None
+
+    @property
+    def loss_mask(self) -> list[int]:
+        """1 on each response token trained on, 0 on tokens in between (merged rows)."""
+        if self.response_loss_mask is None:
+            return [1] * len(self.response_token_ids)
+        return [int(bool(m)) for m in self.response_loss_mask]
+
+    @property
+    def loss_token_count(self) -> int:
+        """The number of response tokens the loss is taken on."""
+        if self.response_loss_mask is None:
+            return len(self.response_token_ids)
+        return sum(1 for m in self.response_loss_mask if m)
+
+    @property
+    def response_advantages(self) -> list[float]:
+        """The advantage of every response token (0 where masked out)."""
+        if self.token_advantages is None:
+            return [float(self.advantage) * m for m in self.loss_mask]
+        return [float(a) for a in self.token_advantages]
 
     @property
     def group_advantage(self) -> float:

@@ -201,9 +201,18 @@ def weigh_rollouts_equally(samples: Sequence[TrainingSample]) -> list[TrainingSa
     backend that drops some samples (over-long ones) calls this again on what it keeps and the
     weights stay exact for the samples actually trained on.
     """
-    weights = rollout_loss_weights([len(s.response_token_ids) for s in samples], [s.rollout_id for s in samples])
-    return [dataclasses.replace(s, advantage=s.group_advantage * w, loss_weight=w)
-            for s, w in zip(samples, weights, strict=True)]
+    weights = rollout_loss_weights([s.loss_token_count for s in samples], [s.rollout_id for s in samples])
+    return [_reweighed(s, w) for s, w in zip(samples, weights, strict=True)]
+
+
+def _reweighed(sample: TrainingSample, weight: float) -> TrainingSample:
+    """``sample`` with its loss weight replaced by ``weight`` (per-token advantages of merged
+    rows scaled alike)."""
+    factor = weight if sample.loss_weight is None else weight / sample.loss_weight
+    token_advantages = (None if sample.token_advantages is None
+                        else [float(a) * factor for a in sample.token_advantages])
+    return dataclasses.replace(sample, advantage=sample.group_advantage * weight, loss_weight=weight,
+                               token_advantages=token_advantages)
 
 
 # ----------------------------------------------------------------------------- loss aggregation
@@ -262,6 +271,7 @@ def policy_loss_dual_clip(
     clip_ratio_high: float = 0.2,
     clip_ratio_c: float = 3.0,
     loss_agg_mode: str = "token-mean",
+    token_weights: torch.Tensor | None = None,
     **agg_kwargs,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """PPO's clipped surrogate with dual clip (Ye et al. 2019), as verl's ``vanilla`` loss.
@@ -271,7 +281,9 @@ def policy_loss_dual_clip(
         L1 = max(-A * r, -A * clip(r, 1 - clip_ratio_low, 1 + clip_ratio_high))
         L  = min(L1, -A * clip_ratio_c)   where A < 0,   L1 elsewhere
 
-    then aggregated by ``agg_loss(L, response_mask, loss_agg_mode, **agg_kwargs)``.
+    then multiplied by ``token_weights`` (``[B, T]``, e.g. ``truncated_is_weights``; verl's
+    ``rollout_is_weights``) when given and aggregated by ``agg_loss(L, response_mask,
+    loss_agg_mode, **agg_kwargs)``.
 
     Args: ``old_logprobs``, ``logprobs``, ``advantages``, ``response_mask``: ``[B, T]``;
     ``clip_ratio_c > 1``.
@@ -297,6 +309,8 @@ def policy_loss_dual_clip(
         torch.gt(clip_loss, dual_bound) * (advantages < 0).float(), response_mask
     )
     token_losses = torch.where(advantages < 0, dual_clip_loss, clip_loss)
+    if token_weights is not None:
+        token_losses = token_losses * token_weights
     loss = agg_loss(token_losses, response_mask, loss_agg_mode, **agg_kwargs)
     metrics = {
         "pg_clipfrac": float(clipfrac.detach()),
@@ -304,6 +318,29 @@ def policy_loss_dual_clip(
         "pg_clipfrac_lower": float(clipfrac_lower.detach()),
     }
     return loss, metrics
+
+
+def truncated_is_weights(old_logprobs: torch.Tensor, engine_logprobs: torch.Tensor, response_mask: torch.Tensor,
+                         cap: float) -> tuple[torch.Tensor, dict[str, float]]:
+    """Truncated importance-sampling weights of off-policy tokens (verl's token-level
+    ``rollout_is``): per token ``w = min(exp(logp_old - logp_engine), cap)``, where
+    ``logp_old`` is the trainer's log-prob before the update and ``logp_engine`` the serving
+    engine's when it sampled the token (an older policy in asynchronous training).
+
+    Args: ``[B, T]`` tensors and ``cap > 0``. Returns ``(weights [B, T]`` (0 off the mask,
+    no gradient), ``metrics)`` with ``rollout_is_mean`` and ``rollout_is_truncated`` (share
+    of tokens the cap bounded).
+    """
+    if cap <= 0:
+        raise ValueError(f"the importance-sampling cap must be positive, got {cap}")
+    log_ratio = torch.clamp(old_logprobs.detach() - engine_logprobs, min=-LOG_RATIO_CLAMP, max=LOG_RATIO_CLAMP)
+    ratio = torch.exp(log_ratio)
+    weights = torch.clamp(ratio, max=cap) * response_mask
+    metrics = {
+        "rollout_is_mean": float(masked_mean(weights, response_mask)),
+        "rollout_is_truncated": float(masked_mean((ratio > cap).float(), response_mask)),
+    }
+    return weights.detach(), metrics
 
 
 # ----------------------------------------------------------------------------- KL estimators

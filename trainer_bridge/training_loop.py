@@ -35,6 +35,7 @@ from .rejection_sampling import sft_samples, sft_update
 from .samples import trained_rollout, training_samples
 from .task_dispatch import Attempt, Outcome, TaskDispatcher, task_id_of
 from .train_settings import TrainSettings
+from .trajectory_merge import update_rows
 
 logger = logging.getLogger(__name__)
 
@@ -109,10 +110,10 @@ class TrainingLoop:
         self.cursor = 0
 
     # --- rounds ----------------------------------------------------------------------------
-    def next_tasks(self) -> list[tuple[str, dict]]:
-        """``tasks_per_step`` tasks, each epoch in a fresh random order."""
+    def next_tasks(self, count: int | None = None) -> list[tuple[str, dict]]:
+        """``count`` (default ``tasks_per_step``) tasks, each epoch in a fresh random order."""
         chosen: list[tuple[str, dict]] = []
-        while len(chosen) < self.settings.tasks_per_step:
+        while len(chosen) < (self.settings.tasks_per_step if count is None else count):
             if not self._task_order:
                 self._task_order = list(range(len(self.tasks)))
                 self.rng.shuffle(self._task_order)
@@ -133,8 +134,7 @@ class TrainingLoop:
         found: dict[str, Any] = {}
         deadline = time.monotonic() + self.settings.assembly_wait_s
         while waiting.keys() - found.keys():
-            rollouts, self.cursor = self.store.completed_rollouts(since=self.cursor)
-            for rollout in rollouts:
+            for rollout in self.new_rollouts():
                 if rollout.rollout_id in waiting:
                     found[rollout.rollout_id] = rollout
             if not (waiting.keys() - found.keys()) or time.monotonic() > deadline:
@@ -169,6 +169,11 @@ class TrainingLoop:
                 continue
             scored.append(ScoredRollout(attempt, score, transitions, self.reward_source(rollout)))
         return StepReport(scored, left_out)
+
+    def new_rollouts(self) -> list[Any]:
+        """Rollouts the store completed since the last call."""
+        rollouts, self.cursor = self.store.completed_rollouts(since=self.cursor)
+        return list(rollouts)
 
     def reward_source(self, rollout: Any) -> str:
         if self.reward_fn is not None:
@@ -208,10 +213,16 @@ class TrainingLoop:
         outcomes = self.dispatcher.wait_round(on_wait=on_wait, on_idle=on_idle,
                                               idle_after_s=self.settings.runner_wait_warn_s)
         report = self.collect(attempts, outcomes)
-        rollout_seconds = time.monotonic() - started
+        return self.train_on(step, backend, attempts, report, time.monotonic() - started, started)
+
+    def train_on(self, step: int, backend: PolicyBackend, attempts: list[Attempt], report: StepReport,
+                 rollout_seconds: float, started: float) -> dict:
+        """Samples of ``report``'s scored rollouts (merged into rows with ``merge_trajectories``),
+        one update on them; the step's metrics row."""
         transition_returns = (self.settings.advantage_level == "transition" and self.reward_fn is None
                               and self.settings.trust_agent_rewards)  # returns include the agent's rewards
         rejected: set[str] = set()
+        merge_metrics: dict = {}
         if self.settings.algorithm == "sft":  # rejection sampling: learn the good rollouts' calls (NLL)
             samples, rejected = sft_samples(report.scored, self.settings.sft_min_reward)
             dropped: set[str] = set()
@@ -223,7 +234,8 @@ class TrainingLoop:
                 transition_returns=transition_returns,
                 loss_weighting=self.settings.loss_weighting,
             )
-            stats = backend.update(samples).as_metrics() if samples else {}
+            rows, merge_metrics = update_rows(samples, self.settings.merge_trajectories)
+            stats = backend.update(rows).as_metrics() if rows else {}
         try:
             trained_rewards.record(self.settings.store, [
                 trained_rollout(step + 1, item, transition_returns, item.attempt.rollout_id not in dropped | rejected)
@@ -231,8 +243,8 @@ class TrainingLoop:
             ])
         except sqlite3.Error as exc:  # what inspect shows must not stop training
             logger.warning("could not record the rewards of step %d in %s: %s", step + 1, self.settings.store, exc)
-        return _step_row(step, backend.policy_version, attempts, report, samples, len(dropped), stats,
-                         rollout_seconds, started)
+        return {**_step_row(step, backend.policy_version, attempts, report, samples, len(dropped), stats,
+                            rollout_seconds, started), **merge_metrics}
 
 
 class RewardFunctionError(Exception):
@@ -308,7 +320,12 @@ def run_training(settings: TrainSettings, show_progress: bool = True) -> dict:
     from .warm_start import warm_start_before_training
 
     settings = warm_start_before_training(settings, progress=show_progress)  # model: the warm one
-    loop = TrainingLoop(settings)
+    if settings.async_training:
+        from .async_training import AsyncTrainingLoop
+
+        loop: TrainingLoop = AsyncTrainingLoop(settings)
+    else:
+        loop = TrainingLoop(settings)
     from .validation import Validator
 
     validator = Validator(settings) if settings.val_tasks else None

@@ -34,14 +34,24 @@ class PaddedBatch:
 
 
 def sample_sequences(samples: Sequence[TrainingSample]) -> list[MaskedSequence]:
-    """``prompt + response`` ids of each sample with the response tokens masked in."""
+    """``prompt + response`` ids of each sample with its loss tokens masked in: every response
+    token, or for a merged row (``trajectory_merge``) the calls' own response tokens."""
     sequences = []
     for number, sample in enumerate(samples):
         prompt, response = list(sample.prompt_token_ids), list(sample.response_token_ids)
-        if not prompt or not response:
+        if not prompt or not response or not sample.loss_token_count:
             raise ValueError(f"sample {number} has an empty prompt or response")
-        sequences.append((prompt + response, [0] * len(prompt) + [1] * len(response)))
+        if len(sample.loss_mask) != len(response):
+            raise ValueError(f"sample {number}: response_loss_mask has {len(sample.loss_mask)} entries "
+                             f"for {len(response)} response tokens")
+        sequences.append((prompt + response, [0] * len(prompt) + sample.loss_mask))
     return sequences
+
+
+def loss_token_values(sample: TrainingSample, values: Sequence[float]) -> list[float]:
+    """Of ``values`` (one per response token), those of the tokens the loss is taken on, in
+    order: the columns of the sample's row in ``PaddedBatch.targets``."""
+    return [float(v) for v, m in zip(values, sample.loss_mask, strict=True) if m]
 
 
 def micro_batches(sequences: Sequence[MaskedSequence], token_budget: int) -> list[list[int]]:

@@ -55,6 +55,9 @@ class TrainerConfig:
     checkpoint_dir: str | None = _setting(None, "folder of periodic checkpoints")
     keep_checkpoints: int = _setting(2, "periodic checkpoints kept (older ones are deleted)")
     seed: int = _setting(0, "random seed")
+    rollout_is_cap: float = _setting(
+        0.0, "truncated importance sampling of the engine's tokens: weigh each by min(exp(old - engine logprob), "
+        "this); 0 = off (spanrl train sets it from is_truncation in async training)")
 
     def __post_init__(self) -> None:
         from spanrl.trainer_bridge import grpo  # torch: only once settings are built, not for --help

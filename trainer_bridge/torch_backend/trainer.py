@@ -36,6 +36,7 @@ from spanrl.trainer_bridge.torch_backend import sft
 from spanrl.trainer_bridge.torch_backend.batching import (
     MaskedSequence,
     PaddedBatch,
+    loss_token_values,
     micro_batches,
     pad_batch,
     sample_sequences,
@@ -159,7 +160,7 @@ class TorchTrainer:
                 batch = self._pad(sequences, rows)
                 values = self._token_logprobs(self.model, batch)
                 for b, i in enumerate(rows):
-                    out[i] = values[b, : len(samples[i].response_token_ids)].float().tolist()
+                    out[i] = values[b, : samples[i].loss_token_count].float().tolist()
         return out
 
     # ------------------------------------------------------------------ GRPO
@@ -178,7 +179,7 @@ class TorchTrainer:
         sequences = sample_sequences(samples)
         groups = micro_batches(sequences, self.config.micro_batch_tokens)
         batches = [self._pad(sequences, rows) for rows in groups]
-        total_tokens = float(sum(len(s.response_token_ids) for s in samples))
+        total_tokens = float(sum(s.loss_token_count for s in samples))
         total_sequences = float(len(samples))
         scale_factor = config.loss_scale_factor or max(len(s.response_token_ids) for s in samples)
         agg_kwargs = {"batch_num_tokens": total_tokens, "global_batch_size": total_sequences,
@@ -188,13 +189,17 @@ class TorchTrainer:
         # single epoch the weights do not change before the loss is taken, so they are the
         # detached logprobs of the training forward pass itself (no extra forward pass).
         given_old = self._usable_old_logprobs(samples)
+        # Truncated IS (asynchronous training): old logprobs are the current weights', the
+        # engine's only weigh each token by min(exp(old - engine), cap).
+        is_cap = config.rollout_is_cap
+        engine_old: list[torch.Tensor] = []
         old, missing_rows, ref, advantages = [], [], [], []
         recompute_up_front = config.ppo_epochs > 1
         self.model.eval()
         with torch.no_grad():
             for batch in batches:
-                lengths = [len(samples[i].response_token_ids) for i in batch.rows]
-                missing = torch.tensor([given_old[i] is None for i in batch.rows],
+                lengths = [samples[i].loss_token_count for i in batch.rows]
+                missing = torch.tensor([given_old[i] is None or is_cap > 0 for i in batch.rows],
                                        device=self.device).unsqueeze(1)
                 recomputed = (self._token_logprobs(self.model, batch)
                               if recompute_up_front and bool(missing.any()) else None)
@@ -203,10 +208,17 @@ class TorchTrainer:
                 for b, i in enumerate(batch.rows):
                     given = given_old[i]
                     if given is not None:
-                        old_values[b, : lengths[b]] = torch.tensor(list(given), dtype=torch.float32)
-                    elif recomputed is not None:
+                        old_values[b, : lengths[b]] = torch.tensor(loss_token_values(samples[i], given))
+                    if recomputed is not None and (given is None or is_cap > 0):
                         old_values[b] = recomputed[b].float()
-                    adv[b, : lengths[b]] = float(samples[i].advantage)
+                    adv[b, : lengths[b]] = torch.tensor(loss_token_values(samples[i], samples[i].response_advantages))
+                if is_cap > 0:  # the engine's logprobs; NaN (weight 1) where a row has none
+                    engine = torch.full_like(batch.response_mask, float("nan"))
+                    for b, i in enumerate(batch.rows):
+                        given = given_old[i]
+                        if given is not None:
+                            engine[b, : lengths[b]] = torch.tensor(loss_token_values(samples[i], given))
+                    engine_old.append(engine)
                 old.append(old_values * batch.response_mask)
                 missing_rows.append(missing if recomputed is None else torch.zeros_like(missing))
                 advantages.append(adv)
@@ -215,6 +227,8 @@ class TorchTrainer:
         self.model.train()
 
         totals = {"pg_loss": 0.0, "kl_loss": 0.0, "pg_clipfrac": 0.0, "ppo_kl": 0.0, "pg_clipfrac_lower": 0.0}
+        if is_cap > 0:
+            totals.update(rollout_is_mean=0.0, rollout_is_truncated=0.0)
         grad_norm = 0.0
         for _epoch in range(config.ppo_epochs):
             self.optimizer.zero_grad(set_to_none=True)
@@ -222,10 +236,18 @@ class TorchTrainer:
                 logprobs = self._token_logprobs(self.model, batch)
                 old_logprobs = torch.where(missing_rows[number], logprobs.detach() * batch.response_mask,
                                            old[number])
+                is_weights = None
+                if is_cap > 0:
+                    engine = torch.where(torch.isnan(engine_old[number]), old_logprobs, engine_old[number])
+                    is_weights, is_metrics = grpo.truncated_is_weights(old_logprobs, engine, batch.response_mask,
+                                                                       is_cap)
                 pg_loss, metrics = grpo.policy_loss_dual_clip(
                     old_logprobs, logprobs, advantages[number], batch.response_mask,
                     clip_ratio_low=config.clip_ratio_low, clip_ratio_high=config.clip_ratio_high,
-                    clip_ratio_c=config.clip_ratio_c, loss_agg_mode=config.loss_agg_mode, **agg_kwargs)
+                    clip_ratio_c=config.clip_ratio_c, loss_agg_mode=config.loss_agg_mode,
+                    token_weights=is_weights, **agg_kwargs)
+                if is_weights is not None:
+                    metrics = {**metrics, **is_metrics}
                 loss = pg_loss
                 if config.kl_coef > 0:
                     kl = grpo.kl_penalty(logprobs, ref[number], config.kl_estimator)
@@ -235,8 +257,9 @@ class TorchTrainer:
                 loss.backward()
                 share = float(batch.response_mask.sum()) / total_tokens
                 totals["pg_loss"] += float(pg_loss.detach())
-                for key in ("pg_clipfrac", "ppo_kl", "pg_clipfrac_lower"):
-                    totals[key] += metrics[key] * share
+                for key in ("pg_clipfrac", "ppo_kl", "pg_clipfrac_lower", "rollout_is_mean", "rollout_is_truncated"):
+                    if key in totals:
+                        totals[key] += metrics[key] * share
             grad_norm = self.clip_and_step(self.optimizer)
         self.step += 1
         self.policy_version += 1

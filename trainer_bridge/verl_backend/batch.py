@@ -3,7 +3,9 @@
 Called by the verl backend's ``update``: ``build_verl_batch`` lays the samples out exactly as
 ``verl.experimental.agent_loop.AgentLoopWorker`` does for one LLM call per row
 (``_agent_loop_postprocess`` + ``_postprocess``): prompts left-padded, responses right-padded,
-masks, position ids from verl's own ``compute_position_id_with_mask``, the engine's logprobs as
+masks (a merged row of several calls, ``trajectory_merge``, is verl's multi-turn layout: the
+tokens between the calls' responses are attended to but have ``response_mask`` 0), position
+ids from verl's own ``compute_position_id_with_mask``, the engine's logprobs as
 ``rollout_log_probs``, the reward at the last response token. spanrl computes the advantages
 (credit assignment, GRPO, per-rollout weighting) and writes them into ``advantages`` and
 ``returns``, so verl's advantage estimator is not run and both backends train on the same
@@ -78,13 +80,14 @@ def build_verl_batch(samples: Sequence[TrainingSample], *, pad_token_id: int, ma
     - ``prompts [B, P]`` left-padded, ``responses [B, T]`` right-padded with ``pad_token_id``;
       ``input_ids [B, P+T]`` their concatenation, ``attention_mask [B, P+T]`` 1 on real tokens,
       ``position_ids [B, P+T]`` by verl's ``compute_position_id_with_mask`` (0 on padding,
-      0.. on real tokens), ``response_mask [B, T]`` 1 on response tokens (all int64);
+      0.. on real tokens), ``response_mask [B, T]`` 1 on response tokens trained on, 0 on
+      padding and on a merged row's tokens in between (all int64);
     - ``rollout_log_probs [B, T]`` float32, the engine's logprobs, 0 on padding (only when
       every kept sample has them: ``VerlBatch.has_rollout_log_probs``);
-    - ``advantages``, ``returns [B, T]`` float32: the sample's advantage on its response
-      tokens, 0 on padding;
+    - ``advantages``, ``returns [B, T]`` float32: the advantage of each response token (its
+      call's in a merged row), 0 on padding and masked tokens;
     - ``token_level_scores``, ``token_level_rewards [B, T]`` float32: the sample's reward at
-      its last response token, 0 elsewhere.
+      its last trained response token, 0 elsewhere.
 
     Non-tensor: ``uid`` (the GRPO group id), ``rollout_id``, ``turn_index``; meta_info
     ``temperature`` (the sampling temperature, which verl divides the logits by when it
@@ -94,8 +97,8 @@ def build_verl_batch(samples: Sequence[TrainingSample], *, pad_token_id: int, ma
     """
     if max_prompt_length < 1 or max_response_length < 1:
         raise ValueError("max_prompt_length and max_response_length must be at least 1")
-    empty = [s for s in samples if not s.prompt_token_ids or not s.response_token_ids]
-    usable = [s for s in samples if s.prompt_token_ids and s.response_token_ids]
+    empty = [s for s in samples if not s.prompt_token_ids or not s.response_token_ids or not s.loss_token_count]
+    usable = [s for s in samples if s.prompt_token_ids and s.response_token_ids and s.loss_token_count]
     kept = [s for s in usable if _fits(s, max_prompt_length, max_response_length)]
     dropped_overlong = len(usable) - len(kept)
     if dropped_overlong:
@@ -115,6 +118,7 @@ def build_verl_batch(samples: Sequence[TrainingSample], *, pad_token_id: int, ma
     responses = torch.full((rows, max_response_length), pad_token_id, dtype=torch.int64)
     prompt_mask = torch.zeros((rows, max_prompt_length), dtype=torch.int64)
     response_mask = torch.zeros((rows, max_response_length), dtype=torch.int64)
+    response_attention = torch.zeros((rows, max_response_length), dtype=torch.int64)
     advantages = torch.zeros((rows, max_response_length), dtype=torch.float32)
     scores = torch.zeros((rows, max_response_length), dtype=torch.float32)
     logprobs = [_usable_logprobs(s) for s in kept]
@@ -125,17 +129,22 @@ def build_verl_batch(samples: Sequence[TrainingSample], *, pad_token_id: int, ma
         prompts[row, max_prompt_length - prompt_length:] = torch.tensor(list(sample.prompt_token_ids))
         prompt_mask[row, max_prompt_length - prompt_length:] = 1
         responses[row, :response_length] = torch.tensor(list(sample.response_token_ids))
-        response_mask[row, :response_length] = 1
-        advantages[row, :response_length] = float(sample.advantage)
-        scores[row, response_length - 1] = float(sample.reward)
+        loss_mask = sample.loss_mask
+        response_mask[row, :response_length] = torch.tensor(loss_mask, dtype=torch.int64)
+        response_attention[row, :response_length] = 1
+        advantages[row, :response_length] = torch.tensor(sample.response_advantages, dtype=torch.float32)
+        advantages[row, :response_length] *= response_mask[row, :response_length]
+        last_trained = max(t for t, m in enumerate(loss_mask) if m)
+        scores[row, last_trained] = float(sample.reward)
         values = logprobs[row]
         if values is not None:
-            rollout_log_probs[row, :response_length] = torch.tensor(list(values), dtype=torch.float32)
+            rollout_log_probs[row, :response_length] = (torch.tensor(list(values), dtype=torch.float32)
+                                                        * response_mask[row, :response_length])
     if not has_logprobs:
         logger.info("%d of %d samples carry no usable engine logprobs: old log-probs are recomputed by verl",
                     sum(values is None for values in logprobs), rows)
 
-    attention_mask = torch.cat([prompt_mask, response_mask], dim=1)
+    attention_mask = torch.cat([prompt_mask, response_attention], dim=1)
     tensors: dict[str, torch.Tensor] = {
         "prompts": prompts,
         "responses": responses,
