@@ -243,3 +243,7 @@ class TrainSettings:
         if self.async_training and self.off_policy_rollouts == "correct" and self.backend != "torch":
             raise SettingError("async_training with off_policy_rollouts 'correct' (importance sampling) runs on the "
                                "torch backend only; with backend verl set off_policy_rollouts: drop")
+        if self.async_training and self.val_tasks and not self.val_only:
+            # validation rounds would replace the async dispatcher's one long-lived round of groups
+            raise SettingError("val_tasks with async_training is not supported yet: validate the checkpoints "
+                               "with `spanrl train CONFIG --val-only --resume`, or train without async_training")
