@@ -120,12 +120,14 @@ def answer_rows(rows: list[tuple]) -> list[list]:
 
 
 def make_tasks(seed: int = 0, validation_fraction: float = VALIDATION_FRACTION) -> tuple[list[dict], list[dict]]:
-    """``(train, validation)`` tasks: every question, shuffled with ``seed``, with its gold answer."""
-    questions = all_questions()
-    random.Random(seed).shuffle(questions)
+    """``(train, validation)`` tasks: every question with a non-empty gold answer, shuffled with ``seed``."""
+    answered = [(q, answer_rows(run_query(q.sql))) for q in all_questions()]
+    # a question whose answer is no rows is left out: any query that finds nothing would match it
+    answered = [(q, answer) for q, answer in answered if answer]
+    random.Random(seed).shuffle(answered)
     tasks = [
-        {"id": f"sql-{i}", "question": q.question, "sql": q.sql, "answer": answer_rows(run_query(q.sql))}
-        for i, q in enumerate(questions)
+        {"id": f"sql-{i}", "question": q.question, "sql": q.sql, "answer": answer}
+        for i, (q, answer) in enumerate(answered)
     ]
     cut = len(tasks) - int(len(tasks) * validation_fraction)
     return tasks[:cut], tasks[cut:]
