@@ -34,6 +34,7 @@ from typing import Any
 from openinference.semconv.trace import MessageAttributes, SpanAttributes
 
 from spanrl.instrumentation import semconv
+from spanrl.otlp_receiver.agent_names import AgentNames
 from spanrl.otlp_receiver.air import AirRule
 from spanrl.otlp_receiver.credit import credit_function
 from spanrl.otlp_receiver.retokenize import RetokenizeError, Retokenizer
@@ -307,16 +308,6 @@ def _response_choices(attributes: dict[str, Any]) -> list[int]:
     return choices
 
 
-def _agent_name(record: SpanRecord) -> str | None:
-    node: SpanRecord | None = record
-    while node is not None:
-        name = node.attributes.get(semconv.AGENT_NAME)
-        if isinstance(name, str):
-            return name
-        node = node.parent
-    return None
-
-
 def _transition_steps(
     rollout_id: str,
     tree: SpanTree,
@@ -326,6 +317,7 @@ def _transition_steps(
     problems: list[str],
 ) -> list[dict[str, Any]]:
     steps: list[dict[str, Any]] = []
+    agent_names = AgentNames(tree, calls.merged_into)
     for call in sorted(calls.kept, key=lambda r: (r.start_ns, r.pre)):
         attributes = call.attributes
         prompt = attributes.get(semconv.LLM_PROMPT_TOKEN_IDS)
@@ -354,7 +346,7 @@ def _transition_steps(
                 dict(
                     rollout_id=rollout_id,
                     span_id=call.key,
-                    agent_name=_agent_name(call),
+                    agent_name=agent_names.for_call(call),
                     prompt_token_ids=tuple(prompt or ()),  # not None: checked above
                     response_token_ids=tuple(response_ids or ()),  # not None: checked above
                     response_logprobs=None if logprobs is None else tuple(float(x) for x in logprobs),

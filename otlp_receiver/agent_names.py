@@ -1,0 +1,90 @@
+"""Which agent made an LLM call, read from what the agent's frameworks already record.
+
+Called by rollout assembly (``assembly._agent_name``) for each kept call; the name lands in
+``Transition.agent_name``, which ``agents:`` in the train config selects on. No agent code is
+needed: frameworks name their agents on their own spans, and the call's SDK span lies under them
+(the OpenAI Agents SDK through openinference's processor, AutoGen's ``invoke_agent`` spans) or
+has a framework span of the same call merged into it (openinference's LangChain tracer, whose
+LLM span carries LangGraph's node in its ``metadata``).
+
+Resolution, over the call's *lineage* — the call span, the framework spans merged into it, then
+the call's ancestors nearest first, then the merged spans' ancestors:
+1. ``spanrl.agent.name`` (``spanrl.instrumentation.agent()``, or the resource's) on any span of
+   the lineage, the nearest: a name the user gave beats one a framework inferred;
+2. else the nearest span of the lineage carrying one of, in this order on one span:
+   ``gen_ai.agent.name`` (OTel GenAI conventions), ``agent.name`` and ``graph.node.id``
+   (OpenInference), ``langgraph_node`` in the OpenInference ``metadata`` JSON (LangGraph);
+3. else none.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Mapping
+
+from openinference.semconv.trace import SpanAttributes
+
+from spanrl.instrumentation import semconv
+from spanrl.otlp_receiver.span_tree import SpanRecord, SpanTree
+
+GENAI_AGENT_NAME = "gen_ai.agent.name"
+# Framework attributes naming an agent, in precedence order on one span.
+FRAMEWORK_NAME_KEYS = (GENAI_AGENT_NAME, SpanAttributes.AGENT_NAME, SpanAttributes.GRAPH_NODE_ID)
+LANGGRAPH_NODE_KEY = "langgraph_node"  # in the metadata LangGraph gives every run inside a node
+
+
+class AgentNames:
+    """Agent names of one rollout's calls; built once per assembly (it caches per span)."""
+
+    def __init__(self, tree: SpanTree, merged_into: Mapping[str, SpanRecord]) -> None:
+        self._merged: dict[str, list[SpanRecord]] = {}
+        for framework_key, call in merged_into.items():
+            framework = tree.by_key.get(framework_key)
+            if framework is not None:
+                self._merged.setdefault(call.key, []).append(framework)
+        self._framework_name_of: dict[str, str | None] = {}
+
+    def for_call(self, call: SpanRecord) -> str | None:
+        for record in self._lineage(call):
+            name = record.attributes.get(semconv.AGENT_NAME)
+            if isinstance(name, str) and name:
+                return name
+        for record in self._lineage(call):
+            name = self._framework_name(record)
+            if name is not None:
+                return name
+        return None
+
+    def _lineage(self, call: SpanRecord) -> Iterator[SpanRecord]:
+        merged = self._merged.get(call.key, [])
+        yield call
+        yield from merged
+        seen = {call.key, *(m.key for m in merged)}
+        for start in (call, *merged):
+            node = start.parent
+            while node is not None and node.key not in seen:
+                seen.add(node.key)
+                yield node
+                node = node.parent
+
+    def _framework_name(self, record: SpanRecord) -> str | None:
+        if record.key not in self._framework_name_of:
+            self._framework_name_of[record.key] = framework_agent_name(record.attributes)
+        return self._framework_name_of[record.key]
+
+
+def framework_agent_name(attributes: Mapping[str, object]) -> str | None:
+    """The agent name a framework recorded on one span, if any."""
+    for key in FRAMEWORK_NAME_KEYS:
+        name = attributes.get(key)
+        if isinstance(name, str) and name:
+            return name
+    metadata = attributes.get(SpanAttributes.METADATA)
+    if isinstance(metadata, str) and LANGGRAPH_NODE_KEY in metadata:
+        try:
+            node = json.loads(metadata).get(LANGGRAPH_NODE_KEY)
+        except (ValueError, AttributeError):  # not JSON, or not a JSON object
+            return None
+        if isinstance(node, str) and node:
+            return node
+    return None
