@@ -30,9 +30,11 @@ import re
 import sqlite3
 import sys
 import threading
+from dataclasses import dataclass
 from typing import Any, TypedDict
 
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage, ToolMessage
+from langchain_core.runnables import RunnableConfig
 from langchain_core.tools import tool
 from langchain_openai import ChatOpenAI
 from langgraph.graph import END, START, StateGraph
@@ -56,6 +58,8 @@ _FENCE = re.compile(r"^```(?:sql)?\s*|\s*```$", re.IGNORECASE)
 @tool
 def run_sql(query: str) -> str:
     """Run one SQLite query on the company database and return its rows."""
+    if not query.strip():
+        raise ValueError("empty query")
     return format_rows(run_query(query))
 
 
@@ -72,6 +76,8 @@ def try_query(query: str) -> str:
 def result_text(query: str) -> str:
     """What ``try_query`` returns for ``query``, without the tool (no LangChain run, no span)."""
     try:
+        if not query.strip():
+            raise ValueError("empty query")
         result = format_rows(run_query(query))
     except QUERY_ERRORS as exc:
         result = f"ERROR: {exc}"
@@ -86,24 +92,34 @@ class SqlState(TypedDict, total=False):
     rewrites: int
 
 
-_model: ChatOpenAI | None = None
-_model_lock = threading.Lock()
+@dataclass(frozen=True)
+class ModelConfig:
+    """Where the agents' model is and how it samples; ``from_env()`` reads the usual variables."""
+
+    base_url: str | None = None
+    model: str = "policy"
+    temperature: float = 1.0
+
+    @classmethod
+    def from_env(cls) -> ModelConfig:
+        return cls(base_url=os.environ.get("OPENAI_BASE_URL"), model=os.environ.get("OPENAI_MODEL", "policy"),
+                   temperature=float(os.environ.get("AGENT_TEMPERATURE", "1.0")))
 
 
-def chat_model() -> ChatOpenAI:
-    """The chat model, configured from the environment like any OpenAI client (one per process)."""
-    global _model
-    with _model_lock:
-        if _model is None:
-            _model = ChatOpenAI(
-                model=os.environ.get("OPENAI_MODEL", "policy"),
-                base_url=os.environ.get("OPENAI_BASE_URL"),
-                temperature=float(os.environ.get("AGENT_TEMPERATURE", "1.0")),
+_models: dict[ModelConfig, ChatOpenAI] = {}
+_models_lock = threading.Lock()
+
+
+def chat_model(config: ModelConfig) -> ChatOpenAI:
+    """The chat model of ``config`` (one per configuration and process)."""
+    with _models_lock:
+        if config not in _models:
+            _models[config] = ChatOpenAI(
+                model=config.model, base_url=config.base_url, temperature=config.temperature,
                 max_tokens=MAX_TOKENS,  # type: ignore[call-arg]  # pydantic alias
-                max_retries=0,
-                timeout=120.0,
+                max_retries=0, timeout=120.0,
             )
-        return _model
+        return _models[config]
 
 
 def query_of(reply: BaseMessage) -> str:
@@ -119,9 +135,14 @@ def query_of(reply: BaseMessage) -> str:
     return ""
 
 
-def write(state: SqlState) -> SqlState:
+def model_of(config: RunnableConfig) -> ChatOpenAI:
+    """The chat model this run was given (``configurable: {"model": ModelConfig}``)."""
+    return chat_model(config.get("configurable", {}).get("model") or ModelConfig.from_env())
+
+
+def write(state: SqlState, config: RunnableConfig) -> SqlState:
     """The writer: may try one round of ``run_sql`` calls, then gives its final query."""
-    model = chat_model().bind_tools([run_sql])
+    model = model_of(config).bind_tools([run_sql])
     messages: list[BaseMessage] = [SystemMessage(WRITER_PROMPT), HumanMessage(state["question"])]
     reply = model.invoke(messages)
     if isinstance(reply, AIMessage) and reply.tool_calls:
@@ -134,23 +155,23 @@ def write(state: SqlState) -> SqlState:
 
 
 def execute(state: SqlState) -> SqlState:
-    return {"result": try_query(state["query"]) if state["query"] else "ERROR: no query"}
+    return {"result": try_query(state["query"])}  # an empty query fails too: its writer wrote nothing
 
 
 def describe(state: SqlState) -> str:
     return f"Question: {state['question']}\nQuery: {state['query']}\nResult: {state['result']}"
 
 
-def check(state: SqlState) -> SqlState:
+def check(state: SqlState, config: RunnableConfig) -> SqlState:
     """The checker: ``OK`` or an objection (anything else)."""
-    reply = chat_model().invoke([SystemMessage(CHECKER_PROMPT), HumanMessage(describe(state))])
+    reply = model_of(config).invoke([SystemMessage(CHECKER_PROMPT), HumanMessage(describe(state))])
     text = reply.content if isinstance(reply.content, str) else ""
     return {"verdict": "OK" if text.strip().upper().startswith("OK") else "WRONG"}
 
 
-def rewrite(state: SqlState) -> SqlState:
+def rewrite(state: SqlState, config: RunnableConfig) -> SqlState:
     """The rewriter: a corrected query for the one the checker objected to."""
-    reply = chat_model().invoke([SystemMessage(REWRITER_PROMPT), HumanMessage(describe(state))])
+    reply = model_of(config).invoke([SystemMessage(REWRITER_PROMPT), HumanMessage(describe(state))])
     return {"query": query_of(reply), "rewrites": state.get("rewrites", 0) + 1}
 
 
@@ -180,12 +201,13 @@ def build_graph() -> Any:
 _graph: Any = None
 
 
-def answer(question: str) -> str:
-    """Run the agents on one question; return the final query ('' when the model gave none)."""
+def answer(question: str, model: ModelConfig | None = None) -> str:
+    """Run the agents on one question; return the final query ('' when the model gave none).
+    ``model``: where the agents' model is (default: from the environment)."""
     global _graph
     if _graph is None:
         _graph = build_graph()
-    final = _graph.invoke({"question": question})
+    final = _graph.invoke({"question": question}, config={"configurable": {"model": model or ModelConfig.from_env()}})
     return str(final.get("query", ""))
 
 
