@@ -98,10 +98,14 @@ def test_function_call_items_are_rendered_into_the_prompt(server, engine):
     response = client(server).responses.create(model=engine.model_name, input=items, max_output_tokens=6,
                                                extra_body=IDS)
     prompt_ids, output_ids = ids_of(response.model_dump())
-    call = '<tool_call>\n{"name": "add", "arguments": {"a": 37, "b": 45}}\n</tool_call>'
+    call = {"id": "call_1", "type": "function", "function": {"name": "add", "arguments": '{"a": 37, "b": 45}'}}
     assert prompt_ids == engine.encode_chat([
         {"role": "system", "content": "Use the calculator."}, {"role": "user", "content": QUESTION},
-        {"role": "assistant", "content": call}, {"role": "tool", "content": "82"}])
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "content": "82", "tool_call_id": "call_1"}])
+    rendered = engine.tokenizer.decode(prompt_ids)
+    assert '<tool_call>\n{"name": "add", "arguments": {"a": 37, "b": 45}}\n</tool_call>' in rendered
+    assert "<|im_start|>user\n<tool_response>\n82\n</tool_response><|im_end|>" in rendered
     assert engine.tokenizer.decode(output_ids, skip_special_tokens=True) == response.output_text
 
 

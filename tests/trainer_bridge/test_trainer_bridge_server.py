@@ -277,8 +277,9 @@ def test_every_route_answers_typed_bodies_the_openai_client_parses(server, engin
     assert isinstance(models.data[0], openai.types.Model)
     assert (models.data[0].id, models.data[0].owned_by) == (engine.model_name, "spanrl")
     fields = models.data[0].model_extra["request_fields"]
-    assert "tools" in fields["/v1/chat/completions"]["ignored"]
-    assert {"messages", "return_token_ids", "top_k"} <= set(fields["/v1/chat/completions"]["implemented"])
+    assert "frequency_penalty" in fields["/v1/chat/completions"]["ignored"]
+    assert {"messages", "return_token_ids", "top_k", "tools", "tool_choice"} <= set(
+        fields["/v1/chat/completions"]["implemented"])
     assert "prompt" in fields["/v1/completions"]["implemented"]
 
 
@@ -301,8 +302,9 @@ def test_errors_become_the_openai_clients_exceptions(server, engine, request_fie
 
 @pytest.mark.parametrize("mode", ["api_process", "in_thread"])
 def test_unsupported_fields_are_served_and_logged_once(engine, mode, caplog, capfd):
-    """An agent that sends ``tools`` still gets plain text and a 200; the server says once per
-    field that it ignores it (in the front end's own process when that is a child)."""
+    """An agent that sends fields the server does not implement (``frequency_penalty``) still gets
+    a 200; the server says once per field that it ignores it (in the front end's own process when
+    that is a child). ``tools`` are implemented: not logged, and a reply without a call is text."""
     from spanrl.trainer_bridge.torch_backend.server.api_process import serve_in_process
     from spanrl.trainer_bridge.torch_backend.server.app import serve_in_thread
 
@@ -314,7 +316,7 @@ def test_unsupported_fields_are_served_and_logged_once(engine, mode, caplog, cap
         for _ in range(3):
             raw = api.chat.completions.with_raw_response.create(
                 model=engine.model_name, messages=MESSAGES, max_tokens=3, tools=tools, tool_choice="auto",
-                parallel_tool_calls=False)
+                parallel_tool_calls=False, frequency_penalty=0.5)
             assert raw.status_code == 200
             message = raw.parse().choices[0].message
             assert isinstance(message.content, str) and not message.tool_calls
@@ -326,5 +328,7 @@ def test_unsupported_fields_are_served_and_logged_once(engine, mode, caplog, cap
         logged = capfd.readouterr().err
     else:
         logged = "\n".join(r.getMessage() for r in caplog.records if r.levelname == "WARNING")
-    for field in ("tools", "tool_choice", "parallel_tool_calls", "user"):
+    for field in ("frequency_penalty", "user"):
         assert logged.count(f"field {field!r}") == 1, (field, logged)
+    for field in ("tools", "tool_choice", "parallel_tool_calls"):
+        assert f"field {field!r}" not in logged, (field, logged)

@@ -36,13 +36,56 @@ QWEN2_PRETOKENIZE_REGEX = (
     r"""\s*[\r\n]+|\s+(?!\S)|\s+"""
 )
 
-# ChatML, as Qwen writes it: ``<|im_start|>role\ncontent<|im_end|>\n`` per message.
+# How the functions a request offers (``tools``) open the system prompt, in the form Qwen-family
+# templates use: one JSON object per tool between <tools> tags, and how to call one.
+TOOLS_INTRO = "# Tools\n\nYou may call the functions below; their signatures are inside <tools></tools>:\n<tools>"
+TOOLS_OUTRO = ("\n</tools>\n\nTo call a function, write its name and arguments as a JSON object inside "
+               "<tool_call></tool_call> tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": "
+               "<args-json-object>}\n</tool_call>")
+
+# ChatML, as Qwen writes it: ``<|im_start|>role\ncontent<|im_end|>\n`` per message. With tools (as
+# Qwen2.5/Qwen3 templates do): the tools block joins the system message; an assistant message's
+# ``tool_calls`` follow its content as ``<tool_call>\n{"name": ..., "arguments": ...}\n</tool_call>``
+# (``arguments`` written verbatim when it is a JSON string, so a call the server returned renders
+# back exactly as sampled); consecutive ``tool`` messages form one user turn of
+# ``<tool_response>`` blocks. ``chat_format.render_chatml`` renders the same text in Python.
 CHAT_TEMPLATE = (
-    "{%- for message in messages %}"
-    "{%- if message['content'] is string %}{%- set content = message['content'] %}"
-    "{%- else %}{%- set content = message['content'] | map(attribute='text') | join('') %}"
+    "{%- set ns = namespace(system_done=false) %}"
+    "{%- macro text(message) %}"
+    "{%- if message['content'] is string %}{{- message['content'] }}"
+    "{%- elif message['content'] is not none and message['content'] is defined %}"
+    "{{- message['content'] | map(attribute='text') | join('') }}"
     "{%- endif %}"
-    "{{- '<|im_start|>' + message['role'] + '\\n' + content + '<|im_end|>' + '\\n' }}"
+    "{%- endmacro %}"
+    "{%- if tools %}"
+    "{{- '<|im_start|>system\\n' }}"
+    "{%- if messages[0]['role'] == 'system' %}{{- text(messages[0]) + '\\n\\n' }}"
+    "{%- set ns.system_done = true %}{%- endif %}"
+    "{{- " + repr(TOOLS_INTRO).replace("\n", "\\n") + " }}"
+    "{%- for tool in tools %}{{- '\\n' + (tool | tojson) }}{%- endfor %}"
+    "{{- " + repr(TOOLS_OUTRO).replace("\n", "\\n") + " + '<|im_end|>\\n' }}"
+    "{%- endif %}"
+    "{%- for message in messages %}"
+    "{%- set content = text(message) %}"
+    "{%- if loop.first and ns.system_done %}"
+    "{%- elif message['role'] == 'tool' %}"
+    "{%- if loop.first or messages[loop.index0 - 1]['role'] != 'tool' %}{{- '<|im_start|>user' }}{%- endif %}"
+    "{{- '\\n<tool_response>\\n' + content + '\\n</tool_response>' }}"
+    "{%- if loop.last or messages[loop.index0 + 1]['role'] != 'tool' %}{{- '<|im_end|>\\n' }}{%- endif %}"
+    "{%- elif message['role'] == 'assistant' and message['tool_calls'] %}"
+    "{{- '<|im_start|>assistant\\n' + content }}"
+    "{%- for call in message['tool_calls'] %}"
+    "{%- if call['function'] is defined %}{%- set call = call['function'] %}{%- endif %}"
+    "{%- if content or not loop.first %}{{- '\\n' }}{%- endif %}"
+    "{{- '<tool_call>\\n{\"name\": ' + (call['name'] | tojson) + ', \"arguments\": ' }}"
+    "{%- if call['arguments'] is string %}{{- call['arguments'] }}"
+    "{%- else %}{{- call['arguments'] | tojson }}{%- endif %}"
+    "{{- '}\\n</tool_call>' }}"
+    "{%- endfor %}"
+    "{{- '<|im_end|>\\n' }}"
+    "{%- else %}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + content + '<|im_end|>\\n' }}"
+    "{%- endif %}"
     "{%- endfor %}"
     "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
 )
@@ -104,10 +147,27 @@ def _texts_from_chat_record(record: object) -> Iterator[str]:
                         for part in content:
                             if isinstance(part, dict) and isinstance(part.get("text"), str):
                                 yield part["text"]
+                    yield from _tool_call_texts(message.get("tool_calls"))
+            for tool in record.get("tools") or ():
+                yield json.dumps(tool, ensure_ascii=False)
             return
         for key in ("text", "prompt", "completion", "question", "answer"):
             if isinstance(record.get(key), str):
                 yield record[key]
+
+
+def _tool_call_texts(calls: object) -> Iterator[str]:
+    """A demonstration's tool calls as the chat template writes them (so the tokenizer learns
+    ``<tool_call>`` and the JSON around the arguments)."""
+    for call in calls if isinstance(calls, list) else ():
+        function = call.get("function", call) if isinstance(call, dict) else None
+        if isinstance(function, dict) and isinstance(function.get("name"), str):
+            arguments = function.get("arguments")
+            written = arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
+            name = json.dumps(function["name"], ensure_ascii=False)
+            yield f'<tool_call>\n{{"name": {name}, "arguments": {written}}}\n</tool_call>'
+    if calls:
+        yield "<tool_response>\n</tool_response>"
 
 
 def iter_corpus_texts(path: str | Path) -> Iterator[str]:

@@ -6,7 +6,8 @@ them before GRPO). An example is ``{"messages": [...]}``: the tokens learned are
 serving engine samples after the chat template's generation prompt, each assistant message's
 content and the ``<|im_end|>`` that closes it. Or a ``warm_start.TokenExample``: a call the
 engine already served (prompt and response ids from the receiver's store), whose response ids
-are learned as they are.
+are learned as they are. A chat example may offer ``"tools"`` and hold tool calls (assistant
+``tool_calls``, ``tool`` messages): they are rendered as the policy server renders them.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from spanrl.trainer_bridge.torch_backend.batching import MaskedSequence, micro_batches, pad_batch, token_logprobs
+from spanrl.trainer_bridge.torch_backend.server.chat_format import render_chat
 from spanrl.trainer_bridge.warm_start import TokenExample
 
 if TYPE_CHECKING:
@@ -32,7 +34,7 @@ def encode_example(tokenizer: Any, example: Any) -> MaskedSequence:
     if isinstance(example, TokenExample):
         prompt, response = list(example.prompt_token_ids), list(example.response_token_ids)
         return prompt + response, [0] * len(prompt) + [1] * len(response)
-    return encode_chat_for_sft(tokenizer, messages_of(example))
+    return encode_chat_for_sft(tokenizer, messages_of(example), tools_of(example))
 
 
 def sft_loss(trainer: TorchTrainer, examples: Sequence[Any]) -> float:
@@ -130,8 +132,25 @@ def messages_of(example: Any) -> list[dict]:
     raise ValueError('an SFT example must be {"messages": [{"role": ..., "content": ...}, ...]}')
 
 
+def tools_of(example: Any) -> list[dict] | None:
+    """The functions an example offered the model (``"tools"``, chat-completions form), if any."""
+    tools = example.get("tools") if isinstance(example, dict) else None
+    if tools is not None and not (isinstance(tools, list) and all(isinstance(t, dict) for t in tools)):
+        raise ValueError('an SFT example\'s "tools" must be a list of {"type": "function", "function": {...}}')
+    return tools or None
+
+
+def _check_message(message: Any) -> None:
+    if not isinstance(message, dict) or "role" not in message:
+        raise ValueError("every message needs a 'role'")
+    if "content" not in message and not message.get("tool_calls"):
+        raise ValueError("every message needs 'content' (an assistant message may have 'tool_calls' instead)")
+
+
 def load_chat_jsonl(path: str | Path) -> list[dict]:
-    """Chat examples from a JSONL file; a bad line raises an error naming its line number."""
+    """Chat examples from a JSONL file; a bad line raises an error naming its line number.
+    An example may offer tools (``"tools"``) and contain tool calls: assistant messages with
+    ``tool_calls`` and ``tool`` messages, rendered as the server renders them."""
     examples = []
     with Path(path).open(encoding="utf-8") as handle:
         for number, line in enumerate(handle, start=1):
@@ -140,27 +159,28 @@ def load_chat_jsonl(path: str | Path) -> list[dict]:
             try:
                 record = json.loads(line)
                 messages = messages_of(record)
-                if not all(isinstance(m, dict) and "role" in m and "content" in m for m in messages):
-                    raise ValueError("every message needs 'role' and 'content'")
+                for message in messages:
+                    _check_message(message)
+                tools = tools_of(record)
             except (json.JSONDecodeError, ValueError) as exc:
                 raise ValueError(f"{path}:{number}: not a chat example: {exc}") from exc
-            examples.append({"messages": messages})
+            examples.append({"messages": messages, "tools": tools} if tools else {"messages": messages})
     if not examples:
         raise ValueError(f"{path} holds no chat examples")
     return examples
 
 
-def encode_chat_for_sft(tokenizer: Any, messages: list[dict]) -> MaskedSequence:
+def encode_chat_for_sft(tokenizer: Any, messages: list[dict], tools: list[dict] | None = None) -> MaskedSequence:
     """``(ids, mask)`` for a chat: mask 1 on each assistant message's sampled tokens.
 
     For every assistant message ``i`` the ids before it are the chat template of
-    ``messages[:i]`` with the generation prompt — exactly the prompt the server sends to the
-    model — and its tokens are the content plus the end-of-turn token, up to the first eos
-    that follows (the template's trailing newline is context, not learned).
+    ``messages[:i]`` (and ``tools``) with the generation prompt — exactly the prompt the server
+    sends to the model (``chat_format.render_chat``) — and its tokens are the content and tool
+    calls plus the end-of-turn token, up to the first eos that follows (the template's trailing
+    newline is context, not learned).
     """
     def render(upto: int, generation_prompt: bool) -> list[int]:
-        text = tokenizer.apply_chat_template(messages[:upto], add_generation_prompt=generation_prompt,
-                                             tokenize=False)
+        text = render_chat(tokenizer, messages[:upto], tools, add_generation_prompt=generation_prompt)
         return list(tokenizer.encode(text, add_special_tokens=False))
 
     eos = tokenizer.eos_token_id

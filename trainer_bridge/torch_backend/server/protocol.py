@@ -6,6 +6,10 @@ Used by every route module (``chat_completions.py``, ``completions.py``, ``model
 ``policy_version``. Every wire name of those extras comes from ``spanrl.instrumentation.semconv``
 (as the field's wire alias); an extra is left out of a body when it was not asked for.
 
+Tool calling (``tools``, ``tool_choice``, ``parallel_tool_calls``, ``messages[].tool_calls``,
+``messages[].tool_call_id``) is implemented; the replies' ``tool_calls`` are ``ToolCallOut`` (and,
+streamed, ``DeltaToolCall`` pieces).
+
 Requests accept fields they do not implement (OpenAI clients send many): ``ignored_fields``
 names them so the routes can log them, and ``REQUEST_FIELDS`` lists what is implemented and
 what is known to be ignored (served in ``/v1/models``, documented in docs/policy.md).
@@ -33,9 +37,24 @@ class ContentPart(_Lenient):
     text: str = ""
 
 
+class CalledFunction(_Lenient):
+    name: str
+    arguments: str | dict[str, Any] = "{}"  # a JSON string as OpenAI sends it; an object is accepted
+
+
+class MessageToolCall(_Lenient):
+    """An earlier call of the model, in an assistant message of the history."""
+
+    id: str | None = None
+    type: str = "function"
+    function: CalledFunction
+
+
 class ChatMessage(_Lenient):
     role: str
     content: str | list[ContentPart] | None = None
+    tool_calls: list[MessageToolCall] | None = None  # assistant messages
+    tool_call_id: str | None = None  # tool messages: the call they answer (not rendered: Qwen's templates do not)
 
 
 class StreamOptions(_Lenient):
@@ -68,6 +87,11 @@ class ChatCompletionRequest(SamplingRequest):
     max_completion_tokens: int | None = None
     logprobs: bool = False
     top_logprobs: int | None = None
+    # functions the model may call: {"type": "function", "function": {"name", "description", "parameters"}}
+    # each, kept as sent (their key order is the prompt's)
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None  # "auto" (default with tools), "none", "required", a function
+    parallel_tool_calls: bool | None = None  # false: at most one call is returned
 
     def ignored_fields(self) -> list[str]:
         names = set(super().ignored_fields())
@@ -93,10 +117,10 @@ class WeightsRequest(_Lenient):
 # Fields OpenAI's (or vLLM's) API defines that this server accepts and ignores. Any other
 # unknown field is ignored as well; every ignored field is logged once per server.
 IGNORED_CHAT_FIELDS = (
-    "tools", "tool_choice", "functions", "function_call", "parallel_tool_calls", "response_format",
+    "functions", "function_call", "response_format",
     "frequency_penalty", "presence_penalty", "logit_bias", "user", "metadata", "store", "service_tier",
     "reasoning_effort", "modalities", "audio", "prediction", "web_search_options",
-    "messages[].name", "messages[].tool_calls", "messages[].tool_call_id",
+    "messages[].name",
 )
 IGNORED_COMPLETION_FIELDS = (
     "best_of", "suffix", "frequency_penalty", "presence_penalty", "logit_bias", "user",
@@ -175,9 +199,39 @@ class CompletionLogprobs(ResponseModel):
     text_offset: list[int]
 
 
+class ToolCallFunction(ResponseModel):
+    name: str
+    arguments: str  # the JSON text the model wrote
+
+
+class ToolCallOut(ResponseModel):
+    id: str
+    type: Literal["function"] = "function"
+    function: ToolCallFunction
+
+
 class AssistantMessage(ResponseModel):
+    omitted_when_none = frozenset({"tool_calls"})
     role: Literal["assistant"] = "assistant"
     content: str | None = None
+    tool_calls: list[ToolCallOut] | None = None
+
+
+class DeltaFunction(ResponseModel):
+    omitted_when_none = frozenset({"name", "arguments"})
+    name: str | None = None
+    arguments: str | None = None
+
+
+class DeltaToolCall(ResponseModel):
+    """A streamed piece of a call: the first carries ``id``, ``type`` and the name, the rest
+    fragments of the arguments (as vLLM and OpenAI stream them)."""
+
+    omitted_when_none = frozenset({"id", "type"})
+    index: int
+    id: str | None = None
+    type: Literal["function"] | None = None
+    function: DeltaFunction
 
 
 class ChatCompletionChoice(ResponseModel):
@@ -202,9 +256,10 @@ class ChatCompletionResponse(ResponseModel):
 
 
 class DeltaMessage(ResponseModel):
-    omitted_when_none = frozenset({"role"})
+    omitted_when_none = frozenset({"role", "tool_calls"})
     role: Literal["assistant"] | None = None
     content: str | None = None
+    tool_calls: list[DeltaToolCall] | None = None
 
 
 class ChatCompletionChunkChoice(ResponseModel):
@@ -292,7 +347,8 @@ class PolicyResponse(ResponseModel):
 
 
 __all__ = [
-    "ChatCompletionRequest", "ChatMessage", "CompletionRequest", "ContentPart", "SamplingRequest",
+    "CalledFunction", "ChatCompletionRequest", "ChatMessage", "DeltaFunction", "DeltaToolCall", "MessageToolCall",
+    "ToolCallFunction", "ToolCallOut", "CompletionRequest", "ContentPart", "SamplingRequest",
     "StreamOptions", "WeightsRequest", "IGNORED_CHAT_FIELDS", "IGNORED_COMPLETION_FIELDS", "REQUEST_FIELDS",
     "implemented_fields", "ResponseModel", "Usage", "TopLogprob", "ChatLogprobToken", "ChatLogprobs",
     "CompletionLogprobs", "AssistantMessage", "ChatCompletionChoice", "ChatCompletionResponse", "DeltaMessage",

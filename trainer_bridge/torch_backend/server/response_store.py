@@ -21,7 +21,7 @@ DEFAULT_MAX_STORED_RESPONSES = 4096
 class StoredResponse:
     """A finished response: the chat messages up to and including its reply, and its body."""
 
-    messages: tuple[dict[str, str], ...]
+    messages: tuple[dict[str, Any], ...]
     body: Any  # responses_protocol.ResponsesResponse
 
 

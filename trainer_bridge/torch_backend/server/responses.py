@@ -37,6 +37,7 @@ from spanrl.trainer_bridge.torch_backend.server.responses_input import (
 )
 from spanrl.trainer_bridge.torch_backend.server.responses_protocol import (
     IncompleteDetails,
+    OutputFunctionCall,
     OutputLogprob,
     OutputMessage,
     OutputText,
@@ -60,8 +61,10 @@ from spanrl.trainer_bridge.torch_backend.server.serving import (
     token_events,
     wait_result,
 )
+from spanrl.trainer_bridge.torch_backend.server.tool_calls import ParsedReply, ToolChoiceError, ToolSetup, tool_setup
 
 router = APIRouter()
+OutputItem = OutputMessage | OutputFunctionCall
 
 
 @router.post("/v1/responses")
@@ -77,7 +80,7 @@ async def create_response(request: Request) -> Response:
     conversation += input_messages(body.input)
     if not conversation:
         raise InvalidRequestError("input: the request has no message to answer", param="input")
-    turn = ResponseTurn(engine, state.response_store, body, conversation)
+    turn = ResponseTurn(engine, state.response_store, body, conversation, response_tool_setup(body))
     params = sampling_params(body)
     if body.stream:
         job, bridge = start_stream(engine, turn.prompt_ids, params)
@@ -86,9 +89,10 @@ async def create_response(request: Request) -> Response:
     job, waiter = start_completion(engine, turn.prompt_ids, params)
     result = await wait_result(job, waiter)
     choice = result.choices[0]
-    text = chat_format.parse_assistant_output(choice.text).content
+    reply = chat_format.parse_assistant_output(choice.text, turn.setup)
     logprobs = turn.logprobs(choice.token_ids, choice.logprobs, choice.top_logprobs) if body.wants_logprobs else None
-    response = turn.finish(text, choice.token_ids, logprobs, choice.finish_reason, result.policy_version, params)
+    response = turn.finish(reply, choice.token_ids, logprobs, choice.finish_reason, result.policy_version, params,
+                           sampled_text=choice.text)
     return json_response(response, result.policy_version)
 
 
@@ -124,6 +128,23 @@ def _stored(store: ResponseStore, response_id: str, param: str) -> StoredRespons
     return stored
 
 
+def response_tool_setup(body: ResponsesRequest) -> ToolSetup:
+    """The request's function tools in the chat-completions form the template renders, and what
+    its tool_choice asks for (400 naming the field)."""
+    tools = []
+    for index, tool in enumerate(body.tools or ()):
+        if tool.get("type") != "function" or not isinstance(tool.get("name"), str):
+            raise InvalidRequestError(f"tools[{index}]: this server offers function tools only, "
+                                      "{\"type\": \"function\", \"name\": ..., \"parameters\": ...}",
+                                      param=f"tools[{index}]")
+        function = {key: value for key, value in tool.items() if key not in ("type", "strict")}
+        tools.append({"type": "function", "function": function})
+    try:
+        return tool_setup(tools, body.tool_choice, body.parallel_tool_calls)
+    except ToolChoiceError as exc:
+        raise InvalidRequestError(str(exc), param="tool_choice") from exc
+
+
 def sampling_params(body: ResponsesRequest) -> SamplingParams:
     stops = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
     top_k = body.top_k if body.top_k is not None else 0
@@ -140,23 +161,27 @@ class ResponseTurn:
     """One call: its prompt, the response object at each stage, and storing it when done."""
 
     def __init__(self, engine: ServedEngine, store: ResponseStore, body: ResponsesRequest,
-                 conversation: list[Message]):
+                 conversation: list[Message], setup: ToolSetup | None = None):
         self.engine, self.store, self.body, self.conversation = engine, store, body, conversation
+        self.setup = setup or ToolSetup()
         self.response_id = f"resp_{uuid.uuid4().hex}"
         self.message_id = f"msg_{uuid.uuid4().hex}"
         self.created_at = int(time.time())
         try:
             self.prompt_text = chat_format.render_chat(
-                engine.tokenizer, instructions_messages(body.instructions) + conversation)
+                engine.tokenizer, instructions_messages(body.instructions) + conversation, self.setup.tools)
         except Exception as exc:
             raise InvalidRequestError(f"the input cannot be rendered with the chat template: {exc}",
                                       param="input") from exc
+        self.prompt_text += self.setup.forced_prefix  # the opening of a call tool_choice asks for
         self.prompt_ids = chat_format.encode_text(engine.tokenizer, self.prompt_text)
 
-    def response(self, status: Any, version: int, params: SamplingParams, output: list[OutputMessage] | None = None,
+    def response(self, status: Any, version: int, params: SamplingParams, output: list[OutputItem] | None = None,
                  **fields: Any) -> ResponsesResponse:
         body = self.body
-        return ResponsesResponse(
+        tool_fields: dict[str, Any] = {"tools": body.tools or [], "tool_choice": body.tool_choice or "auto",
+                                       "parallel_tool_calls": body.parallel_tool_calls is not False}
+        return ResponsesResponse(**tool_fields,
             id=self.response_id, created_at=self.created_at, status=status, instructions=body.instructions,
             max_output_tokens=body.max_output_tokens, metadata=body.metadata, model=self.engine.model_name,
             output=output or [], previous_response_id=body.previous_response_id, store=body.store,
@@ -171,22 +196,31 @@ class ResponseTurn:
     def message(self, text: str, logprobs: list[OutputLogprob] | None, status: Any) -> OutputMessage:
         return OutputMessage(id=self.message_id, status=status, content=[OutputText(text=text, logprobs=logprobs)])
 
-    def finish(self, text: str, token_ids: list[int], logprobs: list[OutputLogprob] | None, finish_reason: str | None,
-               version: int, params: SamplingParams) -> ResponsesResponse:
-        """The finished response (stored when asked to): ``status`` incomplete when cut by length."""
+    def finish(self, reply: ParsedReply, token_ids: list[int], logprobs: list[OutputLogprob] | None,
+               finish_reason: str | None, version: int, params: SamplingParams,
+               sampled_text: str | None = None, with_message: bool = False) -> ResponsesResponse:
+        """The finished response (stored when asked to): ``status`` incomplete when cut by length;
+        a message item for the reply's content (or for an empty reply; always ``with_message``, as
+        a stream opened one, and with logprobs, which its text part carries for every sampled
+        token), a ``function_call`` item per call."""
         incomplete = finish_reason == "length"
+        status = "incomplete" if incomplete else "completed"
         extras: dict[str, Any] = {}
         if self.body.enable_response_messages:
             extras["input_messages"] = [RawMessageTokens(message=self.prompt_text, tokens=self.prompt_ids)]
-            extras["output_messages"] = [RawMessageTokens(message=text, tokens=list(token_ids))]
+            output_text = sampled_text if sampled_text is not None else reply.content or ""
+            extras["output_messages"] = [RawMessageTokens(message=output_text, tokens=list(token_ids))]
+        output: list[OutputItem] = []
+        if reply.content or not reply.tool_calls or with_message or logprobs is not None:
+            output.append(self.message(reply.content or "", logprobs, status))
+        output += [OutputFunctionCall(id=f"fc_{call.id.removeprefix('call_')}", call_id=call.id, name=call.name,
+                                      arguments=call.arguments, status=status) for call in reply.tool_calls]
         response = self.response(
-            "incomplete" if incomplete else "completed", version, params,
-            output=[self.message(text, logprobs, "incomplete" if incomplete else "completed")],
-            usage=ResponseUsage.of(len(self.prompt_ids), len(token_ids)),
+            status, version, params, output=output, usage=ResponseUsage.of(len(self.prompt_ids), len(token_ids)),
             incomplete_details=IncompleteDetails(reason="max_output_tokens") if incomplete else None, **extras)
         if self.body.store:
-            messages = (*self.conversation, {"role": "assistant", "content": text})
-            self.store.put(self.response_id, StoredResponse(messages=messages, body=response))
+            answer = chat_format.chat_message("assistant", reply.content, reply.tool_calls)
+            self.store.put(self.response_id, StoredResponse(messages=(*self.conversation, answer), body=response))
         return response
 
     async def events(self, job: GenerationRequest, bridge: StreamBridge, version: int,
@@ -221,13 +255,26 @@ class ResponseTurn:
                 yield sequence.event("error", code=error.code or error.error_type, message=error.message,
                                      param=error.param)
                 return
-            text = chat_format.parse_assistant_output("".join(texts)).content
+            sampled = "".join(texts)
+            reply = chat_format.parse_assistant_output(sampled, self.setup)
             kept_logprobs = logprobs if self.body.wants_logprobs else None
-            done = self.finish(text, token_ids, kept_logprobs, finish_reason, version, params)
-            part = done.output[0].content[0]
-            yield sequence.event("response.output_text.done", **place, text=text, logprobs=logprobs)
-            yield sequence.event("response.content_part.done", **place, part=part)
-            yield sequence.event("response.output_item.done", output_index=0, item=done.output[0])
+            done = self.finish(reply, token_ids, kept_logprobs, finish_reason, version, params,
+                               sampled_text=sampled, with_message=True)
+            message = done.output[0]
+            assert isinstance(message, OutputMessage)
+            yield sequence.event("response.output_text.done", **place, text=message.content[0].text, logprobs=logprobs)
+            yield sequence.event("response.content_part.done", **place, part=message.content[0])
+            yield sequence.event("response.output_item.done", output_index=0, item=message)
+            for index, call in enumerate(done.output[1:], start=1):
+                # the calls' text went out as output_text deltas; each call is an item of its own
+                assert isinstance(call, OutputFunctionCall)
+                yield sequence.event("response.output_item.added", output_index=index,
+                                     item=call.model_copy(update={"arguments": "", "status": "in_progress"}))
+                yield sequence.event("response.function_call_arguments.delta", output_index=index, item_id=call.id,
+                                     delta=call.arguments)
+                yield sequence.event("response.function_call_arguments.done", output_index=index, item_id=call.id,
+                                     arguments=call.arguments)
+                yield sequence.event("response.output_item.done", output_index=index, item=call)
             yield sequence.event("response.completed", response=done)
         finally:
             cancel_unfinished(job)  # the client went away

@@ -2,9 +2,9 @@
 
 Called by ``responses.py``. ``input`` is a string (one user message) or a list of items:
 messages (``{"role", "content"}``, ``"type": "message"`` optional; ``developer`` is rendered as
-``system``), earlier tool calls of the model (``function_call``: an assistant message in the
-hermes form, ``chat_format.tool_call_text``) and their results (``function_call_output``: a
-``tool`` message). ``reasoning`` items are accepted and left out. Each item is validated on its
+``system``), earlier tool calls of the model (``function_call``: the ``tool_calls`` of an
+assistant message, which the chat template renders) and their results (``function_call_output``:
+a ``tool`` message). ``reasoning`` items are accepted and left out. Each item is validated on its
 own, so a malformed one is a 400 naming its field (``input[2].call_id``).
 """
 
@@ -25,8 +25,9 @@ from spanrl.trainer_bridge.torch_backend.server.responses_protocol import (
     MessageItem,
     TextPart,
 )
+from spanrl.trainer_bridge.torch_backend.server.tool_calls import ToolCall
 
-Message = dict[str, str]
+Message = dict[str, Any]
 
 
 def instructions_messages(instructions: str | None) -> list[Message]:
@@ -56,9 +57,10 @@ def input_messages(input_value: str | list[Any]) -> list[Message]:
             role = "system" if item.role == "developer" else item.role
             messages.append({"role": role, "content": _text_of(item.content, f"{where}.content")})
         elif isinstance(item, FunctionCallItem):
-            _append_tool_call(messages, chat_format.tool_call_text(item.name, item.arguments))
+            _append_tool_call(messages, ToolCall(item.call_id, item.name, item.arguments))
         elif isinstance(item, FunctionCallOutputItem):
-            messages.append({"role": chat_format.TOOL_ROLE, "content": _text_of(item.output, f"{where}.output")})
+            messages.append(chat_format.chat_message(chat_format.TOOL_ROLE, _text_of(item.output, f"{where}.output"),
+                                                     tool_call_id=item.call_id))
     return messages
 
 
@@ -87,13 +89,15 @@ def _text_of(content: str | list[TextPart], where: str) -> str:
     return "".join(texts)
 
 
-def _append_tool_call(messages: list[Message], call_text: str) -> None:
+def _append_tool_call(messages: list[Message], call: ToolCall) -> None:
     """Tool calls made in one turn join that turn's assistant message, as chat's ``tool_calls``."""
-    if messages and messages[-1]["role"] == "assistant":
-        previous = messages[-1]["content"]
-        messages[-1] = {"role": "assistant", "content": f"{previous}\n{call_text}" if previous else call_text}
+    last = messages[-1] if messages else None
+    if last is not None and last["role"] == "assistant":
+        earlier = [ToolCall(c["id"], c["function"]["name"], c["function"]["arguments"])
+                   for c in last.get("tool_calls") or ()]
+        messages[-1] = chat_format.chat_message("assistant", last.get("content") or None, [*earlier, call])
     else:
-        messages.append({"role": "assistant", "content": call_text})
+        messages.append(chat_format.chat_message("assistant", None, [call]))
 
 
 __all__ = ["Message", "input_messages", "instructions_messages"]

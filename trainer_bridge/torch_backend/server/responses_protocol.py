@@ -48,6 +48,10 @@ class ResponsesRequest(_Lenient):
     seed: int | None = None
     stop: str | list[str] | None = None
     enable_response_messages: bool = Field(False, validation_alias=semconv.REQUEST_ENABLE_RESPONSE_MESSAGES)
+    # function tools, {"type": "function", "name", "description", "parameters"} each (kept as sent)
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None  # "auto", "none", "required", {"type": "function", "name"}
+    parallel_tool_calls: bool | None = None
 
     def ignored_fields(self) -> list[str]:
         return sorted(self.model_extra or ())
@@ -98,7 +102,7 @@ ITEM_MODELS: dict[str, type[_Lenient]] = {
 
 # Fields OpenAI's Responses API defines that this server accepts and ignores (logged once).
 IGNORED_RESPONSES_FIELDS = (
-    "tools", "tool_choice", "parallel_tool_calls", "max_tool_calls", "text", "reasoning", "truncation",
+    "max_tool_calls", "text", "reasoning", "truncation",
     "user", "service_tier", "background", "prompt", "prompt_cache_key", "safety_identifier", "conversation",
 )
 RESPONSES_REQUEST_FIELDS: dict[str, dict[str, list[str]]] = {
@@ -132,6 +136,17 @@ class OutputMessage(ResponseModel):
     status: Literal["in_progress", "completed", "incomplete"]
     role: Literal["assistant"] = "assistant"
     content: list[OutputText]
+
+
+class OutputFunctionCall(ResponseModel):
+    """A tool call the model made: ``arguments`` is the JSON text it wrote."""
+
+    id: str
+    type: Literal["function_call"] = "function_call"
+    call_id: str
+    name: str
+    arguments: str
+    status: Literal["in_progress", "completed", "incomplete"] = "completed"
 
 
 class InputTokensDetails(ResponseModel):
@@ -184,13 +199,13 @@ class ResponsesResponse(ResponseModel):
     max_output_tokens: int | None = None
     metadata: dict[str, str] | None = None
     model: str
-    output: list[OutputMessage] = Field(default_factory=list)
+    output: list[OutputMessage | OutputFunctionCall] = Field(default_factory=list)
     parallel_tool_calls: bool = True
     previous_response_id: str | None = None
     store: bool = True
     temperature: float
     text: dict[str, Any] = Field(default_factory=lambda: {"format": {"type": "text"}})
-    tool_choice: str = "auto"
+    tool_choice: str | dict[str, Any] = "auto"
     tools: list[Any] = Field(default_factory=list)
     top_logprobs: int | None = None
     top_p: float
@@ -212,7 +227,7 @@ class StreamEvent(ResponseModel):
 __all__ = [
     "FunctionCallItem", "FunctionCallOutputItem", "IGNORED_RESPONSES_FIELDS", "INCLUDE_OUTPUT_LOGPROBS",
     "ITEM_MODELS", "IncompleteDetails", "InputTokensDetails", "LogprobTop", "MessageItem", "OutputLogprob",
-    "OutputMessage", "OutputText", "OutputTokensDetails", "RESPONSES_REQUEST_FIELDS",
+    "OutputFunctionCall", "OutputMessage", "OutputText", "OutputTokensDetails", "RESPONSES_REQUEST_FIELDS",
     "RawMessageTokens", "ResponseError", "ResponseUsage", "ResponsesRequest", "ResponsesResponse",
     "SKIPPED_ITEM_TYPES", "StreamEvent", "TEXT_PART_TYPES", "TextPart",
 ]
