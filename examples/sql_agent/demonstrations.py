@@ -11,8 +11,9 @@ sends it, results as ``try_query`` words them):
 - rewriter: the gold query for a broken or wrong one (with a share of near-misses too).
 
 So the warm model writes SQL often right and sometimes wrong, and RL has something to compare.
-``python -m spanrl.examples.sql_agent.demonstrations --out demos.jsonl`` writes a file for
-``spanrl sft`` / ``warm_start: demonstrations:`` (also the tokenizer's corpus).
+``python -m spanrl.examples.sql_agent.demonstrations --out demos.jsonl --tokenizer-text tools.txt`` writes
+a file for ``spanrl sft`` / ``warm_start: demonstrations:`` and, with the second file, the tokenizer's
+corpus for ``spanrl model init --corpus``.
 """
 
 from __future__ import annotations
@@ -136,14 +137,33 @@ def write_demonstrations(path: str, count: int = 2000, seed: int = 0, near_miss_
             f.write(json.dumps(demonstration(rng.choice(train), rng, near_miss_share)) + "\n")
 
 
+def write_tokenizer_corpus(path: str, demonstrations_file: str) -> None:
+    """Plain text the tokenizer also learns from: the tool-call and tool-response lines as the chat
+    template writes them (the demonstrations' message contents alone leave them out)."""
+    from spanrl.trainer_bridge.torch_backend.model_init import TOOLS_INTRO, TOOLS_OUTRO
+
+    lines = [json.dumps(tool_schema()), "<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>",
+             TOOLS_INTRO, TOOLS_OUTRO]
+    with open(demonstrations_file, encoding="utf-8") as f:
+        for line in f:
+            for message in json.loads(line)["messages"]:
+                for call in message.get("tool_calls") or []:
+                    lines.append(f'{{"name": "run_sql", "arguments": {call["function"]["arguments"]}}}')
+    with open(path, "w", encoding="utf-8") as out:
+        out.write("\n".join(line.replace("\n", " ") for line in lines) + "\n")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--out", required=True)
     parser.add_argument("--count", type=int, default=2000)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--near-miss-share", type=float, default=0.3)
+    parser.add_argument("--tokenizer-text", help="also write the tool-call text lines for `spanrl model init --corpus`")
     args = parser.parse_args()
     write_demonstrations(args.out, args.count, args.seed, args.near_miss_share)
+    if args.tokenizer_text:
+        write_tokenizer_corpus(args.tokenizer_text, args.out)
 
 
 if __name__ == "__main__":

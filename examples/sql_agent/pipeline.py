@@ -63,30 +63,12 @@ class TrainingRun:
     agents: tuple[str, ...] = field(default=TRAINED_AGENTS)
 
 
-def write_tokenizer_corpus(path: str, demonstrations_file: str) -> None:
-    """Plain text the tokenizer also learns from: the tool-call and tool-response lines as the chat
-    template writes them (the demonstrations' message contents alone leave them out)."""
-    from spanrl.trainer_bridge.torch_backend import model_init
-
-    from .demonstrations import tool_schema
-
-    lines = [json.dumps(tool_schema()), "<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>"]
-    lines += [getattr(model_init, name) for name in ("TOOLS_INTRO", "TOOLS_OUTRO") if hasattr(model_init, name)]
-    with open(demonstrations_file, encoding="utf-8") as f:
-        for line in f:
-            for message in json.loads(line)["messages"]:
-                for call in message.get("tool_calls") or []:
-                    lines.append(f'{{"name": "run_sql", "arguments": {call["function"]["arguments"]}}}')
-    with open(path, "w", encoding="utf-8") as out:
-        out.write("\n".join(line.replace("\n", " ") for line in lines) + "\n")
-
-
 def prepare_model(out: str, warm: WarmStart, progress: bool = True) -> str:
     """Create the local model and warm-start it on fresh demonstrations; returns the warm model's folder."""
     from spanrl.trainer_bridge.torch_backend.model_init import create_model_dir
     from spanrl.trainer_bridge.torch_backend.trainer import TorchTrainer, TrainerConfig
 
-    from .demonstrations import demonstration_batches, write_demonstrations
+    from .demonstrations import demonstration_batches, write_demonstrations, write_tokenizer_corpus
 
     os.makedirs(out, exist_ok=True)
     demonstrations = os.path.join(out, "demonstrations.jsonl")
