@@ -110,3 +110,23 @@ def _tool_query(rollout, span_id: str, run_dir: Path) -> str:
                 return value
             return str(parsed.get("query", value)) if isinstance(parsed, dict) else value
     raise AssertionError(f"no span {span_id} in rollout {rollout.rollout_id}")
+
+
+@pytest.mark.timeout(900)
+def test_the_writer_is_served_the_prompt_its_demonstrations_taught(trained_run):
+    """The warm start's writer examples render (with the run_sql tool) to exactly the prompt ids
+    the policy served the writer's first call, so the warm start taught the calls the agent makes."""
+    from spanrl.examples.sql_agent.agent import WRITER_PROMPT
+    from spanrl.examples.sql_agent.demonstrations import tool_schema
+    from spanrl.examples.sql_agent.pipeline import TRAIN_TASKS, load_tasks
+    from spanrl.trainer_bridge.torch_backend.server.chat_format import encode_chat
+
+    questions = {task["id"]: task["question"] for task in load_tasks(TRAIN_TASKS)}
+    tokenizer = AutoTokenizer.from_pretrained(str(trained_run.parent / "model" / "model-warm"))
+    rollouts, _ = SpanStore(str(trained_run / "spanrl.db")).completed_rollouts(since=0)
+    for rollout in rollouts:
+        first = rollout.transitions[0]
+        assert first.agent_name == "writer"
+        messages = [{"role": "system", "content": WRITER_PROMPT},
+                    {"role": "user", "content": questions[rollout.task_id]}]
+        assert list(first.prompt_token_ids) == encode_chat(tokenizer, messages, [tool_schema()])
