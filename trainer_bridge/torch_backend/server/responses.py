@@ -7,7 +7,8 @@ answers with a response object, or with the event sequence the ``openai`` client
 (``response.created``, ``response.in_progress``, ``response.output_item.added``,
 ``response.content_part.added``, ``response.output_text.delta`` per token,
 ``response.output_text.done``, ``response.content_part.done``, ``response.output_item.done``,
-``response.completed``). As vLLM does on this route: ``enable_response_messages`` returns the
+``response.completed``; with tools, a ``function_call`` item per call after the message: see
+docs/policy.md, Tool calling). As vLLM does on this route: ``enable_response_messages`` returns the
 prompt's and the reply's ids (``input_messages`` / ``output_messages``), ``include:
 ["message.output_text.logprobs"]`` the logprobs, and a reply cut by ``max_output_tokens`` ends
 with ``response.completed`` whose status is ``incomplete``. With ``store`` (the default) the
@@ -20,7 +21,7 @@ import json
 import time
 import uuid
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, Literal
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
@@ -204,7 +205,7 @@ class ResponseTurn:
         a stream opened one, and with logprobs, which its text part carries for every sampled
         token), a ``function_call`` item per call."""
         incomplete = finish_reason == "length"
-        status = "incomplete" if incomplete else "completed"
+        status: Literal["incomplete", "completed"] = "incomplete" if incomplete else "completed"
         extras: dict[str, Any] = {}
         if self.body.enable_response_messages:
             extras["input_messages"] = [RawMessageTokens(message=self.prompt_text, tokens=self.prompt_ids)]

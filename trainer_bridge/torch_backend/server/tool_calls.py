@@ -149,7 +149,7 @@ def tool_setup(tools: list[dict[str, Any]] | None, tool_choice: Any, parallel_to
         if tool_choice == "required" or isinstance(tool_choice, dict):
             raise ToolChoiceError("tool_choice asks for a tool call but the request offers no tools: add tools")
         return ToolSetup()
-    names = [tool_name(tool) for tool in offered]
+    names = [name for name in (tool_name(tool) for tool in offered) if name is not None]
     named = chosen_function(tool_choice)
     if named is not None:
         if named not in names:
