@@ -30,7 +30,7 @@ import re
 import sqlite3
 import sys
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypedDict
 
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage, ToolMessage
@@ -99,11 +99,13 @@ class ModelConfig:
     base_url: str | None = None
     model: str = "policy"
     temperature: float = 1.0
+    api_key: str = field(default="unused", repr=False)  # a local endpoint checks none unless told to
 
     @classmethod
     def from_env(cls) -> ModelConfig:
         return cls(base_url=os.environ.get("OPENAI_BASE_URL"), model=os.environ.get("OPENAI_MODEL", "policy"),
-                   temperature=float(os.environ.get("AGENT_TEMPERATURE", "1.0")))
+                   temperature=float(os.environ.get("AGENT_TEMPERATURE", "1.0")),
+                   api_key=os.environ.get("OPENAI_API_KEY") or "unused")
 
 
 _models: dict[ModelConfig, ChatOpenAI] = {}
@@ -116,6 +118,7 @@ def chat_model(config: ModelConfig) -> ChatOpenAI:
         if config not in _models:
             _models[config] = ChatOpenAI(
                 model=config.model, base_url=config.base_url, temperature=config.temperature,
+                api_key=config.api_key,  # type: ignore[arg-type]  # str is accepted for SecretStr
                 max_tokens=MAX_TOKENS,  # type: ignore[call-arg]  # pydantic alias
                 max_retries=0, timeout=120.0,
             )
