@@ -155,9 +155,14 @@ def test_the_responses_api_returns_function_call_items(tool_server, tool_engine)
                                   tool_choice={"type": "function", "name": "get_weather"}, temperature=0,
                                   max_output_tokens=30, stream=True)
     events = list(stream)
+    added = [e.item for e in events if e.type == "response.output_item.added" and e.item.type == "function_call"]
+    fragments = [e.delta for e in events if e.type == "response.function_call_arguments.delta"]
     done = [e.item for e in events if e.type == "response.output_item.done" and e.item.type == "function_call"]
     assert [(d.name, d.arguments) for d in done] == [("get_weather", calls[0].arguments)]
-    assert events[-1].type == "response.completed"
+    assert [a.id for a in added] == [d.id for d in done] and len(fragments) > 1
+    assert "".join(fragments) == calls[0].arguments
+    assert "".join(e.delta for e in events if e.type == "response.output_text.delta") == ""
+    assert events[-1].type == "response.completed" and events[-1].response.output[1].call_id == done[0].call_id
 
 
 def test_malformed_calls_come_back_as_content_never_an_error(server, engine):

@@ -61,9 +61,9 @@ CHAT_TEMPLATE = (
     "{{- '<|im_start|>system\\n' }}"
     "{%- if messages[0]['role'] == 'system' %}{{- text(messages[0]) + '\\n\\n' }}"
     "{%- set ns.system_done = true %}{%- endif %}"
-    "{{- " + repr(TOOLS_INTRO).replace("\n", "\\n") + " }}"
+    "{{- " + repr(TOOLS_INTRO) + " }}"  # a Python literal is a jinja one
     "{%- for tool in tools %}{{- '\\n' + (tool | tojson) }}{%- endfor %}"
-    "{{- " + repr(TOOLS_OUTRO).replace("\n", "\\n") + " + '<|im_end|>\\n' }}"
+    "{{- " + repr(TOOLS_OUTRO) + " + '<|im_end|>\\n' }}"
     "{%- endif %}"
     "{%- for message in messages %}"
     "{%- set content = text(message) %}"

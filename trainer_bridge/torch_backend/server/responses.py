@@ -62,7 +62,15 @@ from spanrl.trainer_bridge.torch_backend.server.serving import (
     token_events,
     wait_result,
 )
-from spanrl.trainer_bridge.torch_backend.server.tool_calls import ParsedReply, ToolChoiceError, ToolSetup, tool_setup
+from spanrl.trainer_bridge.torch_backend.server.tool_calls import (
+    CallDelta,
+    ParsedReply,
+    StreamPiece,
+    ToolCallStream,
+    ToolChoiceError,
+    ToolSetup,
+    tool_setup,
+)
 
 router = APIRouter()
 OutputItem = OutputMessage | OutputFunctionCall
@@ -214,7 +222,7 @@ class ResponseTurn:
         output: list[OutputItem] = []
         if reply.content or not reply.tool_calls or with_message or logprobs is not None:
             output.append(self.message(reply.content or "", logprobs, status))
-        output += [OutputFunctionCall(id=f"fc_{call.id.removeprefix('call_')}", call_id=call.id, name=call.name,
+        output += [OutputFunctionCall(id=function_call_item_id(call.id), call_id=call.id, name=call.name,
                                       arguments=call.arguments, status=status) for call in reply.tool_calls]
         response = self.response(
             status, version, params, output=output, usage=ResponseUsage.of(len(self.prompt_ids), len(token_ids)),
@@ -241,6 +249,10 @@ class ResponseTurn:
             texts: list[str] = []
             logprobs: list[OutputLogprob] = []
             finish_reason = None
+            splitter = ToolCallStream(self.setup.parallel) if self.setup.parses_calls else None
+            if splitter is not None:
+                splitter.feed(self.setup.forced_prefix)
+            said: list[str] = []  # the content streamed
             async for token in token_events(bridge):
                 token_ids.append(token.token_id)
                 texts.append(token.text)
@@ -250,35 +262,68 @@ class ResponseTurn:
                     step = self.logprobs([token.token_id], [token.logprob or 0.0],
                                          [token.top_logprobs] if token.top_logprobs else None)
                     logprobs.extend(step)
-                yield sequence.event("response.output_text.delta", **place, delta=token.text, logprobs=step)
+                piece = StreamPiece(token.text) if splitter is None else splitter.feed(token.text)
+                said.append(piece.content)
+                if splitter is None or piece.content or step:
+                    yield sequence.event("response.output_text.delta", **place, delta=piece.content, logprobs=step)
+                for event in self._call_events(sequence, splitter, piece.calls):
+                    yield event
             if job.error is not None:
                 error = as_api_error(job.error)
                 yield sequence.event("error", code=error.code or error.error_type, message=error.message,
                                      param=error.param)
                 return
-            sampled = "".join(texts)
-            reply = chat_format.parse_assistant_output(sampled, self.setup)
+            if splitter is not None:
+                last = splitter.finish()
+                said.append(last.content)
+                if last.content:
+                    yield sequence.event("response.output_text.delta", **place, delta=last.content, logprobs=[])
+                for event in self._call_events(sequence, splitter, last.calls):
+                    yield event
+            content = "".join(said)
+            reply = ParsedReply(content or None, tuple(splitter.calls)) if splitter and splitter.calls \
+                else ParsedReply(content)
             kept_logprobs = logprobs if self.body.wants_logprobs else None
             done = self.finish(reply, token_ids, kept_logprobs, finish_reason, version, params,
-                               sampled_text=sampled, with_message=True)
+                               sampled_text="".join(texts), with_message=True)
             message = done.output[0]
             assert isinstance(message, OutputMessage)
             yield sequence.event("response.output_text.done", **place, text=message.content[0].text, logprobs=logprobs)
             yield sequence.event("response.content_part.done", **place, part=message.content[0])
             yield sequence.event("response.output_item.done", output_index=0, item=message)
             for index, call in enumerate(done.output[1:], start=1):
-                # the calls' text went out as output_text deltas; each call is an item of its own
                 assert isinstance(call, OutputFunctionCall)
-                yield sequence.event("response.output_item.added", output_index=index,
-                                     item=call.model_copy(update={"arguments": "", "status": "in_progress"}))
-                yield sequence.event("response.function_call_arguments.delta", output_index=index, item_id=call.id,
-                                     delta=call.arguments)
                 yield sequence.event("response.function_call_arguments.done", output_index=index, item_id=call.id,
                                      arguments=call.arguments)
                 yield sequence.event("response.output_item.done", output_index=index, item=call)
             yield sequence.event("response.completed", response=done)
         finally:
             cancel_unfinished(job)  # the client went away
+
+
+    @staticmethod
+    def _call_events(sequence: _Sequence, splitter: ToolCallStream | None,
+                     pieces: tuple[CallDelta, ...]) -> list[str]:
+        """The events of streamed call pieces: a ``function_call`` item opens at a call's first
+        piece (after the message item: output index 1 + the call's), then its arguments' deltas."""
+        events = []
+        for piece in pieces:
+            assert splitter is not None
+            call = splitter.calls[piece.index]
+            item_id = function_call_item_id(call.id)
+            if piece.id is not None:
+                item = OutputFunctionCall(id=item_id, call_id=call.id, name=call.name, arguments="",
+                                          status="in_progress")
+                events.append(sequence.event("response.output_item.added", output_index=1 + piece.index, item=item))
+            if piece.arguments:
+                events.append(sequence.event("response.function_call_arguments.delta", output_index=1 + piece.index,
+                                             item_id=item_id, delta=piece.arguments))
+        return events
+
+
+def function_call_item_id(call_id: str) -> str:
+    """The ``id`` of the ``function_call`` output item of call ``call_...``."""
+    return f"fc_{call_id.removeprefix('call_')}"
 
 
 class _Sequence:
