@@ -3,7 +3,7 @@
 Called by rollout assembly (``assembly._agent_name``) for each kept call; the name lands in
 ``Transition.agent_name``, which ``agents:`` in the train config selects on. No agent code is
 needed: frameworks name their agents on their own spans, and the call's SDK span lies under them
-(the OpenAI Agents SDK through openinference's processor, AutoGen's ``invoke_agent`` spans) or
+(the OpenAI Agents SDK's and AutoGen's ``invoke_agent`` spans, CrewAI's agent spans) or
 has a framework span of the same call merged into it (openinference's LangChain tracer, whose
 LLM span carries LangGraph's node in its ``metadata``).
 

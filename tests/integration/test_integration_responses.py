@@ -43,7 +43,7 @@ def test_an_agents_sdk_agent_with_its_default_model_trains_with_zero_code(policy
     assert "What is 12 + 30?" in prompts[1] and replies[0] in prompts[1]  # continued on the server
     assert "What is 12 + 30?" not in prompts[2]
     assert all(len(t.response_token_ids) == 1 for t in rollout.transitions)
-    # named by the SDK's agent spans (openinference's processor), nothing in the agent's code
+    # named by the SDK's agent spans (spanrl's processor, instrumentation/agents_sdk.py): no agent code
     assert [t.agent_name for t in rollout.transitions] == ["calculator", "calculator", "checker"]
 
 

@@ -8,8 +8,8 @@ agent does with ``set_default_openai_api``): ``calculator`` runs, then ``checker
 server-side conversation state on that API).
 
 Environment: OPENAI_BASE_URL, OPENAI_API_KEY, OPENAI_MODEL. The SDK's own tracing stays on: under
-``opentelemetry-instrument`` openinference's processor takes its traces (agent names included)
-in place of the export to OpenAI's servers.
+``opentelemetry-instrument`` spanrl's processor takes its agent spans (the agents' names) in place
+of the export to OpenAI's servers.
 """
 
 import asyncio
