@@ -49,6 +49,7 @@ logger = logging.getLogger(__name__)
 VARIABLE_TYPES = (str, int, float, bool)
 # Recorded by openinference's instrumentors (OpenAI and LangChain alike) on LLM spans.
 OUTPUT_TEXT_KEY = f"{SpanAttributes.LLM_OUTPUT_MESSAGES}.0.{MessageAttributes.MESSAGE_CONTENT}"
+OUTPUT_ROLE_KEY = f"{SpanAttributes.LLM_OUTPUT_MESSAGES}.0.{MessageAttributes.MESSAGE_ROLE}"
 
 
 @dataclass(frozen=True)
@@ -171,9 +172,12 @@ class _Calls:
 
 
 def _output_text(record: SpanRecord) -> str | None:
-    """The first output message's text an instrumentor recorded on an LLM span, if any."""
+    """The first output message's text an instrumentor recorded on an LLM span, if any; "" for a
+    message recorded without content (an empty reply, or one of tool calls only)."""
     text = record.attributes.get(OUTPUT_TEXT_KEY)
-    return text if isinstance(text, str) else None
+    if isinstance(text, str):
+        return text
+    return "" if isinstance(record.attributes.get(OUTPUT_ROLE_KEY), str) else None
 
 
 def assemble_rollout(
