@@ -21,11 +21,12 @@ thread builds the spans, the SDK's batch processor exports them; a failed export
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import queue
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -122,11 +123,25 @@ EXPORTER_LOGGERS = ("opentelemetry.exporter.otlp.proto.grpc.exporter",
 
 
 class _LastExporterMessage(logging.Filter):
+    """Keeps back the exporter's records logged while the endpoint's own export runs on this
+    thread (``exporting``); any other exporter in the process (an agent's) logs as usual."""
+
     def __init__(self) -> None:
         super().__init__()
         self.message: str | None = None
+        self._local = threading.local()
+
+    @contextlib.contextmanager
+    def exporting(self) -> Iterator[None]:
+        self._local.active = True
+        try:
+            yield
+        finally:
+            self._local.active = False
 
     def filter(self, record: logging.LogRecord) -> bool:
+        if not getattr(self._local, "active", False):
+            return True
         self.message = record.getMessage()
         return False
 
@@ -147,7 +162,8 @@ class _ExportFailuresLoggedOnce(SpanExporter):
 
     def export(self, spans: Sequence[Any]) -> SpanExportResult:
         try:
-            result = self._exporter.export(spans)
+            with _exporter_messages.exporting():
+                result = self._exporter.export(spans)
             reason = _exporter_messages.message or "the exporter reported a failure"
         except Exception as exc:  # noqa: BLE001 - never let the receiver break the endpoint
             result, reason = SpanExportResult.FAILURE, f"{type(exc).__name__}: {exc}"
