@@ -163,6 +163,9 @@ class TrainSettings:
         default=5, metadata={"help": "validate after every N-th step and after the last one"}
     )
     val_attempts: int = field(default=1, metadata={"help": "attempts per validation task"})
+    val_temperature: float | None = field(
+        default=None, metadata={"help": "the temperature validation rollouts are sampled at, whatever the agent asks "
+                                         "(0: greedy); unset: the agent's own"})
     val_only: bool = field(
         default=False,
         metadata={"help": "score val_tasks with the model (or, with --resume, the run's newest checkpoint), "
@@ -204,6 +207,8 @@ class TrainSettings:
             raise SettingError("group_size must be at least 2: GRPO needs a group to compare")
         if self.val_every < 1 or self.val_attempts < 1:
             raise SettingError("val_every and val_attempts must be at least 1")
+        if self.val_temperature is not None and self.val_temperature < 0:
+            raise SettingError(f"val_temperature must be 0 (greedy) or more, got {self.val_temperature}")
         if self.val_only and not self.val_tasks:
             raise SettingError("--val-only scores the held-out tasks: give val_tasks (a task JSONL file)")
         if self.advantage_level not in ("rollout", "transition"):

@@ -68,6 +68,7 @@ class GatewayConfig:
     host: str = "127.0.0.1"
     port: int = 0
     temperature: float | None = None
+    validation_temperature: float | None = None  # validation rollouts' temperature (0: greedy); None: as others
     pause_wait_s: float = 30.0
     retry_after_s: float = 1.0
     request_timeout_s: float = 600.0
@@ -83,6 +84,8 @@ class GatewayConfig:
             raise SettingError(f"gateway port {self.port} is not a port number (0 picks a free one)")
         if self.temperature is not None and self.temperature < 0:
             raise SettingError(f"gateway temperature {self.temperature} must be >= 0 (or unset to pass agents' own)")
+        if self.validation_temperature is not None and self.validation_temperature < 0:
+            raise SettingError(f"gateway validation_temperature {self.validation_temperature} must be >= 0")
         if self.pause_wait_s < 0:
             raise SettingError(f"gateway pause_wait_s must be >= 0, got {self.pause_wait_s}")
         for name in ("retry_after_s", "request_timeout_s", "health_check_interval_s"):

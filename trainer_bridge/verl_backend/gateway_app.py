@@ -25,6 +25,7 @@ from starlette.routing import Route
 
 from spanrl.instrumentation import semconv
 from spanrl.trainer_bridge.endpoint_spans import EndpointSpans
+from spanrl.trainer_bridge.validation import is_validation_rollout
 from spanrl.trainer_bridge.verl_backend.gateway_relay import (
     RelayedStream,
     acquire_upstream,
@@ -83,6 +84,9 @@ async def generate(request: Request) -> Response:
         assert upstream.model is not None
         upstream.requests += 1
         payload = rewrite_request(body, request.url.path, upstream.model, state.config.temperature)
+        if state.config.validation_temperature is not None and is_validation_rollout(
+                request.headers.get(semconv.ROLLOUT_ID_HEADER, "")):
+            payload["temperature"] = state.config.validation_temperature  # not trained on: any temperature
         if body.get("stream"):
             response = await open_stream(state, upstream, request.url.path, payload, version, lease)
             streamed = isinstance(response, RelayedStream)

@@ -33,6 +33,7 @@ logger = logging.getLogger(__name__)
 
 MODULE = "spanrl.trainer_bridge.torch_backend.server.api_process"  # what the child runs
 TOKEN_ENV = "SPANRL_API_PROCESS_TOKEN"  # the bearer token reaches the child here, not in its argv
+VALIDATION_TEMPERATURE_ENV = "SPANRL_API_PROCESS_VALIDATION_TEMPERATURE"
 
 
 @dataclass
@@ -81,7 +82,8 @@ class ProcessServerHandle:
 
 
 def serve_in_process(engine: PolicyEngine, host: str = "127.0.0.1", port: int = 0, api_token: str | None = None,
-                     log_level: str = "warning", startup_timeout: float = 60.0) -> ProcessServerHandle:
+                     log_level: str = "warning", startup_timeout: float = 60.0,
+                     validation_temperature: float | None = None) -> ProcessServerHandle:
     """Serve ``engine`` over HTTP from a child process; ``port=0`` picks a free one.
 
     Starts the engine if it is not running (and then stops it in ``handle.stop()``). Raises
@@ -93,7 +95,8 @@ def serve_in_process(engine: PolicyEngine, host: str = "127.0.0.1", port: int = 
 
         logger.warning("no Unix socketpair here: the policy server's HTTP runs in this process")
         # a thread's handle: the same url, base_url and stop(), but no process to wait() for
-        return serve_in_thread(engine, host, port, api_token, log_level)  # type: ignore[return-value]
+        return serve_in_thread(engine, host, port, api_token, log_level,  # type: ignore[return-value]
+                               validation_temperature=validation_temperature)
     listener = socket.create_server((host, port), backlog=1024)
     bound_port = listener.getsockname()[1]
     ours, theirs = socket.socketpair()
@@ -106,6 +109,9 @@ def serve_in_process(engine: PolicyEngine, host: str = "127.0.0.1", port: int = 
     env.pop(TOKEN_ENV, None)
     if api_token:
         env[TOKEN_ENV] = api_token
+    env.pop(VALIDATION_TEMPERATURE_ENV, None)
+    if validation_temperature is not None:
+        env[VALIDATION_TEMPERATURE_ENV] = repr(float(validation_temperature))
     command = [sys.executable, "-m", MODULE, "--engine-fd", str(theirs.fileno()),
                "--listen-fd", str(listener.fileno()), "--log-level", log_level]
     try:
@@ -135,7 +141,10 @@ def _run_front_end(engine_fd: int, listen_fd: int, log_level: str) -> int:
     channel = FrameChannel(socket.socket(fileno=engine_fd))
     engine = RemoteEngine(channel)
     listener = socket.socket(fileno=listen_fd)
-    config = uvicorn.Config(create_app(engine, os.environ.get(TOKEN_ENV) or None), log_level=log_level,
+    validation_temperature = os.environ.get(VALIDATION_TEMPERATURE_ENV)
+    app = create_app(engine, os.environ.get(TOKEN_ENV) or None,
+                     validation_temperature=None if validation_temperature is None else float(validation_temperature))
+    config = uvicorn.Config(app, log_level=log_level,
                             access_log=False, lifespan="off")
     server = uvicorn.Server(config)
 

@@ -48,17 +48,19 @@ SPANS_FROM_ENVIRONMENT = "environment"  # create_app's default: EndpointSpans.fr
 
 
 def create_app(engine: ServedEngine, api_token: str | None = None,
-               spans: EndpointSpans | None | str = SPANS_FROM_ENVIRONMENT) -> FastAPI:
+               spans: EndpointSpans | None | str = SPANS_FROM_ENVIRONMENT,
+               validation_temperature: float | None = None) -> FastAPI:
     """A FastAPI app serving ``engine``; requires ``Authorization: Bearer <api_token>`` if set.
 
     ``spans``: where its LLM span per generation request goes (``trainer_bridge/endpoint_spans.py``):
-    by default as the environment says (off when it names no OTLP endpoint), None for none."""
+    by default as the environment says (off when it names no OTLP endpoint), None for none.
+    ``validation_temperature``: what validation rollouts are sampled at (``serving.ServerState``)."""
     # a dependency rather than an HTTP middleware: Starlette's BaseHTTPMiddleware costs every
     # request an extra task and stream, which shows at small models' request rates; and only
     # when a token is set, since solving a dependency costs each request too
     dependencies = [Depends(_bearer_token_check(api_token))] if api_token else []
     app = FastAPI(title="spanrl policy server", docs_url=None, redoc_url=None, dependencies=dependencies)
-    app.state.server = ServerState(engine)
+    app.state.server = ServerState(engine, validation_temperature=validation_temperature)
     install_error_handlers(app)
     app.add_middleware(_BodyLimit, max_bytes=MAX_BODY_BYTES)
     if spans == SPANS_FROM_ENVIRONMENT:
@@ -142,7 +144,7 @@ class ServerHandle:
 
 def serve_in_thread(engine: PolicyEngine, host: str = "127.0.0.1", port: int = 0,
                     api_token: str | None = None, log_level: str = "warning",
-                    startup_timeout: float = 30.0) -> ServerHandle:
+                    startup_timeout: float = 30.0, validation_temperature: float | None = None) -> ServerHandle:
     """Run the server for ``engine`` in a daemon thread of this process; ``port=0`` picks a free one.
 
     Starts the engine if it is not running (and then stops it in ``handle.stop()``).
@@ -151,7 +153,8 @@ def serve_in_thread(engine: PolicyEngine, host: str = "127.0.0.1", port: int = 0
 
     owns_engine = not engine.is_running
     engine.start()
-    config = uvicorn.Config(create_app(engine, api_token), host=host, port=port, log_level=log_level,
+    app = create_app(engine, api_token, validation_temperature=validation_temperature)
+    config = uvicorn.Config(app, host=host, port=port, log_level=log_level,
                             access_log=False, lifespan="off")
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, name="spanrl-policy-server", daemon=True)

@@ -89,6 +89,9 @@ class ServerState:
     engine: ServedEngine
     ignored_fields: IgnoredFieldLog = field(default_factory=IgnoredFieldLog)
     response_store: ResponseStore = field(default_factory=ResponseStore)  # the Responses API's state
+    # the temperature validation rollouts are sampled at (``spanrl train``'s val_temperature; 0:
+    # greedy), whatever the agent asked for; None: the agent's own
+    validation_temperature: float | None = None
 
     @staticmethod
     def of(request: Request) -> ServerState:
@@ -104,11 +107,24 @@ async def read_body(request: Request, body_type: type[BodyT]) -> BodyT:
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise InvalidRequestError(f"the request body is not valid JSON: {exc}") from exc
     body = body_type.model_validate(data)
+    pin_validation_temperature(request, body)
     if isinstance(body, SamplingRequest):
         ignored = body.ignored_fields()
         if ignored:
             ServerState.of(request).ignored_fields.note(request.url.path, ignored)
     return body
+
+
+def pin_validation_temperature(request: Request, body: Any) -> None:
+    """A validation rollout's request (its ``x-spanrl-rollout-id`` names a validation round) is
+    sampled at the server's ``validation_temperature`` when one is set."""
+    temperature = ServerState.of(request).validation_temperature
+    if temperature is None or not hasattr(body, "temperature"):
+        return
+    from spanrl.trainer_bridge.validation import is_validation_rollout
+
+    if is_validation_rollout(request.headers.get(semconv.ROLLOUT_ID_HEADER, "")):
+        body.temperature = temperature
 
 
 def check_model(engine: ServedEngine, name: str) -> None:
