@@ -66,7 +66,10 @@ def test_spanrl_serve_answers_and_sigint_stops_both_processes(tiny_model_dir, in
         port = probe.getsockname()[1]
     server = subprocess.Popen([sys.executable, "-m", "spanrl", "serve", str(tiny_model_dir), "--port", str(port),
                                "--threads", "1", "--served-model-name", "tiny"],
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                              # Ctrl-C as in a terminal, also when the tests run as a background job
+                              # (which inherits SIGINT ignored, and then Python never raises KeyboardInterrupt)
+                              preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         deadline = time.monotonic() + 60
         while True:
