@@ -100,6 +100,7 @@ def train(run: TrainingRun, progress: bool = True) -> dict:
     Writes ``spanrl.db``, ``receiver.log``, ``runner.log`` and ``run/`` (metrics, checkpoints) into
     ``run.output_dir``, which starts afresh."""
     from spanrl.demo import wait_for_port
+    from spanrl.trainer_bridge.torch_backend.config import TrainerConfig
     from spanrl.trainer_bridge.train_settings import TrainSettings
     from spanrl.trainer_bridge.training_loop import run_training
 
@@ -130,7 +131,9 @@ def train(run: TrainingRun, progress: bool = True) -> dict:
             group_size=run.group_size, tasks_per_step=run.tasks_per_step, steps=run.steps,
             learning_rate=run.learning_rate, rollout_timeout_s=run.rollout_timeout_s,
             checkpoint_every=run.checkpoint_every, policy_port=policy_port, bridge_port=bridge_port,
-            device=run.device, seed=run.seed, receiver_wait_s=60.0)
+            device=run.device, seed=run.seed, receiver_wait_s=60.0,
+            # every checkpoint of the run is kept: bench_sql_air.py scores each step's
+            trainer=TrainerConfig(keep_checkpoints=max(2, run.steps // max(1, run.checkpoint_every) + 1)))
         return run_training(settings, show_progress=progress)
     finally:
         for child in reversed(children):
