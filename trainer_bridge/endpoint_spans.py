@@ -26,6 +26,7 @@ import logging
 import os
 import queue
 import threading
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -53,6 +54,8 @@ DEFAULT_SCHEDULE_DELAY_MS = 500
 EXPORT_TIMEOUT_S = 5.0
 MAX_QUEUED_CALLS = 10_000  # beyond this, calls are dropped (said once) rather than held in memory
 SERVICE = "spanrl-policy-endpoint"
+# the OpenAI-compatible routes that generate: one span per request to them
+GENERATING_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/responses"})
 
 _PROPAGATOR = CompositePropagator([TraceContextTextMapPropagator(), W3CBaggagePropagator()])
 
@@ -113,6 +116,20 @@ class ServedCall:
     replies: list[dict[str, Any]] = field(default_factory=list)
     end_ns: int = 0
     error: str | None = None
+
+
+def served_call_for(scope: Mapping[str, Any], endpoint: str) -> ServedCall | None:
+    """The call record an ASGI middleware opens for ``scope``: None for a request that is not a
+    ``POST`` to a generating route, or whose trace headers cannot be read (said in ``endpoint``'s
+    name; a span is never worth a request)."""
+    if scope["type"] != "http" or scope.get("method") != "POST" or scope.get("path") not in GENERATING_PATHS:
+        return None
+    try:
+        headers = {key.decode("latin-1").lower(): value.decode("latin-1") for key, value in scope["headers"]}
+        return ServedCall(call_origin(headers), scope["path"], time.time_ns(), streaming=False)
+    except Exception:  # noqa: BLE001 - a span is never worth a request
+        logger.exception("%s: could not read a call's trace headers; no span for it", endpoint)
+        return None
 
 
 # The OTLP exporters log every retry and failure themselves; in a serving process that is a line

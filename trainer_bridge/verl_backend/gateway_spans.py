@@ -11,16 +11,11 @@ Without a call in progress (spans off, another route) ``observe_reply`` is one c
 
 from __future__ import annotations
 
-import logging
 import time
 from contextvars import ContextVar
 from typing import Any
 
-from spanrl.trainer_bridge.endpoint_spans import EndpointSpans, ServedCall, call_origin
-
-logger = logging.getLogger(__name__)
-
-GENERATING_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/responses"})
+from spanrl.trainer_bridge.endpoint_spans import GENERATING_PATHS, EndpointSpans, ServedCall, served_call_for
 
 _current: ContextVar[ServedCall | None] = ContextVar("spanrl_gateway_call", default=None)
 
@@ -40,14 +35,8 @@ class GatewaySpanMiddleware:
         self.spans = spans
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] != "http" or scope.get("method") != "POST" or scope.get("path") not in GENERATING_PATHS:
-            await self.app(scope, receive, send)
-            return
-        try:
-            headers = {key.decode("latin-1").lower(): value.decode("latin-1") for key, value in scope["headers"]}
-            call = ServedCall(call_origin(headers), scope["path"], time.time_ns(), streaming=False)
-        except Exception:  # noqa: BLE001 - a span is never worth a request
-            logger.exception("gateway: could not read a call's trace headers; no span for it")
+        call = served_call_for(scope, "gateway")
+        if call is None:
             await self.app(scope, receive, send)
             return
         status = 500

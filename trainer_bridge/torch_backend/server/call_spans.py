@@ -12,7 +12,6 @@ computes them only then).
 
 from __future__ import annotations
 
-import logging
 import re
 import time
 from collections.abc import AsyncIterator
@@ -20,11 +19,8 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
-from spanrl.trainer_bridge.endpoint_spans import EndpointSpans, ServedCall, call_origin
+from spanrl.trainer_bridge.endpoint_spans import GENERATING_PATHS, EndpointSpans, ServedCall, served_call_for
 
-logger = logging.getLogger(__name__)
-
-GENERATING_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/responses"})
 # the first "id" of a stream's first event: the chunk's id, or the Responses object's in response.created
 _FIRST_ID = re.compile(r'"id"\s*:\s*"([^"\\]+)"')
 
@@ -85,16 +81,11 @@ class CallSpanMiddleware:
         self.spans = spans
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] != "http" or scope.get("method") != "POST" or scope.get("path") not in GENERATING_PATHS:
+        served = served_call_for(scope, "policy endpoint")
+        if served is None:
             await self.app(scope, receive, send)
             return
-        try:
-            headers = {key.decode("latin-1").lower(): value.decode("latin-1") for key, value in scope["headers"]}
-            record = _CallRecord(ServedCall(call_origin(headers), scope["path"], time.time_ns(), streaming=False))
-        except Exception:  # noqa: BLE001 - a span is never worth a request
-            logger.exception("policy endpoint: could not read a call's trace headers; no span for it")
-            await self.app(scope, receive, send)
-            return
+        record = _CallRecord(served)
         token = _current.set(record)
         try:
             await self.app(scope, receive, send)
