@@ -44,6 +44,18 @@ CLAIM_ID = "claim_id"
 ERROR = "error"  # in a finish request (why the attempt failed) and in every error answer
 OK = "ok"
 
+# --- Rollout ids the bridge hands out: <prefix><step>-<task>-a<attempt>-<hex> -------------------
+# The prefix tells a training round's rollouts from a validation round's (scored, never trained
+# on); the policy endpoint reads it from x-spanrl-rollout-id to sample validation greedily.
+TRAINING_ROLLOUT_PREFIX = "s"
+VALIDATION_ROLLOUT_PREFIX = "v"
+
+
+def is_validation_rollout(rollout_id: str) -> bool:
+    """Whether ``rollout_id`` was handed out for a validation round."""
+    return rollout_id.startswith(VALIDATION_ROLLOUT_PREFIX) and rollout_id[1:2].isdigit()
+
+
 # --- How an attempt ended, as a runner reports it ---------------------------------------------
 STATUS_OK = "ok"
 STATUS_FAILED = "failed"

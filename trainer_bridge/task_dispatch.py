@@ -17,7 +17,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from spanrl.bridge_protocol import REPORTABLE_STATUSES, Attempt
+from spanrl.bridge_protocol import REPORTABLE_STATUSES, TRAINING_ROLLOUT_PREFIX, Attempt
 
 logger = logging.getLogger(__name__)
 
@@ -66,7 +66,7 @@ class TaskDispatcher:
         self._last_claim_at: float | None = None  # any round: runners were there then
 
     def open_round(self, step: int, tasks: list[tuple[str, dict]], group_size: int,
-                   prefix: str = "s") -> list[Attempt]:
+                   prefix: str = TRAINING_ROLLOUT_PREFIX) -> list[Attempt]:
         """Queue ``group_size`` attempts of each ``(task_id, task)``; returns them. Their rollout
         ids start with ``prefix`` and the step (``v`` marks validation rounds)."""
         attempts = {}

@@ -24,6 +24,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
+from spanrl.bridge_protocol import VALIDATION_ROLLOUT_PREFIX
+
 if TYPE_CHECKING:
     from .backend import PolicyBackend
     from .train_settings import TrainSettings
@@ -31,13 +33,8 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-VALIDATION_PREFIX = "v"  # rollout ids of validation rounds: v<step>-<task>-a<n>-<uuid>
+VALIDATION_PREFIX = VALIDATION_ROLLOUT_PREFIX  # rollout ids of validation rounds: v<step>-<task>-a<n>-<hex>
 RESULT_FILE = "validation.json"  # written by --val-only into output_dir
-
-
-def is_validation_rollout(rollout_id: str) -> bool:
-    """Whether ``rollout_id`` was made by a validation round (training ids start with ``s``)."""
-    return rollout_id.startswith(VALIDATION_PREFIX) and rollout_id[1:2].isdigit()
 
 
 @dataclass(frozen=True)

@@ -105,10 +105,10 @@ class ChosenRollouts:
 
 def choose_rollouts(config: WarmStartConfig) -> ChosenRollouts:
     """The transitions of the best-rewarded ok rollouts of ``config.store`` (torch-free)."""
+    from spanrl.bridge_protocol import is_validation_rollout
     from spanrl.otlp_receiver.store import SpanStore
 
     from .training_loop import load_reward_function, load_tasks
-    from .validation import is_validation_rollout
 
     if not os.path.isfile(config.store):
         raise UserError(f"store {config.store!r} not found: give the SQLite file `spanrl receive --db` wrote")

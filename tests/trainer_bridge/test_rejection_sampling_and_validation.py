@@ -9,6 +9,7 @@ import random
 
 import pytest
 
+from spanrl.bridge_protocol import is_validation_rollout
 from spanrl.otlp_receiver.transitions import Transition
 from spanrl.trainer_bridge.backend import TrainingSample
 from spanrl.trainer_bridge.metrics import MetricsLog
@@ -16,7 +17,7 @@ from spanrl.trainer_bridge.rejection_sampling import sft_samples
 from spanrl.trainer_bridge.task_dispatch import Attempt, TaskDispatcher
 from spanrl.trainer_bridge.train_settings import TrainSettings
 from spanrl.trainer_bridge.training_loop import ScoredRollout
-from spanrl.trainer_bridge.validation import VALIDATION_PREFIX, Validator, is_validation_rollout
+from spanrl.trainer_bridge.validation import VALIDATION_PREFIX, Validator
 
 
 def transition(rollout_id: str, index: int, response: tuple[int, ...]) -> Transition:

@@ -23,9 +23,9 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from spanrl.bridge_protocol import is_validation_rollout
 from spanrl.instrumentation import semconv
 from spanrl.trainer_bridge.endpoint_spans import EndpointSpans
-from spanrl.trainer_bridge.validation import is_validation_rollout
 from spanrl.trainer_bridge.verl_backend.gateway_relay import (
     RelayedStream,
     acquire_upstream,

@@ -21,6 +21,7 @@ from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel
 
+from spanrl.bridge_protocol import is_validation_rollout
 from spanrl.instrumentation import semconv
 from spanrl.trainer_bridge.torch_backend.engine.requests import (
     EngineLimits,
@@ -121,8 +122,6 @@ def pin_validation_temperature(request: Request, body: Any) -> None:
     temperature = ServerState.of(request).validation_temperature
     if temperature is None or not hasattr(body, "temperature"):
         return
-    from spanrl.trainer_bridge.validation import is_validation_rollout
-
     if is_validation_rollout(request.headers.get(semconv.ROLLOUT_ID_HEADER, "")):
         body.temperature = temperature
 
