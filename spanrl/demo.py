@@ -85,6 +85,20 @@ def wait_for_port(port: int, process: subprocess.Popen, what: str, timeout_s: fl
     raise RuntimeError(f"{what} did not open port {port} within {timeout_s:.0f} s")
 
 
+def stop_processes(children: list[subprocess.Popen], logs: dict[str, Any], timeout_s: float = 10.0) -> None:
+    """Stop ``children`` (the last started first; killed after ``timeout_s``) and close their logs."""
+    for child in reversed(children):
+        if child.poll() is None:
+            child.terminate()
+    for child in children:
+        try:
+            child.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            child.kill()
+    for log in logs.values():
+        log.close()
+
+
 def prepare_model(settings: DemoSettings, out: str) -> str:
     """Create the tiny model and warm-start it; returns the warm model's directory."""
     from spanrl.examples.calc_agent.demonstrations import curriculum_batches, write_demonstrations
@@ -174,16 +188,7 @@ def demo_command(settings: DemoSettings) -> int:
         print(f"spanrl demo: {exc}; see the logs in {out}")
         return 1
     finally:
-        for child in reversed(children):
-            if child.poll() is None:
-                child.terminate()
-        for child in children:
-            try:
-                child.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                child.kill()
-        for log in logs.values():
-            log.close()
+        stop_processes(children, logs)
     print(_curve_text(summary["metrics"]))
     print(f"mean reward {summary['first_reward']:.2f} -> {summary['last_reward']:.2f} in "
           f"{summary['steps']} GRPO steps; {time.monotonic() - started:.0f} s in total")

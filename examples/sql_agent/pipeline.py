@@ -88,18 +88,12 @@ def prepare_model(out: str, warm: WarmStart, progress: bool = True) -> str:
     return warm_dir
 
 
-def _free_port() -> int:
-    from spanrl.demo import free_port
-
-    return free_port()
-
-
 def train(run: TrainingRun, progress: bool = True) -> dict:
     """GRPO on the example with a receiver and a runner of its own; ``run_training``'s summary.
 
     Writes ``spanrl.db``, ``receiver.log``, ``runner.log`` and ``run/`` (metrics, checkpoints) into
     ``run.output_dir``, which starts afresh."""
-    from spanrl.demo import wait_for_port
+    from spanrl.demo import free_port, stop_processes, wait_for_port
     from spanrl.trainer_bridge.torch_backend.config import TrainerConfig
     from spanrl.trainer_bridge.train_settings import TrainSettings
     from spanrl.trainer_bridge.training_loop import run_training
@@ -108,7 +102,7 @@ def train(run: TrainingRun, progress: bool = True) -> dict:
     shutil.rmtree(out, ignore_errors=True)
     os.makedirs(out)
     db = os.path.join(out, "spanrl.db")
-    grpc_port, http_port, policy_port, bridge_port = (_free_port() for _ in range(4))
+    grpc_port, http_port, policy_port, bridge_port = (free_port() for _ in range(4))
     children: list[subprocess.Popen] = []
     logs = {name: open(os.path.join(out, f"{name}.log"), "w") for name in ("receiver", "runner")}
     try:
@@ -136,16 +130,7 @@ def train(run: TrainingRun, progress: bool = True) -> dict:
             trainer=TrainerConfig(keep_checkpoints=max(2, run.steps // max(1, run.checkpoint_every) + 1)))
         return run_training(settings, show_progress=progress)
     finally:
-        for child in reversed(children):
-            if child.poll() is None:
-                child.terminate()
-        for child in children:
-            try:
-                child.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                child.kill()
-        for log in logs.values():
-            log.close()
+        stop_processes(children, logs, timeout_s=15)
 
 
 def load_tasks(path: str | Path) -> list[dict]:
