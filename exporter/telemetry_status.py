@@ -13,7 +13,7 @@ zero transitions. Called from three places:
 - ``hook.pre_instrument``: ``say_if_sdk_disabled``.
 - ``hook.post_instrument``: ``say_if_instrumentor_skipped``.
 
-``spanrl doctor`` (``spanrl/doctor.py``) reuses ``sdk_start_problem`` and ``instrumentor_problem``.
+``spanrl doctor`` (``core/doctor.py``) reuses ``sdk_start_problem`` and ``instrumentor_problem``.
 """
 
 from __future__ import annotations

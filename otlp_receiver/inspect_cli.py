@@ -1,6 +1,6 @@
 """``spanrl inspect``: read the span store (``rollouts``, ``rollout ID``, ``transitions``).
 
-Registered by ``spanrl/cli.py``. Human tables by default, ``--json`` for machines (keys are
+Registered by ``core/cli.py``. Human tables by default, ``--json`` for machines (keys are
 plain words). Safe while a receiver writes the same store (SQLite WAL). Besides what the
 receiver assembled, it shows what ``spanrl train`` trained each rollout with (its reward,
 whatever the source: a reward function, the agent's reward events, AIR; and each transition's

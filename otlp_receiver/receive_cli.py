@@ -1,6 +1,6 @@
 """``spanrl receive``: run the OTLP receiver until SIGTERM or SIGINT.
 
-Registered by ``spanrl/cli.py``, which builds ``ReceiverSettings`` (each flag overrides
+Registered by ``core/cli.py``, which builds ``ReceiverSettings`` (each flag overrides
 ``OTEL_SPANRL_RECEIVER_<FLAG>``, which overrides the ``--config`` YAML file, then the default)
 and prints them at start-up. A receiver that cannot start (port taken, bad AIR rules file,
 unusable store, a store another receiver is writing) raises ``UserError``: one line, exit 2.

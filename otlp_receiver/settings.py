@@ -1,6 +1,6 @@
 """The receiver's settings: CLI flags, then ``OTEL_SPANRL_RECEIVER_*`` variables, a YAML file, defaults.
 
-Built by ``receive_cli`` through ``spanrl/settings_loader.py`` (and by tests and the server
+Built by ``receive_cli`` through ``core/settings_loader.py`` (and by tests and the server
 directly as a dataclass). Every field ``x`` can be set by the flag ``--x`` and the variable
 ``OTEL_SPANRL_RECEIVER_<X>``, e.g. ``OTEL_SPANRL_RECEIVER_TOKEN`` (the prefix is RECEIVER, as the
 agent-side exporter reads the same token variable).

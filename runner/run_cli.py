@@ -1,6 +1,6 @@
 """``spanrl run CONFIG``: the runner command (settings in runner/settings.py).
 
-Registered by ``spanrl/cli.py``, which builds ``RunnerSettings`` (flags > ``OTEL_SPANRL_RUN_*``
+Registered by ``core/cli.py``, which builds ``RunnerSettings`` (flags > ``OTEL_SPANRL_RUN_*``
 > the YAML file > defaults), prints them and calls ``run_command``. A receiver or bridge that
 cannot be reached at start (after ``bridge_wait_s``) is a ``UserError``: one line, exit 2.
 """
@@ -50,7 +50,7 @@ def run_command(settings: RunnerSettings) -> int:
     start_tracing(settings.otlp_endpoint, instrument_openai=settings.agent is not None,
                   service_name="spanrl-runner")
     try:
-        runner = Runner(settings)  # a bad agent spec raises UserError: spanrl/cli.py says it
+        runner = Runner(settings)  # a bad agent spec raises UserError: core/cli.py says it
         signal.signal(signal.SIGTERM, lambda *_: runner.stop())
         counts = runner.run()
     except BridgeUnavailable as exc:  # at start: nothing was run yet, a setting to fix

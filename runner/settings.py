@@ -1,6 +1,6 @@
 """Settings of ``spanrl run``: YAML file, ``--flags`` and ``OTEL_SPANRL_RUN_*`` variables.
 
-Read by ``run_cli`` through ``spanrl/settings_loader.py``; the runner loop (``runner.py``) uses them.
+Read by ``run_cli`` through ``core/settings_loader.py``; the runner loop (``runner.py``) uses them.
 """
 
 from __future__ import annotations

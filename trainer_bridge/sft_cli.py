@@ -1,6 +1,6 @@
 """``spanrl sft MODEL_DIR``: warm-start a model from the command line (supervised fine-tuning).
 
-Registered by ``spanrl/cli.py``, which builds ``SftSettings`` (flags > ``OTEL_SPANRL_SFT_*``
+Registered by ``core/cli.py``, which builds ``SftSettings`` (flags > ``OTEL_SPANRL_SFT_*``
 > the ``--config`` YAML file > defaults), prints them and calls ``sft_command``. The examples
 are a chat JSONL file of demonstrations and/or the best-rewarded rollouts of a receiver store;
 the work is ``warm_start.warm_start_model``, the same as the ``warm_start:`` block of

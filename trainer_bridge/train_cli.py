@@ -1,6 +1,6 @@
 """``spanrl train CONFIG``: the trainer bridge sidecar (settings in train_settings.py).
 
-Registered by ``spanrl/cli.py``, which builds ``TrainSettings`` (flags > ``OTEL_SPANRL_TRAIN_*``
+Registered by ``core/cli.py``, which builds ``TrainSettings`` (flags > ``OTEL_SPANRL_TRAIN_*``
 > the YAML file > defaults), prints them and calls ``train_command``. Bad settings, files and
 ports raise ``spanrl.errors.UserError``: one line and exit 2.
 """

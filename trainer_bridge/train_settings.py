@@ -1,6 +1,6 @@
 """Settings of ``spanrl train``: YAML file, ``--flags`` and ``OTEL_SPANRL_TRAIN_*`` variables.
 
-Read by ``train_cli`` through ``spanrl/settings_loader.py``. The torch trainer and the policy
+Read by ``train_cli`` through ``core/settings_loader.py``. The torch trainer and the policy
 engine are set through the nested ``trainer:`` and ``engine:`` blocks (``TrainerConfig`` and
 ``EngineConfig``), a supervised warm start before the first step through ``warm_start:``
 (``WarmStartConfig``, the options of ``spanrl sft``); the few of their settings that the top

@@ -3,7 +3,7 @@
 ``TrainerConfig`` drives ``trainer.TorchTrainer``; ``EngineConfig`` drives the policy engine
 (``engine.policy_engine.PolicyEngine``). ``spanrl train`` exposes every field through its
 ``trainer:`` and ``engine:`` blocks (flags ``--trainer-<field>``, variables
-``OTEL_SPANRL_TRAIN_TRAINER_<FIELD>``; see ``spanrl/settings_loader.py``), the help of each
+``OTEL_SPANRL_TRAIN_TRAINER_<FIELD>``; see ``core/settings_loader.py``), the help of each
 field is its ``metadata["help"]``. Only ``__post_init__`` imports torch (through ``grpo``),
 for the lists it validates against.
 """

@@ -1,6 +1,6 @@
 """``spanrl model init DIR``: create a small Hugging Face model directory locally.
 
-Registered by ``spanrl/cli.py``, which builds ``ModelInitSettings`` (flags, then
+Registered by ``core/cli.py``, which builds ``ModelInitSettings`` (flags, then
 ``OTEL_SPANRL_MODEL_INIT_<FIELD>`` variables, then the ``--config`` YAML file, then defaults) and
 calls ``_init``; the work is done by ``model_init.create_model_dir``. Imports nothing heavy at
 module level (``model_init`` imports torch and tokenizers only inside its functions).

@@ -1,8 +1,8 @@
 """``spanrl serve MODEL_DIR``: the embedded OpenAI-compatible policy server, standalone.
 
-Registered by ``spanrl/cli.py``, which builds ``ServeSettings`` (flags, then
+Registered by ``core/cli.py``, which builds ``ServeSettings`` (flags, then
 ``OTEL_SPANRL_SERVE_<FIELD>`` variables, then the ``--config`` YAML file, then defaults; see
-``spanrl/settings_loader.py``), prints them at start-up and calls ``_serve``.
+``core/settings_loader.py``), prints them at start-up and calls ``_serve``.
 The engine is ``policy_engine.PolicyEngine``, the HTTP app ``policy_server.create_app``; the
 app runs in a child process (``api_process.py``) unless ``--single-process`` is given.
 Imports nothing heavy at module level.

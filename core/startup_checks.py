@@ -4,7 +4,7 @@
 before they load anything slow (a model), so a taken port is said at once and names the flag
 to change; ``ensure_model_dir`` by ``serve`` and ``train`` before a model is loaded;
 ``wait_until_reachable`` by ``spanrl run``, whose agents' spans would otherwise be dropped
-silently when no receiver listens. All raise ``UserError`` subclasses, which ``spanrl/cli.py``
+silently when no receiver listens. All raise ``UserError`` subclasses, which ``core/cli.py``
 prints as one line (exit 2). Stdlib only.
 """
 

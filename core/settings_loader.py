@@ -298,7 +298,7 @@ class CommandSettings:
     """How one command reads its settings: which dataclass, which variable prefix, which file.
 
     ``add_to`` adds the options to the command's parser (and ``set_defaults(settings=self)``);
-    ``spanrl/cli.py`` then builds the settings with ``from_args``, prints them and calls the
+    ``core/cli.py`` then builds the settings with ``from_args``, prints them and calls the
     command's ``func`` with the settings object.
     """
 

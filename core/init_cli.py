@@ -1,6 +1,6 @@
 """``spanrl init DIR``: scaffold a project that trains an agent of your own with spanrl.
 
-Registered by ``spanrl/cli.py``, which builds ``InitSettings`` and calls ``init_command``. The
+Registered by ``core/cli.py``, which builds ``InitSettings`` and calls ``init_command``. The
 project's files are those of ``examples/own_agent/`` (installed as ``spanrl.examples.own_agent``):
 a plain OpenAI-client agent, a reward function, ``train.yaml``, ``run.yaml`` and a README; then
 its ``make_data.py`` writes ``tasks.jsonl`` and ``demonstrations.jsonl`` in the new folder. With

@@ -1,6 +1,6 @@
 """``spanrl doctor``: check that an environment can train, and say what to fix.
 
-Registered by ``spanrl/cli.py``; run it where the agent runs (the same Python environment).
+Registered by ``core/cli.py``; run it where the agent runs (the same Python environment).
 Checks, in order: the versions of spanrl, openai, the OTel API/SDK/instrumentation, the OTLP
 exporters and protobuf; whether the OTel SDK can start (``exporter/telemetry_status.py``: the
 imports its start-up makes) and is not disabled; the entry points ``opentelemetry-instrument``

@@ -1,6 +1,6 @@
 """Errors the user can fix, as opposed to bugs.
 
-``spanrl/cli.py`` maps a ``UserError`` raised anywhere in a command to one line on stderr
+``core/cli.py`` maps a ``UserError`` raised anywhere in a command to one line on stderr
 (``spanrl <command>: <message>``) and exit status 2; any other exception is a bug and shows its
 traceback (exit status 1). Raise a ``UserError`` (or a subclass) only for things the user can
 change: a setting, a missing file, a taken port. Stdlib only: agent-side code imports it.
