@@ -1,0 +1,253 @@
+"""Read-only access to a span store for the dashboard: open it, and page through its rollouts.
+
+Called by the dashboard's pages (``pages.py``) and by ``run_queries.py``. The store is the
+receiver's SQLite file (schema: ``otlp_receiver/store.py`` and ``trained_rewards.py``), opened
+with ``mode=ro`` so the dashboard can never change it, while a receiver and a trainer write it
+(WAL). Nothing here loads a whole table: the rollouts list is one page of row ids found with
+cheap columns first (``LIMIT``/``OFFSET``), then the details of those rows only. A file that is
+missing, not SQLite, or not a spanrl store raises ``StoreProblem`` with a message for the page.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import urllib.parse
+from dataclasses import dataclass
+
+from spanrl.bridge_protocol import TRAINING_ROLLOUT_PREFIX, VALIDATION_ROLLOUT_PREFIX
+
+REQUIRED_TABLES = ("rollouts", "assembled", "spans")
+TRAINED_TABLE = "trained_rollouts"
+BUSY_TIMEOUT_S = 10.0
+STATUSES = ("ok", "failed", "open", "broken")  # assembled ok/failed, or the receiver's state
+KINDS = ("training", "validation")
+SORTS = {
+    "newest": "r.rowid DESC",
+    "oldest": "r.rowid ASC",
+    "reward_desc": "reward IS NULL, reward DESC, r.rowid DESC",
+    "reward_asc": "reward IS NULL, reward ASC, r.rowid DESC",
+    "task": "r.task_id IS NULL, r.task_id, r.rowid",
+}
+# The reward shown for a rollout: what GRPO trained it with, else the sum of its reward events.
+REWARD_SQL = "coalesce(t.reward, json_extract(a.body, '$.total_reward'))"
+
+
+class StoreProblem(Exception):
+    """The store cannot be read as a spanrl store; the message says why and what to do."""
+
+
+@dataclass
+class StoreReader:
+    """One read-only connection to a store (one per request); ``trained``: the trainer has
+    written its ``trained_rollouts`` table; ``advantages``: and it records advantages."""
+
+    path: str
+    db: sqlite3.Connection
+    trained: bool
+    advantages: bool
+
+    def close(self) -> None:
+        self.db.close()
+
+    def __enter__(self) -> StoreReader:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def open_store(path: str) -> StoreReader:
+    """Open ``path`` read-only; ``StoreProblem`` when it is missing, not SQLite or not spanrl's."""
+    if not os.path.exists(path):
+        raise StoreProblem(f"no span store at {path}: start `spanrl receive --db {path}` (training writes "
+                           "it), or point the dashboard at the receiver's store with --store")
+    if os.path.isdir(path):
+        raise StoreProblem(f"{path} is a folder, not a span store: give the receiver's --db file")
+    uri = "file:" + urllib.parse.quote(os.path.abspath(path)) + "?mode=ro"
+    try:
+        db = sqlite3.connect(uri, uri=True, timeout=BUSY_TIMEOUT_S, check_same_thread=False)
+        tables = {name for name, in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    except sqlite3.DatabaseError as exc:
+        raise StoreProblem(f"{path} is not a spanrl span store: SQLite cannot read it ({exc})") from exc
+    missing = [t for t in REQUIRED_TABLES if t not in tables]
+    if missing:
+        db.close()
+        raise StoreProblem(f"{path} is an SQLite file but not a spanrl span store (it has no table "
+                           f"{', '.join(missing)}); give the file `spanrl receive --db` writes")
+    advantages = False
+    if TRAINED_TABLE in tables:
+        columns = {row[1] for row in db.execute(f"PRAGMA table_info({TRAINED_TABLE})")}
+        advantages = "advantages" in columns
+    return StoreReader(path, db, TRAINED_TABLE in tables, advantages)
+
+
+def step_of_rollout(rollout_id: str) -> tuple[str, int] | None:
+    """``("training", k)`` for a rollout the bridge handed out for step ``k`` (1-based, the
+    metrics row it feeds), ``("validation", k)`` for the validation round after step ``k``;
+    ``None`` for ids the bridge did not make."""
+    prefix, rest = rollout_id[:1], rollout_id[1:]
+    number = rest.split("-", 1)[0]
+    if not number.isdigit() or "-" not in rest:
+        return None
+    if prefix == TRAINING_ROLLOUT_PREFIX:
+        return "training", int(number) + 1
+    if prefix == VALIDATION_ROLLOUT_PREFIX:
+        return "validation", int(number)
+    return None
+
+
+def step_globs(step: int, kind: str | None = None) -> list[str]:
+    """GLOB patterns of the rollout ids of step ``step`` (both kinds unless ``kind`` says)."""
+    patterns = []
+    if kind in (None, "training") and step >= 1:
+        patterns.append(f"{TRAINING_ROLLOUT_PREFIX}{step - 1}-*")
+    if kind in (None, "validation"):
+        patterns.append(f"{VALIDATION_ROLLOUT_PREFIX}{step}-*")
+    return patterns
+
+
+@dataclass(frozen=True)
+class RolloutFilter:
+    """What the rollouts page filters on; ``None`` = any."""
+
+    step: int | None = None
+    task: str | None = None
+    status: str | None = None
+    agent: str | None = None
+    kind: str | None = None
+    reward_min: float | None = None
+    reward_max: float | None = None
+    sort: str = "newest"
+
+
+@dataclass(frozen=True)
+class RolloutRow:
+    """One line of the rollouts page."""
+
+    rollout_id: str
+    task_id: str | None
+    attempt: int | None
+    state: str
+    span_count: int
+    first_seen: float
+    status: str | None           # ok | failed once assembled
+    error: str | None
+    transitions: int | None
+    agents: tuple[str, ...]
+    event_reward: float | None   # sum of its reward events
+    trained_step: int | None     # the step that scored it
+    trained_reward: float | None
+    used: bool | None            # trained on (True), scored but left out of the update (False)
+
+    @property
+    def reward(self) -> float | None:
+        return self.trained_reward if self.trained_reward is not None else self.event_reward
+
+    @property
+    def step(self) -> tuple[str, int] | None:
+        return step_of_rollout(self.rollout_id)
+
+
+@dataclass(frozen=True)
+class RolloutPage:
+    rows: tuple[RolloutRow, ...]
+    page: int
+    has_next: bool
+
+
+def _where(reader: StoreReader, f: RolloutFilter) -> tuple[list[str], list, bool]:
+    """SQL conditions, their parameters, and whether they need the assembled body."""
+    conditions: list[str] = []
+    params: list = []
+    if f.step is not None:
+        globs = step_globs(f.step, f.kind)
+        conditions.append("(" + " OR ".join("r.rollout_id GLOB ?" for _ in globs) + ")" if globs else "0")
+        params.extend(globs)
+    elif f.kind is not None:
+        prefix = TRAINING_ROLLOUT_PREFIX if f.kind == "training" else VALIDATION_ROLLOUT_PREFIX
+        conditions.append("r.rollout_id GLOB ?")
+        params.append(f"{prefix}[0-9]*-*")
+    if f.task is not None:
+        conditions.append("r.task_id = ?")
+        params.append(f.task)
+    needs_body = False
+    if f.status in ("open", "broken"):
+        conditions.append("r.state = ?")
+        params.append(f.status)
+    elif f.status in ("ok", "failed"):
+        conditions.append("r.state = 'assembled' AND json_extract(a.body, '$.status') = ?")
+        params.append(f.status)
+        needs_body = True
+    if f.agent is not None:
+        conditions.append("EXISTS (SELECT 1 FROM json_each(a.body, '$.transitions') j"
+                          " WHERE json_extract(j.value, '$.agent_name') = ?)")
+        params.append(f.agent)
+        needs_body = True
+    for bound, op in ((f.reward_min, ">="), (f.reward_max, "<=")):
+        if bound is not None:
+            conditions.append(f"{REWARD_SQL if reader.trained else REWARD_SQL_NO_TRAINED} {op} ?")
+            params.append(bound)
+            needs_body = True
+    return conditions, params, needs_body
+
+
+REWARD_SQL_NO_TRAINED = "json_extract(a.body, '$.total_reward')"
+
+
+def rollout_page(reader: StoreReader, f: RolloutFilter, page: int, page_size: int) -> RolloutPage:
+    """Page ``page`` (from 1) of the rollouts ``f`` selects, in ``f.sort`` order."""
+    if f.sort not in SORTS:
+        raise ValueError(f"sort must be one of {sorted(SORTS)}, got {f.sort!r}")
+    conditions, params, needs_body = _where(reader, f)
+    by_reward = f.sort.startswith("reward")
+    joins = ""
+    if needs_body or by_reward:
+        joins += " LEFT JOIN assembled a ON a.rollout_id = r.rollout_id"
+    if reader.trained and (by_reward or f.reward_min is not None or f.reward_max is not None):
+        joins += f" LEFT JOIN {TRAINED_TABLE} t ON t.rollout_id = r.rollout_id"
+    reward = (REWARD_SQL if reader.trained else REWARD_SQL_NO_TRAINED) if by_reward else "NULL"
+    where = (" WHERE " + " AND ".join(conditions)) if conditions else ""
+    query = (f"SELECT r.rowid, {reward} AS reward FROM rollouts r{joins}{where}"
+             f" ORDER BY {SORTS[f.sort]} LIMIT ? OFFSET ?")
+    ids = [row[0] for row in reader.db.execute(query, [*params, page_size + 1, (page - 1) * page_size])]
+    rows = rollout_rows(reader, ids[:page_size])
+    return RolloutPage(tuple(rows), page, len(ids) > page_size)
+
+
+def rollout_rows(reader: StoreReader, rowids: list[int]) -> list[RolloutRow]:
+    """The page's lines for these ``rollouts`` row ids, in the order given."""
+    if not rowids:
+        return []
+    trained = (f", t.step, t.reward, t.used FROM rollouts r LEFT JOIN {TRAINED_TABLE} t"
+               " ON t.rollout_id = r.rollout_id" if reader.trained else ", NULL, NULL, NULL FROM rollouts r")
+    query = (
+        "SELECT r.rowid, r.rollout_id, r.task_id, r.attempt, r.state, r.span_count, r.first_seen,"
+        " json_extract(a.body, '$.status'), json_extract(a.body, '$.error'),"
+        " json_array_length(a.body, '$.transitions'), json_extract(a.body, '$.total_reward'),"
+        " (SELECT group_concat(name, char(31)) FROM (SELECT DISTINCT json_extract(j.value, '$.agent_name')"
+        "  AS name FROM json_each(a.body, '$.transitions') j WHERE name IS NOT NULL ORDER BY name))"
+        f"{trained} LEFT JOIN assembled a ON a.rollout_id = r.rollout_id"
+        f" WHERE r.rowid IN ({','.join('?' * len(rowids))})"
+    )
+    found = {}
+    for row in reader.db.execute(query, rowids):
+        found[row[0]] = RolloutRow(
+            rollout_id=row[1], task_id=row[2], attempt=row[3], state=row[4], span_count=row[5],
+            first_seen=row[6], status=row[7], error=row[8], transitions=row[9], event_reward=row[10],
+            agents=tuple(row[11].split("\x1f")) if row[11] else (), trained_step=row[12],
+            trained_reward=row[13], used=None if row[14] is None else bool(row[14]),
+        )
+    return [found[i] for i in rowids if i in found]
+
+
+def rollouts_with_globs(reader: StoreReader, globs: list[str], task: str | None = None) -> list[RolloutRow]:
+    """Every rollout whose id matches one of ``globs`` (one step's round: bounded), oldest first."""
+    if not globs:
+        return []
+    query = "SELECT rowid FROM rollouts WHERE (" + " OR ".join("rollout_id GLOB ?" for _ in globs) + ")"
+    params: list = list(globs)
+    if task is not None:
+        query += " AND task_id = ?"
+        params.append(task)
+    return rollout_rows(reader, [row[0] for row in reader.db.execute(query + " ORDER BY rowid", params)])
