@@ -51,7 +51,8 @@ def _optional(request: Request, name: str, kind: type, choices: Any = None) -> A
 def rollout_filter(request: Request) -> tuple[RolloutFilter, int]:
     """The rollouts page's filters and page number from its query string."""
     step = _optional(request, "step", int)
-    page = _optional(request, "page", int) or 1
+    page = _optional(request, "page", int)
+    page = 1 if page is None else page
     if page < 1:
         raise BadQuery(f"page must be 1 or more, got {page}")
     return RolloutFilter(

@@ -25,8 +25,8 @@ KINDS = ("training", "validation")
 SORTS = {
     "newest": "r.rowid DESC",
     "oldest": "r.rowid ASC",
-    "reward_desc": "reward IS NULL, reward DESC, r.rowid DESC",
-    "reward_asc": "reward IS NULL, reward ASC, r.rowid DESC",
+    "reward_desc": "sort_reward IS NULL, sort_reward DESC, r.rowid DESC",
+    "reward_asc": "sort_reward IS NULL, sort_reward ASC, r.rowid DESC",
     "task": "r.task_id IS NULL, r.task_id, r.rowid",
 }
 # The reward shown for a rollout: what GRPO trained it with, else the sum of its reward events.
@@ -208,7 +208,7 @@ def rollout_page(reader: StoreReader, f: RolloutFilter, page: int, page_size: in
         joins += f" LEFT JOIN {TRAINED_TABLE} t ON t.rollout_id = r.rollout_id"
     reward = (REWARD_SQL if reader.trained else REWARD_SQL_NO_TRAINED) if by_reward else "NULL"
     where = (" WHERE " + " AND ".join(conditions)) if conditions else ""
-    query = (f"SELECT r.rowid, {reward} AS reward FROM rollouts r{joins}{where}"
+    query = (f"SELECT r.rowid, {reward} AS sort_reward FROM rollouts r{joins}{where}"
              f" ORDER BY {SORTS[f.sort]} LIMIT ? OFFSET ?")
     ids = [row[0] for row in reader.db.execute(query, [*params, page_size + 1, (page - 1) * page_size])]
     rows = rollout_rows(reader, ids[:page_size])

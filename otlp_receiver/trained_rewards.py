@@ -37,7 +37,9 @@ BUSY_TIMEOUT_S = 60.0
 
 @dataclass(frozen=True)
 class TrainedRollout:
-    """One rollout as the trainer scored it. ``returns`` maps transition index -> return."""
+    """One rollout as the trainer scored it. ``returns`` maps transition index -> return;
+    ``advantages`` transition index -> the group advantage it was trained with (None: not
+    recorded, e.g. rejection-sampling SFT, or a store written before the column existed)."""
 
     rollout_id: str
     step: int
@@ -45,6 +47,7 @@ class TrainedRollout:
     reward_source: str
     returns: dict[int, float]
     used: bool
+    advantages: dict[int, float] | None = None
 
 
 def _connect(path: str | Path) -> sqlite3.Connection:

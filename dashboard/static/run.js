@@ -16,7 +16,8 @@ function lineChart(id, datasets) {
     data: { labels: [], datasets: datasets.map((d, n) => ({ borderColor: COLORS[n], backgroundColor: COLORS[n],
       spanGaps: true, pointRadius: 3, tension: 0, ...d })) },
     options: { animation: false, responsive: true, maintainAspectRatio: false,
-      scales: { x: { title: { display: true, text: "step" } } }, plugins: { legend: { position: "bottom" } } },
+      scales: { x: { title: { display: true, text: "step" } }, y: { ticks: { callback: (value) => num(value) } } },
+      plugins: { legend: { position: "bottom", labels: { filter: (item, data) => data.datasets[item.datasetIndex].legend !== false } } } },
   });
   charts[id] = chart;
   return chart;
@@ -25,8 +26,9 @@ function lineChart(id, datasets) {
 function makeCharts() {
   lineChart("chart-reward", [
     { label: "reward mean", key: "reward_mean" },
-    { label: "mean + std", key: "band_high", borderColor: "rgba(37,99,235,0.25)", pointRadius: 0, fill: false },
-    { label: "mean - std", key: "band_low", borderColor: "rgba(37,99,235,0.25)", pointRadius: 0,
+    { label: "mean + std", key: "band_high", borderColor: "rgba(37,99,235,0.25)", pointRadius: 0, fill: false,
+      legend: false },
+    { label: "mean ± std", key: "band_low", borderColor: "rgba(37,99,235,0.25)", pointRadius: 0,
       backgroundColor: "rgba(37,99,235,0.12)", fill: "-1" },
     { label: "validation reward", key: "val_reward", borderDash: [6, 4], pointStyle: "rect" },
   ]);
