@@ -41,8 +41,7 @@ class TokenDecoder:
         return self.tokenizer.decode(list(ids), skip_special_tokens=False)
 
     def pieces(self, ids: Sequence[int]) -> list[str]:
-        """The text each token adds, in order: joined, the decoded text (less the bytes of a
-        character left unfinished at the end)."""
+        """The text each token adds, in order; joined, they are the decoded text."""
         from tokenizers.decoders import DecodeStream
 
         stream = DecodeStream(skip_special_tokens=False)
@@ -55,7 +54,21 @@ class TokenDecoder:
                 stream = DecodeStream(skip_special_tokens=False)
                 piece = f"<{token_id}?>"
             pieces.append(piece or "")
+        return _with_unfinished_tail(pieces, self.text(ids))
+
+
+def _with_unfinished_tail(pieces: list[str], text: str) -> list[str]:
+    """Bytes of a character never finished (a sampled byte token the response ends on) decode
+    as replacement characters only in the whole text: they go on the first token of the
+    trailing run of tokens that added nothing, so the pieces still join to ``text``."""
+    joined = "".join(pieces)
+    if not pieces or len(text) <= len(joined) or not text.startswith(joined):
         return pieces
+    at = len(pieces) - 1
+    while pieces[at] == "" and at > 0 and pieces[at - 1] == "":
+        at -= 1
+    pieces[at] += text[len(joined):]
+    return pieces
 
 
 _decoders: dict[tuple[str, float], TokenDecoder] = {}

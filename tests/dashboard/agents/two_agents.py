@@ -45,7 +45,7 @@ def score(text: str) -> float:
 def _ask(client: OpenAI, name: str, prompt: str) -> str:
     with agent(name):
         reply = client.chat.completions.create(
-            model=os.environ.get("OPENAI_MODEL", "policy"), max_tokens=8, temperature=1.0,
+            model=os.environ.get("OPENAI_MODEL", "policy"), max_tokens=8, temperature=1.0, logprobs=True,
             messages=[{"role": "system", "content": f"You are the {name}."}, {"role": "user", "content": prompt}],
         )
         text = reply.choices[0].message.content or ""
