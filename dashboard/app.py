@@ -4,6 +4,7 @@ Built by ``create_app(settings)`` for ``spanrl dashboard`` (``dashboard_cli.py``
 Read-only: every route only reads the store (opened ``mode=ro``) and the run's output folder.
 Pages are rendered on the server; the run page then polls ``/api/run`` every ``refresh_s``
 and redraws its charts (Chart.js, shipped in ``static/vendor/``: no CDN, works offline).
+While it runs, a thread keeps the facet index of the rollouts page (``facet_index.py``).
 Bad query values answer 400 with a page naming the field; a rollout the store lacks, 404.
 """
 
@@ -12,6 +13,7 @@ from __future__ import annotations
 import hmac
 import math
 import os
+from contextlib import asynccontextmanager
 from typing import Any
 from urllib.parse import urlencode
 
@@ -21,6 +23,7 @@ from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
 
 from . import pages
+from .facet_index import FacetIndex, FacetIndexer
 from .settings import DashboardSettings
 from .store_reader import KINDS, SORTS, STATUSES, RolloutFilter
 
@@ -72,8 +75,21 @@ def _token_ok(request: Request, token: str) -> bool:
 
 
 def create_app(settings: DashboardSettings) -> FastAPI:
-    app = FastAPI(title="spanrl dashboard", docs_url=None, redoc_url=None, openapi_url=None)
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        app.state.indexer = FacetIndexer(settings.store, settings.refresh_s).start()
+        try:
+            yield
+        finally:
+            app.state.indexer.stop()
+
+    app = FastAPI(title="spanrl dashboard", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
     app.state.settings = settings
+
+    def index() -> FacetIndex | None:
+        indexer = getattr(app.state, "indexer", None)
+        return None if indexer is None else indexer.index
+
     templates = Jinja2Templates(directory=os.path.join(HERE, "templates"))
     templates.env.globals.update(settings=settings, fmt=format_number)
     app.mount("/static", StaticFiles(directory=os.path.join(HERE, "static")), name="static")
@@ -121,7 +137,7 @@ def create_app(settings: DashboardSettings) -> FastAPI:
     @app.get("/rollouts")
     def rollouts(request: Request) -> Response:
         filters, number = rollout_filter(request)
-        data = pages.rollouts_data(settings, filters, number)
+        data = pages.rollouts_data(settings, filters, number, index())
         query = {k: v for k, v in request.query_params.items() if k != "page" and v}
         return page(request, "rollouts.html", {
             "title": "Rollouts", "data": data, "filters": filters, "statuses": STATUSES, "kinds": KINDS,
@@ -143,7 +159,7 @@ def create_app(settings: DashboardSettings) -> FastAPI:
     @app.get("/compare")
     def compare(request: Request) -> Response:
         data = pages.compare_data(settings, _optional(request, "task", str), _optional(request, "a", int),
-                                  _optional(request, "b", int))
+                                  _optional(request, "b", int), index())
         return page(request, "compare.html", {"title": "Compare steps", **data})
 
     return app

@@ -13,6 +13,7 @@ from dataclasses import asdict
 from typing import Any
 
 from . import run_queries
+from .facet_index import FacetIndex
 from .rollout_view import span_lines, transition_views
 from .run_metrics import RunMetrics, read_metrics
 from .settings import DashboardSettings
@@ -38,9 +39,10 @@ def output_problems(settings: DashboardSettings, metrics: RunMetrics) -> list[st
     return list(metrics.problems)
 
 
-def _with_store(settings: DashboardSettings, problems: list[str]) -> StoreReader | None:
+def _with_store(settings: DashboardSettings, problems: list[str],
+                index: FacetIndex | None = None) -> StoreReader | None:
     try:
-        return open_store(settings.store)
+        return open_store(settings.store, index)
     except StoreProblem as exc:
         problems.append(str(exc))
         return None
@@ -80,18 +82,19 @@ def _left_out(rows) -> dict[str, list[int]]:
     return {reason: [r.left_out.get(reason, 0) for r in rows] for reason in reasons}
 
 
-def rollouts_data(settings: DashboardSettings, filters: RolloutFilter, page: int) -> dict[str, Any]:
+def rollouts_data(settings: DashboardSettings, filters: RolloutFilter, page: int,
+                  index: FacetIndex | None = None) -> dict[str, Any]:
     """One page of the rollouts list, and what the filters can offer."""
     problems: list[str] = []
     data: dict[str, Any] = {"rows": [], "has_next": False, "page": page, "tasks": [], "steps": [],
                             "counts": {}, "problems": problems}
-    reader = _with_store(settings, problems)
+    reader = _with_store(settings, problems, index)
     if reader is None:
         return data
     with reader:
         result = rollout_page(reader, filters, page, settings.page_size)
         data.update(rows=list(result.rows), has_next=result.has_next, tasks=run_queries.task_ids(reader),
-                    steps=run_queries.training_steps(reader), counts=run_queries.store_counts(reader))
+                    steps=run_queries.step_suggestions(reader), counts=run_queries.store_counts(reader))
     if not data["counts"].get("all"):
         problems.append(f"the store {settings.store} holds no rollout yet (it fills as agents send spans)")
     return data
@@ -143,12 +146,12 @@ def validation_data(settings: DashboardSettings) -> dict[str, Any]:
 
 
 def compare_data(settings: DashboardSettings, task: str | None, step_a: int | None,
-                 step_b: int | None) -> dict[str, Any]:
+                 step_b: int | None, index: FacetIndex | None = None) -> dict[str, Any]:
     """One task's training rollouts at two steps, side by side, with their responses as text."""
     problems: list[str] = []
     data: dict[str, Any] = {"task": task, "step_a": step_a, "step_b": step_b, "tasks": [], "task_steps": [],
                             "sides": [], "problems": problems}
-    reader = _with_store(settings, problems)
+    reader = _with_store(settings, problems, index)
     if reader is None:
         return data
     decoder = decoder_for(find_tokenizer(settings.tokenizer, settings.output_dir))

@@ -208,9 +208,19 @@ def training_steps(reader: StoreReader) -> list[int]:
 
 
 def task_ids(reader: StoreReader, limit: int = 500) -> list[str]:
-    """Task ids for the filters' suggestions (at most ``limit``)."""
+    """Task ids for the filters' suggestions (at most ``limit``; from the facet index when
+    attached: its task index answers without reading the whole rollouts table)."""
+    table = "ix.facets" if reader.indexed else "rollouts"
     return [t for t, in reader.db.execute(
-        "SELECT DISTINCT task_id FROM rollouts WHERE task_id IS NOT NULL ORDER BY task_id LIMIT ?", (limit,))]
+        f"SELECT DISTINCT task_id FROM {table} WHERE task_id IS NOT NULL ORDER BY task_id LIMIT ?", (limit,))]
+
+
+def step_suggestions(reader: StoreReader) -> list[int]:
+    """Steps for the filters' suggestions: every step with a round (index) or a trained rollout."""
+    if reader.indexed:
+        query = "SELECT DISTINCT step FROM ix.facets WHERE step IS NOT NULL ORDER BY step"
+        return [s for s, in reader.db.execute(query)]
+    return training_steps(reader)
 
 
 def steps_of_task(reader: StoreReader, task: str) -> list[int]:

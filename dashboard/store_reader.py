@@ -14,8 +14,12 @@ import os
 import sqlite3
 import urllib.parse
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from spanrl.bridge_protocol import TRAINING_ROLLOUT_PREFIX, VALIDATION_ROLLOUT_PREFIX
+
+if TYPE_CHECKING:
+    from .facet_index import FacetIndex
 
 REQUIRED_TABLES = ("rollouts", "assembled", "spans")
 TRAINED_TABLE = "trained_rollouts"
@@ -29,8 +33,6 @@ SORTS = {
     "reward_asc": "sort_reward IS NULL, sort_reward ASC, r.rowid DESC",
     "task": "r.task_id IS NULL, r.task_id, r.rowid",
 }
-# The reward shown for a rollout: what GRPO trained it with, else the sum of its reward events.
-REWARD_SQL = "coalesce(t.reward, json_extract(a.body, '$.total_reward'))"
 
 
 class StoreProblem(Exception):
@@ -40,12 +42,15 @@ class StoreProblem(Exception):
 @dataclass
 class StoreReader:
     """One read-only connection to a store (one per request); ``trained``: the trainer has
-    written its ``trained_rollouts`` table; ``advantages``: and it records advantages."""
+    written its ``trained_rollouts`` table; ``advantages``: and it records advantages;
+    ``indexed``: the dashboard's facet index (``facet_index.py``) is attached as ``ix`` and
+    covers the assembled rollouts up to this sequence (0: none attached)."""
 
     path: str
     db: sqlite3.Connection
     trained: bool
     advantages: bool
+    indexed: int = 0
 
     def close(self) -> None:
         self.db.close()
@@ -57,8 +62,9 @@ class StoreReader:
         self.close()
 
 
-def open_store(path: str) -> StoreReader:
-    """Open ``path`` read-only; ``StoreProblem`` when it is missing, not SQLite or not spanrl's."""
+def open_store(path: str, index: FacetIndex | None = None) -> StoreReader:
+    """Open ``path`` read-only (with ``index`` attached); ``StoreProblem`` when it is missing, not
+    SQLite or not spanrl's."""
     if not os.path.exists(path):
         raise StoreProblem(f"no span store at {path}: start `spanrl receive --db {path}` (training writes "
                            "it), or point the dashboard at the receiver's store with --store")
@@ -79,7 +85,9 @@ def open_store(path: str) -> StoreReader:
     if TRAINED_TABLE in tables:
         columns = {row[1] for row in db.execute(f"PRAGMA table_info({TRAINED_TABLE})")}
         advantages = "advantages" in columns
-    return StoreReader(path, db, TRAINED_TABLE in tables, advantages)
+    from .facet_index import attach
+
+    return StoreReader(path, db, TRAINED_TABLE in tables, advantages, attach(db, index))
 
 
 def step_of_rollout(rollout_id: str) -> tuple[str, int] | None:
@@ -156,8 +164,33 @@ class RolloutPage:
     has_next: bool
 
 
-def _where(reader: StoreReader, f: RolloutFilter) -> tuple[list[str], list, bool]:
-    """SQL conditions, their parameters, and whether they need the assembled body."""
+def reward_sql(reader: StoreReader) -> str:
+    """The reward shown for a rollout ``r``: what GRPO trained it with, else the sum of its reward
+    events. With the facet index attached (joined as ``f``) it is the index's for the rollouts it
+    covers; others are read from the store."""
+    trained = f"(SELECT reward FROM {TRAINED_TABLE} WHERE rollout_id = r.rollout_id), " if reader.trained else ""
+    from_store = (f"coalesce({trained}(SELECT json_extract(body, '$.total_reward') FROM assembled"
+                  " WHERE rollout_id = r.rollout_id))")
+    if not reader.indexed:
+        return from_store
+    return f"(CASE WHEN f.rollout_id IS NOT NULL THEN f.reward ELSE {from_store} END)"
+
+
+FACETS_JOIN = " LEFT JOIN ix.facets f ON f.rollout_id = r.rollout_id"
+
+
+def _body_condition(reader: StoreReader, indexed: str, in_body: str, value) -> tuple[str, list]:
+    """A condition on something inside the body of rollout ``r``: through the facet index where it
+    covers the rollout (``indexed``: a condition on ``ix`` tables, correlated on ``r``), read
+    from the body after it (``in_body``, on ``body``). Per rollout, so a page stops early."""
+    if reader.indexed:
+        return (f"(EXISTS ({indexed}) OR EXISTS (SELECT 1 FROM assembled WHERE rollout_id = r.rollout_id"
+                f" AND sequence > ? AND {in_body}))", [value, reader.indexed, value])
+    return (f"EXISTS (SELECT 1 FROM assembled WHERE rollout_id = r.rollout_id AND {in_body})", [value])
+
+
+def _where(reader: StoreReader, f: RolloutFilter) -> tuple[list[str], list]:
+    """SQL conditions on ``rollouts r`` and their parameters."""
     conditions: list[str] = []
     params: list = []
     if f.step is not None:
@@ -171,42 +204,35 @@ def _where(reader: StoreReader, f: RolloutFilter) -> tuple[list[str], list, bool
     if f.task is not None:
         conditions.append("r.task_id = ?")
         params.append(f.task)
-    needs_body = False
+    found: list[tuple[str, list]] = []
     if f.status in ("open", "broken"):
-        conditions.append("r.state = ?")
-        params.append(f.status)
+        found.append(("r.state = ?", [f.status]))
     elif f.status in ("ok", "failed"):
-        conditions.append("r.state = 'assembled' AND json_extract(a.body, '$.status') = ?")
-        params.append(f.status)
-        needs_body = True
+        found.append(_body_condition(reader, "SELECT 1 FROM ix.facets WHERE rollout_id = r.rollout_id AND status = ?",
+                                     "json_extract(body, '$.status') = ?", f.status))
     if f.agent is not None:
-        conditions.append("EXISTS (SELECT 1 FROM json_each(a.body, '$.transitions') j"
-                          " WHERE json_extract(j.value, '$.agent_name') = ?)")
-        params.append(f.agent)
-        needs_body = True
+        found.append(_body_condition(
+            reader, "SELECT 1 FROM ix.facet_agents WHERE agent = ? AND rollout_id = r.rollout_id",
+            "EXISTS (SELECT 1 FROM json_each(body, '$.transitions') j WHERE json_extract(j.value, '$.agent_name') = ?)",
+            f.agent))
     for bound, op in ((f.reward_min, ">="), (f.reward_max, "<=")):
         if bound is not None:
-            conditions.append(f"{REWARD_SQL if reader.trained else REWARD_SQL_NO_TRAINED} {op} ?")
-            params.append(bound)
-            needs_body = True
-    return conditions, params, needs_body
-
-
-REWARD_SQL_NO_TRAINED = "json_extract(a.body, '$.total_reward')"
+            found.append((f"{reward_sql(reader)} {op} ?", [bound]))
+    for condition, values in found:
+        conditions.append(condition)
+        params.extend(values)
+    return conditions, params
 
 
 def rollout_page(reader: StoreReader, f: RolloutFilter, page: int, page_size: int) -> RolloutPage:
     """Page ``page`` (from 1) of the rollouts ``f`` selects, in ``f.sort`` order."""
     if f.sort not in SORTS:
         raise ValueError(f"sort must be one of {sorted(SORTS)}, got {f.sort!r}")
-    conditions, params, needs_body = _where(reader, f)
+    conditions, params = _where(reader, f)
     by_reward = f.sort.startswith("reward")
-    joins = ""
-    if needs_body or by_reward:
-        joins += " LEFT JOIN assembled a ON a.rollout_id = r.rollout_id"
-    if reader.trained and (by_reward or f.reward_min is not None or f.reward_max is not None):
-        joins += f" LEFT JOIN {TRAINED_TABLE} t ON t.rollout_id = r.rollout_id"
-    reward = (REWARD_SQL if reader.trained else REWARD_SQL_NO_TRAINED) if by_reward else "NULL"
+    reward = reward_sql(reader) if by_reward else "NULL"
+    uses_reward = by_reward or f.reward_min is not None or f.reward_max is not None
+    joins = FACETS_JOIN if reader.indexed and uses_reward else ""
     where = (" WHERE " + " AND ".join(conditions)) if conditions else ""
     query = (f"SELECT r.rowid, {reward} AS sort_reward FROM rollouts r{joins}{where}"
              f" ORDER BY {SORTS[f.sort]} LIMIT ? OFFSET ?")

@@ -28,7 +28,8 @@ def trained_rollout(step: int, item: ScoredRollout, transition_returns: bool, us
         returns={t.index: (t.return_ if transition_returns else item.score) for t in item.transitions},
         used=used,
         advantages=None if advantages is None else {
-            t.index: advantages[(rollout_id, t.index)] for t in item.transitions if (rollout_id, t.index) in advantages},
+            t.index: advantages[(rollout_id, t.index)]
+            for t in item.transitions if (rollout_id, t.index) in advantages},
     )
 
 

@@ -86,7 +86,8 @@ def test_rollout_page_shows_the_tree_rewards_on_their_calls_and_tokens(run, page
     rollout = next(r for r in assembled(run).values() if r.task_id == "q0" and r.rollout_id.startswith("s0-"))
     record = trained[rollout.rollout_id]
     page.goto(f"{run.dashboard_url}/rollouts/{rollout.rollout_id}")
-    names = [cell.inner_text().split(" transition")[0].strip() for cell in page.query_selector_all("#spans tbody tr td:first-child")]
+    cells = page.query_selector_all("#spans tbody tr td:first-child")
+    names = [cell.inner_text().split(" transition")[0].strip() for cell in cells]
     assert names[0] == "spanrl.rollout" and "lookup tool" in names
     tool = page.query_selector("#spans tr:has-text('lookup tool')")
     assert "ERROR: lookup failed" in tool.inner_text()

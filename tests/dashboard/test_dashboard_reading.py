@@ -106,7 +106,7 @@ def test_bad_input_gets_a_page_that_says_what_is_wrong(serve, tmp_path):
     text = tmp_path / "notes.txt"
     text.write_text("not a database at all " * 100)
     cases = [
-        (dict(store=str(other), output_dir=str(tmp_path)), "/rollouts", "is an SQLite file but not a spanrl span store"),
+        (dict(store=str(other), output_dir=str(tmp_path)), "/rollouts", "an SQLite file but not a spanrl span store"),
         (dict(store=str(text), output_dir=str(tmp_path)), "/rollouts", "is not a spanrl span store"),
         (dict(store=str(tmp_path / "none.db"), output_dir=str(tmp_path)), "/validation", "no span store at"),
         (dict(store=str(other), output_dir=str(tmp_path / "missing")), "/run", "no run output folder at"),
@@ -166,3 +166,55 @@ def test_the_cli_prints_its_settings_with_the_token_masked(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "spanrl", "dashboard", "--page-size", "0"],
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "page_size must be between 1 and 1000" in bad.stderr
+
+
+def test_a_store_from_before_advantages_were_recorded_reads_and_then_gains_them(tmp_path, serve):
+    from spanrl.otlp_receiver import trained_rewards
+
+    path = tmp_path / "spanrl.db"
+    made = build_store(path, 4, tasks_per_step=1, group_size=4)
+    db = sqlite3.connect(str(path))  # the table as releases before the advantages column made it
+    db.executescript("DROP TABLE trained_rollouts; CREATE TABLE trained_rollouts (rollout_id TEXT PRIMARY KEY,"
+                     " step INTEGER NOT NULL, reward REAL NOT NULL, reward_source TEXT NOT NULL, returns TEXT NOT NULL,"
+                     " used INTEGER NOT NULL, recorded_at REAL NOT NULL)")
+    db.execute("INSERT INTO trained_rollouts VALUES (?, 1, 0.5, 'events', '{\"1\": 0.5}', 1, 0)", (made[0].rollout_id,))
+    db.commit()
+    db.close()
+    assert trained_rewards.load(path)[made[0].rollout_id].advantages is None
+    url = serve(store=str(path), output_dir=str(tmp_path))
+    page = httpx.get(f"{url}/rollouts/{made[0].rollout_id}")
+    assert page.status_code == 200 and 'data-advantage=""' in page.text
+    trained_rewards.record(path, [trained_rewards.TrainedRollout(made[1].rollout_id, 1, 0.25, "events", {1: 0.25},
+                                                                 True, {1: -0.5})])
+    loaded = trained_rewards.load(path)
+    assert loaded[made[0].rollout_id].advantages is None and loaded[made[1].rollout_id].advantages == {1: -0.5}
+    page = httpx.get(f"{url}/rollouts/{made[1].rollout_id}")
+    assert 'data-advantage="-0.5"' in page.text
+
+
+def test_the_facet_index_gives_the_same_pages_while_catching_up_and_after_the_store_is_replaced(tmp_path):
+    from spanrl.dashboard import facet_index
+    from spanrl.dashboard.facet_index import FacetIndex
+
+    path = tmp_path / "spanrl.db"
+    made = build_store(path, 2500, tasks_per_step=5, group_size=5)
+    index = FacetIndex(str(path), str(tmp_path))
+    filters = [RolloutFilter(status="failed"), RolloutFilter(agent="planner", sort="reward_asc"),
+               RolloutFilter(reward_min=0.5, reward_max=0.6), RolloutFilter(sort="reward_desc", task="t3")]
+
+    def pages(with_index: bool) -> list[list[str]]:
+        with open_store(str(path), index if with_index else None) as reader:
+            return [[r.rollout_id for r in rollout_page(reader, f, 1, 3000).rows] for f in filters]
+
+    expected = pages(False)
+    assert all(expected)
+    index.catch_up(max_batches=1)  # part of it indexed, the rest read from the bodies
+    assert index.indexed_sequence == facet_index.BATCH < len(made)
+    assert pages(True) == expected
+    index.catch_up()
+    assert index.indexed_sequence == len(made) and pages(True) == expected
+    path.unlink()
+    build_store(path, 30, tasks_per_step=2, group_size=3, seed=1)  # a new run in the same file
+    index.catch_up()
+    assert index.indexed_sequence == 30
+    assert pages(True) == pages(False)

@@ -87,7 +87,8 @@ class TrainingRun:
                 return rows
             train = self.processes["train"]
             if train.poll() is not None:
-                raise AssertionError(f"spanrl train exited {train.returncode}:\n{self.log('train').read_text()[-4000:]}")
+                log = self.log("train").read_text()[-4000:]
+                raise AssertionError(f"spanrl train exited {train.returncode}:\n{log}")
             time.sleep(0.2)
         raise AssertionError(f"{count} steps not done in {timeout_s} s:\n{self.log('train').read_text()[-4000:]}")
 
