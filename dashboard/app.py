@@ -18,6 +18,7 @@ from typing import Any
 from urllib.parse import urlencode
 
 from fastapi import FastAPI, Request
+from markupsafe import Markup, escape
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
@@ -92,6 +93,7 @@ def create_app(settings: DashboardSettings) -> FastAPI:
 
     templates = Jinja2Templates(directory=os.path.join(HERE, "templates"))
     templates.env.globals.update(settings=settings, fmt=format_number)
+    templates.env.filters["exact"] = exact_text
     app.mount("/static", StaticFiles(directory=os.path.join(HERE, "static")), name="static")
 
     def page(request: Request, name: str, context: dict[str, Any], status: int = 200) -> Response:
@@ -163,6 +165,12 @@ def create_app(settings: DashboardSettings) -> FastAPI:
         return page(request, "compare.html", {"title": "Compare steps", **data})
 
     return app
+
+
+def exact_text(text: str) -> Markup:
+    """Model text for HTML, escaped, with carriage returns as character references: an HTML
+    parser turns a literal CR into a line feed, but keeps ``&#13;`` (only NUL cannot be kept)."""
+    return Markup(str(escape(text)).replace("\r", "&#13;"))
 
 
 def format_number(value: Any, digits: int = 3) -> str:

@@ -45,6 +45,11 @@ def chart_points(page, canvas: str, label: str) -> list:
         "([id, label]) => Chart.getChart(id).data.datasets.find((d) => d.label === label).data", [canvas, label])
 
 
+def in_html(text: str) -> str:
+    """``text`` as a browser can hold it: HTML has no NUL character (a parser makes it U+FFFD)."""
+    return text.replace("\x00", "\ufffd")
+
+
 def assembled(run) -> dict:
     store = SpanStore(run.store)
     try:
@@ -105,18 +110,19 @@ def test_rollout_page_shows_the_tree_rewards_on_their_calls_and_tokens(run, page
         tokens = section.query_selector_all(".response .tok")
         assert [int(t.get_attribute("data-id")) for t in tokens] == list(transition.response_token_ids)
         text = "".join(t.text_content() for t in tokens)
-        assert text == tokenizer.decode(list(transition.response_token_ids), skip_special_tokens=False)
+        assert text == in_html(tokenizer.decode(list(transition.response_token_ids), skip_special_tokens=False))
         assert {t.get_attribute("class") for t in tokens} == {"tok trained" if trained_on else "tok masked"}
         assert transition.response_logprobs is not None  # the agent asks for logprobs
         logprobs = [float(t.get_attribute("data-logprob")) for t in tokens]
         assert logprobs == pytest.approx(list(transition.response_logprobs))
         prompt = section.query_selector("pre.prompt").text_content()
-        assert prompt == tokenizer.decode(list(transition.prompt_token_ids), skip_special_tokens=False)
+        assert prompt == in_html(tokenizer.decode(list(transition.prompt_token_ids), skip_special_tokens=False))
         assert ("Plan: 2+3" if transition is planner else "Answer 2+3") in prompt
     shown = page.query_selector(f"#transition-{writer.index} .advantage").inner_text()
     assert float(shown) == pytest.approx(record.advantages[writer.index], abs=1e-4)
     assert abs(record.advantages[writer.index]) == pytest.approx(1 / math.sqrt(2), abs=1e-4)  # a group of two
     assert "not trained" in page.inner_text(f"#transition-{planner.index}")
+    page.evaluate("document.querySelectorAll('details').forEach((d) => { d.open = true; })")
     screenshot(page, "rollout")
 
 

@@ -218,3 +218,12 @@ def test_the_facet_index_gives_the_same_pages_while_catching_up_and_after_the_st
     index.catch_up()
     assert index.indexed_sequence == 30
     assert pages(True) == pages(False)
+
+
+def test_the_dashboard_does_not_import_torch():
+    code = ("import sys\nfrom spanrl.dashboard.app import create_app\nfrom spanrl.dashboard.settings import "
+            "DashboardSettings\ncreate_app(DashboardSettings())\nprint(sorted(m for m in ('torch', 'transformers')"
+            " if m in sys.modules))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
