@@ -227,3 +227,28 @@ def test_the_dashboard_does_not_import_torch():
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]"
+
+
+def test_token_ids_are_decoded_with_the_newest_checkpoints_tokenizer(tmp_path, serve):
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+    from tokenizers.pre_tokenizers import Whitespace
+
+    path = tmp_path / "spanrl.db"
+    made = build_store(path, 2, tasks_per_step=1, group_size=2)
+    checkpoint = tmp_path / "run" / "checkpoints" / "step-000001"
+    checkpoint.mkdir(parents=True)
+    tokenizer = Tokenizer(WordLevel({f"w{n}": n for n in range(300)}, unk_token="w0"))
+    tokenizer.pre_tokenizer = Whitespace()
+    tokenizer.save(str(checkpoint / "tokenizer.json"))
+    url = serve(store=str(path), output_dir=str(tmp_path / "run"))
+    transition = made[0].transitions[1]
+    text = httpx.get(f"{url}/rollouts/{made[0].rollout_id}").text
+    shown = re.findall(r'<span class="tok (trained|masked)" data-id="(\d+)"[^>]*>([^<]*)</span>',
+                       text.split(f'id="transition-{transition.index}"')[1])
+    assert [int(i) for _, i, _ in shown] == list(transition.response_token_ids)
+    assert "".join(piece for _, _, piece in shown) == tokenizer.decode(list(transition.response_token_ids))
+    assert {mark for mark, _, _ in shown} == {"trained"}  # the writer's call was trained (synthetic_store)
+    assert "no tokenizer.json found" not in text
+    url = serve(store=str(path), output_dir=str(tmp_path / "elsewhere"))
+    assert "no tokenizer.json found" in httpx.get(f"{url}/rollouts/{made[0].rollout_id}").text
