@@ -62,19 +62,34 @@ def run_data(settings: DashboardSettings, agents_step: int | None = None) -> dic
     reader = _with_store(settings, problems)
     if reader is not None:
         with reader:
-            data["spread"] = [asdict(s) for s in run_queries.step_rewards(reader)]
             data["store"] = run_queries.store_counts(reader)
-            steps = run_queries.training_steps(reader)
-            chosen = agents_step if agents_step in steps else (steps[-1] if steps else None)
-            if chosen is not None:
-                data["agents_step"] = chosen
-                data["agents"] = [
-                    {"agent": a.agent, "calls": a.calls, "trained_calls": a.trained_calls,
-                     "rollouts": len(a.rollouts), "mean_reward": a.mean_reward}
-                    for a in run_queries.agent_breakdown(reader, chosen)]
-            data["agent_steps"] = steps
+            data.update(_trained_aggregates(reader, agents_step))
     data["version"] = [len(rows), rows[-1].step if rows else None, data["store"].get("all"), len(problems)]
     return data
+
+
+# The run page's aggregates over trained_rollouts, by store: they change only when the trainer
+# records a step, so a page polling every refresh_s recomputes them once per step.
+_aggregates: dict[str, tuple[tuple, dict[str, Any]]] = {}
+
+
+def _trained_aggregates(reader: StoreReader, agents_step: int | None) -> dict[str, Any]:
+    """Per-step reward spread, the trained steps, and the agents of ``agents_step`` (default: the
+    last step)."""
+    key = (run_queries.trained_version(reader), agents_step)
+    cached = _aggregates.get(reader.path)
+    if cached is not None and cached[0] == key:
+        return cached[1]
+    steps = run_queries.training_steps(reader)
+    chosen = agents_step if agents_step in steps else (steps[-1] if steps else None)
+    agents = [] if chosen is None else [
+        {"agent": a.agent, "calls": a.calls, "trained_calls": a.trained_calls, "rollouts": len(a.rollouts),
+         "mean_reward": a.mean_reward}
+        for a in run_queries.agent_breakdown(reader, chosen)]
+    result = {"spread": [asdict(s) for s in run_queries.step_rewards(reader)], "agent_steps": steps,
+              "agents_step": chosen, "agents": agents}
+    _aggregates[reader.path] = (key, result)
+    return result
 
 
 def _left_out(rows) -> dict[str, list[int]]:

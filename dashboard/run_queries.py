@@ -200,6 +200,14 @@ def store_counts(reader: StoreReader) -> dict[str, int]:
     return counts
 
 
+def trained_version(reader: StoreReader) -> tuple[int, int]:
+    """Changes whenever the trainer records rollouts (a row written or rewritten gets a new rowid)."""
+    if not reader.trained:
+        return (0, 0)
+    newest, count = reader.db.execute(f"SELECT coalesce(max(rowid), 0), count(*) FROM {TRAINED_TABLE}").fetchone()
+    return int(newest), int(count)
+
+
 def training_steps(reader: StoreReader) -> list[int]:
     """The steps the trainer scored rollouts at (from ``trained_rollouts``)."""
     if not reader.trained:
