@@ -38,6 +38,7 @@ COMMAND_MODULES = {
     "serve": "spanrl.trainer_bridge.torch_backend.serve_cli",
     "train": "spanrl.trainer_bridge.train_cli",
     "run": "spanrl.runner.run_cli",
+    "dashboard": "spanrl.dashboard.dashboard_cli",
     "demo": "spanrl.demo",
     "doctor": "spanrl.doctor",
 }

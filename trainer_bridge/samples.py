@@ -17,13 +17,25 @@ if TYPE_CHECKING:
     from .training_loop import ScoredRollout
 
 
-def trained_rollout(step: int, item: ScoredRollout, transition_returns: bool, used: bool) -> TrainedRollout:
-    """What ``training_samples`` trained ``item`` with, as recorded for ``spanrl inspect``."""
+def trained_rollout(step: int, item: ScoredRollout, transition_returns: bool, used: bool,
+                    advantages: dict[tuple[str, int], float] | None = None) -> TrainedRollout:
+    """What ``training_samples`` trained ``item`` with, as recorded for ``spanrl inspect`` and
+    ``spanrl dashboard``; ``advantages``: ``(rollout id, turn index) -> group advantage`` of the
+    samples (None: the update had none, e.g. rejection-sampling SFT)."""
+    rollout_id = item.attempt.rollout_id
     return TrainedRollout(
-        rollout_id=item.attempt.rollout_id, step=step, reward=item.score, reward_source=item.reward_source,
+        rollout_id=rollout_id, step=step, reward=item.score, reward_source=item.reward_source,
         returns={t.index: (t.return_ if transition_returns else item.score) for t in item.transitions},
         used=used,
+        advantages=None if advantages is None else {
+            t.index: advantages[(rollout_id, t.index)]
+            for t in item.transitions if (rollout_id, t.index) in advantages},
     )
+
+
+def sample_advantages(samples: list[TrainingSample]) -> dict[tuple[str, int], float]:
+    """``(rollout id, turn index) -> group advantage`` (before any loss weight) of ``samples``."""
+    return {(s.rollout_id, s.turn_index): s.group_advantage for s in samples}
 
 
 def training_samples(scored: list[ScoredRollout], level: str, norm_adv_by_std: bool,

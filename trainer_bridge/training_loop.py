@@ -32,7 +32,7 @@ from spanrl.otlp_receiver import trained_rewards
 from .backend import PolicyBackend, TrainingSample, check_backend, make_backend
 from .empty_steps import NothingToTrain, empty_step_reason
 from .rejection_sampling import sft_samples, sft_update
-from .samples import trained_rollout, training_samples
+from .samples import sample_advantages, trained_rollout, training_samples
 from .task_dispatch import Attempt, Outcome, TaskDispatcher, task_id_of
 from .train_settings import TrainSettings
 from .trajectory_merge import update_rows
@@ -223,6 +223,7 @@ class TrainingLoop:
                               and self.settings.trust_agent_rewards)  # returns include the agent's rewards
         rejected: set[str] = set()
         merge_metrics: dict = {}
+        advantages = None
         if self.settings.algorithm == "sft":  # rejection sampling: learn the good rollouts' calls (NLL)
             samples, rejected = sft_samples(report.scored, self.settings.sft_min_reward)
             dropped: set[str] = set()
@@ -234,11 +235,13 @@ class TrainingLoop:
                 transition_returns=transition_returns,
                 loss_weighting=self.settings.loss_weighting,
             )
+            advantages = sample_advantages(samples)
             rows, merge_metrics = update_rows(samples, self.settings.merge_trajectories)
             stats = backend.update(rows).as_metrics() if rows else {}
         try:
             trained_rewards.record(self.settings.store, [
-                trained_rollout(step + 1, item, transition_returns, item.attempt.rollout_id not in dropped | rejected)
+                trained_rollout(step + 1, item, transition_returns, item.attempt.rollout_id not in dropped | rejected,
+                                advantages)
                 for item in report.scored
             ])
         except sqlite3.Error as exc:  # what inspect shows must not stop training
