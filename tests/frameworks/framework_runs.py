@@ -24,7 +24,7 @@ NO_IDS = "has no engine token ids"
 
 def run_unmodified(program: list[str], policy_server, receiver, rollout_id: str, bin_dir: Path, *,
                    cwd: Path | None = None, stdin: str = "", extra_env: dict[str, str] | None = None,
-                   not_calls: tuple[str, ...] = (), timeout_s: float = 300) -> tuple[str, Rollout]:
+                   not_calls: tuple[str, ...] = (), timeout_s: float = 540) -> tuple[str, Rollout]:
     """Run ``BIN/opentelemetry-instrument BIN/python *program``; return its stdout and rollout.
 
     ``not_calls``: span names of LLM-kind spans a framework's instrumentor records that are no

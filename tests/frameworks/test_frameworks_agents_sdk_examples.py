@@ -102,6 +102,7 @@ def example_params():
         yield pytest.param(name, id=name.replace(" ", "-").replace(",", ""), marks=marks)
 
 
+@pytest.mark.timeout(600)  # a program's start-up alone (the SDK, OTel) takes a minute on a loaded 2-core machine
 @pytest.mark.parametrize("name", list(example_params()))
 def test_an_agents_sdk_example_trains_unmodified_with_each_call_named(name, serve_policy, receiver):
     example = EXAMPLES[name]
