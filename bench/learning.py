@@ -32,7 +32,7 @@ import platform
 import statistics
 import sys
 import time
-from dataclasses import asdict, replace
+from dataclasses import replace
 from pathlib import Path
 
 ARMS = ("grpo", "sft", "grpo_no_air", "grpo_identical", "grpo_all_agents")
@@ -84,8 +84,8 @@ def run_seed(task, seed: int, args: argparse.Namespace, out: Path) -> dict:
     seed_dir = out / task.name / f"seed-{seed}"
     val_tasks = validation_subset(task, args.val_subset, out) if args.val_subset else None
     started = time.monotonic()
-    warm = WarmStart(preset=args.preset, steps=args.sft_steps, seed=seed, device=args.device, share=args.share,
-                     learning_rate=args.sft_learning_rate)
+    warm = WarmStart(preset=args.preset, steps=args.sft_steps, batch_size=args.sft_batch_size, seed=seed,
+                     device=args.device, share=args.share, learning_rate=args.sft_learning_rate)
     warm_dir = prepare_model(task, str(seed_dir / "model"), warm, progress=False)
     warm_accuracy = held_out_accuracy(task, warm_dir, str(seed_dir / "warm-validation"), seed=seed,
                                       device=args.device, concurrency=args.concurrency, val_tasks=val_tasks)
@@ -170,7 +170,8 @@ def table(results: dict, args: argparse.Namespace, command: str) -> str:
         summary = data["summary"]
         warm = summary["warm"]["mean"][0]
         lines += [f"### {task_name}", "", f"![{task_name}](results/learning-{task_name}.png)", "",
-                  "| arm | accuracy after warm start | final accuracy | change | per seed (final) | rollouts | wall time per seed |",
+                  "| arm | accuracy after warm start | final accuracy | change | per seed (final) | rollouts "
+                  "| wall time per seed |",
                   "|---|---|---|---|---|---|---|"]
         for arm, arm_data in summary.items():
             final_mean, final_std = arm_data["mean"][-1], arm_data["std"][-1]
@@ -208,6 +209,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--sft-arm-learning-rate", type=float, default=None,
                         help="the sft arm's learning rate (default: --learning-rate)")
     parser.add_argument("--sft-steps", type=int, default=400, help="warm-start SFT steps")
+    parser.add_argument("--sft-batch-size", type=int, default=32, help="warm-start SFT batch size")
     parser.add_argument("--sft-learning-rate", type=float, default=1e-3, help="warm-start SFT learning rate")
     parser.add_argument("--share", type=float, default=None,
                         help="the demonstrations' share of the weaker behaviour (default: each task's)")
@@ -220,12 +222,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--results", default="", help="write the table into this markdown file (docs/results.md)")
     parser.add_argument("--machine-note", default="the machine's load not recorded")
     parser.add_argument("--quick", action="store_true",
-                        help="1 seed, 2 steps of 2 tasks x 2 rollouts, 30 SFT steps, 4 validation tasks: checks "
+                        help="1 seed, 2 steps of 2 tasks x 2 rollouts, 30 SFT steps of 8, 4 validation tasks: checks "
                              "that every arm runs (its figures mean nothing)")
     args = parser.parse_args(argv)
     if args.quick:
         args.seeds, args.steps, args.val_every, args.tasks_per_step, args.group_size = [0], 2, 1, 2, 2
-        args.sft_steps, args.val_subset, args.concurrency = 30, args.val_subset or 4, 4
+        args.sft_steps, args.sft_batch_size, args.val_subset, args.concurrency = 30, 8, args.val_subset or 4, 4
     return args
 
 

@@ -2,9 +2,9 @@
 
 Every question comes from a template over the schema's values (departments, cities, projects,
 thresholds, people); the harder ones (``_nested``) need a subquery or two conditions with an
-aggregate, so a warm-started model gets them wrong more often. Its gold answer is what the gold SQL returns on the database, so every gold answer
-executes by construction (``tests`` check it). ``make_tasks(seed)`` shuffles all of them with the
-seed and splits train / validation::
+aggregate, so a warm-started model gets them wrong more often. Its gold answer is what the gold
+SQL returns on the database, so every gold answer executes by construction (``tests`` check it).
+``make_tasks(seed)`` shuffles all of them with the seed and splits train / validation::
 
     python -m spanrl.examples.sql_agent.questions --out-dir examples/sql_agent   # train.jsonl, val.jsonl
 
@@ -111,13 +111,15 @@ def _nested() -> Iterator[Question]:
         yield Question(f"Which projects belong to the department of {name}?",
                        f"SELECT name FROM projects WHERE dept = (SELECT dept FROM employees WHERE name = '{name}')")
         yield Question(f"How many employees earn more than {name}?",
-                       f"SELECT COUNT(*) FROM employees WHERE salary > (SELECT salary FROM employees WHERE name = '{name}')")
+                       "SELECT COUNT(*) FROM employees WHERE salary > "
+                       f"(SELECT salary FROM employees WHERE name = '{name}')")
         yield Question(f"Who lives in the same city as {name}?",
                        f"SELECT name FROM employees WHERE city = (SELECT city FROM employees WHERE name = '{name}') "
                        f"AND name != '{name}'")
     for project, _dept, _budget in PROJECTS:
         yield Question(f"How many employees work in the department that runs {project}?",
-                       f"SELECT COUNT(*) FROM employees WHERE dept = (SELECT dept FROM projects WHERE name = '{project}')")
+                       "SELECT COUNT(*) FROM employees WHERE dept = "
+                       f"(SELECT dept FROM projects WHERE name = '{project}')")
         yield Question(f"What is the highest salary in the department that runs {project}?",
                        f"SELECT MAX(salary) FROM employees WHERE dept = (SELECT dept FROM projects WHERE name = "
                        f"'{project}')")

@@ -17,7 +17,8 @@ from pathlib import Path
 from tests.integration.conftest import policy_server, receiver  # noqa: F401  (the shared fixtures)
 
 REPO = Path(__file__).resolve().parents[2]
-FRAMEWORK_VENVS = {"test_frameworks_autogen.py": ".venv-autogen", "test_frameworks_crewai.py": ".venv-crewai"}
+FRAMEWORK_VENVS = {"test_frameworks_autogen.py": ".venv-autogen", "test_frameworks_crewai.py": ".venv-crewai",
+                   "test_frameworks_calc_autogen_training.py": ".venv-autogen"}
 
 collect_ignore = [module for module, venv in FRAMEWORK_VENVS.items()
                   if not (REPO / venv / "bin" / "opentelemetry-instrument").exists()]
