@@ -56,7 +56,7 @@ def final_number(text: str) -> str:
 async def answer(question: str) -> str:
     client = OpenAIChatCompletionClient(
         model=os.environ.get("OPENAI_MODEL", "policy"), base_url=os.environ.get("OPENAI_BASE_URL"),
-        api_key=os.environ.get("OPENAI_API_KEY") or "unused", model_info=MODEL_INFO,  # type: ignore[arg-type]
+        api_key=os.environ.get("OPENAI_API_KEY") or "unused", model_info=MODEL_INFO,
         max_tokens=MAX_TOKENS, temperature=float(os.environ.get("AGENT_TEMPERATURE", "1.0")))
     try:
         solver = AssistantAgent(AGENT_NAME, model_client=client, tools=[calculator], system_message=SYSTEM_PROMPT,
