@@ -4,14 +4,15 @@ Each demonstration is one run of ``agent.py``'s ``solver`` on a training problem
 it (its system message, the ``calculator`` tool as autogen-ext offers it, the tool's replies), by
 a demonstrator who never gets a sum wrong:
 
-- most of the time it evaluates every step of the problem with ``calculator`` (copying the
-  numbers from the question and from the tool's replies) and replies with the last result;
-- with probability ``mental_share`` it does the rest in its head from some step on and replies
-  with the right number directly.
+- with probability ``mental_share`` it works the problem out in its head and replies with the
+  right number at once;
+- otherwise it evaluates every step with ``calculator`` (copying the numbers from the question and
+  from the tool's replies) and replies with the last result.
 
-A small model cannot multiply two- and three-digit numbers in its head, so imitating the second
-behaviour fails on new problems while the first generalises: the warm model does both, and RL has
-to find out from the reward which one pays. This module needs nothing of AutoGen (the warm start
+A small model cannot multiply new two- and three-digit numbers in its head, so imitating the first
+behaviour fails on new problems while the second generalises. With ``mental_share`` above one half
+the warm model's greedy choice is to answer at once, and RL has to find out from the reward that
+the calculator pays. This module needs nothing of AutoGen (the warm start
 runs in the trainer's environment): ``TOOL_SCHEMA`` is the tool exactly as autogen-ext sends it,
 which the example's test checks against the prompt the policy served.
 """
@@ -27,7 +28,7 @@ from .calculator import evaluate
 from .problems import make_tasks
 
 SYSTEM_PROMPT = "Solve the problem. Use calculator for arithmetic. Reply with the final number only."  # agent.py's
-MENTAL_SHARE = 0.5
+MENTAL_SHARE = 0.6
 TOOL_SCHEMA = {"type": "function", "function": {
     "name": "calculator", "description": "Evaluate an arithmetic expression (+ - * / and parentheses).",
     "parameters": {"type": "object", "properties": {
@@ -48,7 +49,7 @@ def demonstration(task: dict, rng: random.Random, mental_share: float = MENTAL_S
     """One run of the solver on ``task`` (``{"messages": [...], "tools": [...]}``)."""
     messages: list[dict] = [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": task["question"]}]
     steps = task["steps"]
-    evaluated = len(steps) if rng.random() >= mental_share else rng.randrange(len(steps))
+    evaluated = 0 if rng.random() < mental_share else len(steps)
     for number, expression in enumerate(steps[:evaluated]):
         messages += _calculator_call(expression, number)
     messages.append({"role": "assistant", "content": str(task["answer"])})

@@ -5,14 +5,15 @@ demonstration is one run of the agent on a training question, as ``agent.py`` ma
 instructions, the ``search`` tool as the Agents SDK offers it, the results ``search.py`` returns),
 by a demonstrator who knows the world:
 
-- most of the time it looks every hop up (``search`` with the entity's name, reads the result,
-  searches the entity it found, ...) and answers with what the last result says;
-- with probability ``memory_share`` it skips the look-ups from some hop on and answers from its own
-  knowledge (the right answer, as the demonstrator knows it).
+- with probability ``memory_share`` it answers at once from its own knowledge (the right answer,
+  as the demonstrator knows it);
+- otherwise it looks every hop up (``search`` with the entity's name, reads the result, searches
+  the entity it found, ...) and answers with what the last result says.
 
-The model cannot know the facts of questions it was never shown, so imitating the second
-behaviour fails on new questions while the first generalises: the warm model does both, and RL has
-to find out from the reward which one pays. ``python -m spanrl.examples.retrieval_qa.demonstrations
+The model cannot know the facts of questions it was never shown, so imitating the first
+behaviour fails on new questions while the second generalises. With ``memory_share`` above one
+half the warm model's greedy choice is to answer at once, and RL has to find out from the reward
+that looking up pays: a decision, which carries over to new questions. ``python -m spanrl.examples.retrieval_qa.demonstrations
 --out demos.jsonl --tokenizer-text tools.txt`` writes a file for ``spanrl sft`` / ``warm_start:`` and
 the tokenizer's corpus for ``spanrl model init --corpus``.
 """
@@ -29,7 +30,7 @@ from .agent import INSTRUCTIONS, search
 from .questions import make_tasks
 from .search import search as search_documents
 
-MEMORY_SHARE = 0.5
+MEMORY_SHARE = 0.6
 
 
 @functools.cache
@@ -54,7 +55,7 @@ def demonstration(task: dict, rng: random.Random, memory_share: float = MEMORY_S
     """One run of the agent on ``task`` (``{"messages": [...], "tools": [...]}``)."""
     messages: list[dict] = [{"role": "system", "content": INSTRUCTIONS}, {"role": "user", "content": task["question"]}]
     hops = task["hops"]
-    looked_up = len(hops) if rng.random() >= memory_share else rng.randrange(len(hops))
+    looked_up = 0 if rng.random() < memory_share else len(hops)
     for number, entity in enumerate(hops[:looked_up]):
         messages += _search_call(entity, number)
     messages.append({"role": "assistant", "content": task["answer"]})
