@@ -199,7 +199,8 @@ def write_results(path: Path, block: str) -> None:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--tasks", nargs="+", default=list(TASKS), choices=TASKS)
-    parser.add_argument("--arms", nargs="+", default=list(ARMS), choices=ARMS)
+    parser.add_argument("--arms", nargs="*", default=list(ARMS), choices=ARMS,
+                        help="arms trained from each warm start (none: the warm start's accuracy only)")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--val-every", type=int, default=2)
