@@ -13,9 +13,10 @@ by a demonstrator who knows the world:
 The model cannot know the facts of questions it was never shown, so imitating the first
 behaviour fails on new questions while the second generalises. With ``memory_share`` above one
 half the warm model's greedy choice is to answer at once, and RL has to find out from the reward
-that looking up pays: a decision, which carries over to new questions. ``python -m spanrl.examples.retrieval_qa.demonstrations
---out demos.jsonl --tokenizer-text tools.txt`` writes a file for ``spanrl sft`` / ``warm_start:`` and
-the tokenizer's corpus for ``spanrl model init --corpus``.
+that looking up pays: a decision, which carries over to new questions.
+``python -m spanrl.examples.retrieval_qa.demonstrations --out demos.jsonl --tokenizer-text tools.txt``
+writes a file for ``spanrl sft`` / ``warm_start:`` and the tokenizer's corpus for
+``spanrl model init --corpus``.
 """
 
 from __future__ import annotations
