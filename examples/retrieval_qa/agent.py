@@ -25,7 +25,7 @@ import os
 import sys
 from dataclasses import dataclass, field
 
-from agents import Agent, ModelSettings, Runner, function_tool
+from agents import Agent, ModelSettings, OpenAIResponsesModel, Runner, function_tool
 from agents.exceptions import AgentsException
 from openai import AsyncOpenAI
 
@@ -63,8 +63,7 @@ class ModelConfig:
 
 
 def build_agent(config: ModelConfig) -> Agent:
-    from agents import OpenAIResponsesModel
-
+    """The SDK agent, on a Responses model of its own client (the endpoint of ``config``)."""
     client = AsyncOpenAI(base_url=config.base_url, api_key=config.api_key, max_retries=0, timeout=120.0)
     return Agent(name=AGENT_NAME, instructions=INSTRUCTIONS, tools=[search],
                  model=OpenAIResponsesModel(model=config.model, openai_client=client),
