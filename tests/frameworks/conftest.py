@@ -44,6 +44,7 @@ NEEDS = {
     "test_frameworks_smolagents.py": REPO / ".venv-frameworks",
     "test_frameworks_litellm.py": REPO / ".venv-frameworks",
     "test_frameworks_llama_index.py": REPO / ".venv-llamaindex",
+    "test_frameworks_calc_autogen_training.py": REPO / ".venv-autogen",
     "test_frameworks_agents_sdk_examples.py": AGENTS_SDK_SDIST,
 }
 
