@@ -26,6 +26,7 @@ class Row:
     choice: int
     generator: torch.Generator | None  # its own random stream when the request has a seed
     queued_at: float = 0.0  # time.monotonic() when it started waiting
+    matcher: Any = None  # its grammar's llguidance matcher when the request constrains its output (grammar.py)
     ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
