@@ -22,12 +22,14 @@ import torch
 from .conftest import TEST_DEVICE
 
 SEEDS = range(50)
+# room for the bounded answers below: a random model's characters are often several byte tokens
+MAX_TOKENS = 128
 ANSWER_SCHEMA = {
     "type": "object",
     "properties": {
         "answer": {"type": "integer", "minimum": 0, "maximum": 999},
         "unit": {"type": "string", "enum": ["cm", "kg", "s"]},
-        "note": {"type": "string", "maxLength": 8},
+        "note": {"type": "string", "maxLength": 6},
         "sure": {"type": "boolean"},
     },
     "required": ["answer", "unit", "note", "sure"],
@@ -37,7 +39,7 @@ RESPONSE_FORMAT = {"type": "json_schema", "json_schema": {"name": "answer", "sch
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "The weather of a city", "strict": True,
     "parameters": {"type": "object", "properties": {
-        "city": {"type": "string", "maxLength": 10}, "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+        "city": {"type": "string", "maxLength": 6}, "days": {"type": "integer", "minimum": 1, "maximum": 7}},
         "required": ["city", "days"], "additionalProperties": False}}}
 CLOCK = {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {}}}}
 QUESTION = [{"role": "user", "content": "How tall is the tower?"}]
@@ -109,7 +111,7 @@ def free_calls(api: openai.OpenAI, count: int) -> list:
 @pytest.mark.parametrize("stream", [False, True])
 def test_strict_json_schema_answers_validate_for_every_seed(random_server, stream):
     api = client(random_server)
-    calls = [lambda seed=seed: chat_text(api, seed, stream, response_format=RESPONSE_FORMAT, max_tokens=64)
+    calls = [lambda seed=seed: chat_text(api, seed, stream, response_format=RESPONSE_FORMAT, max_tokens=MAX_TOKENS)
              for seed in SEEDS]
     *answers, = run_together(calls + free_calls(api, 8))
     for text, finish in answers[:len(SEEDS)]:
@@ -136,7 +138,7 @@ def test_responses_text_format_answers_validate_for_every_seed(random_server, st
     text_format = {"format": {"type": "json_schema", "name": "answer", "schema": ANSWER_SCHEMA, "strict": True}}
 
     def respond(seed: int) -> str:
-        fields = dict(model="gpt-4o", input="How tall?", text=text_format, max_output_tokens=64,
+        fields = dict(model="gpt-4o", input="How tall?", text=text_format, max_output_tokens=MAX_TOKENS,
                       extra_body={"seed": seed})  # vLLM's extra on this route
         if not stream:
             response = api.responses.create(**fields)
@@ -156,7 +158,7 @@ def test_responses_parse_fills_a_pydantic_output_type(random_server):
     model (what an Agents SDK ``output_type`` sends), parsed back into the model by the client."""
     api = client(random_server)
     parsed = run_together([lambda seed=seed: api.responses.parse(
-        model="gpt-4o", input="How tall?", text_format=Answer, max_output_tokens=64,
+        model="gpt-4o", input="How tall?", text_format=Answer, max_output_tokens=MAX_TOKENS,
         extra_body={"seed": seed}).output_parsed
         for seed in range(10)])
     assert all(isinstance(answer, Answer) for answer in parsed)
@@ -169,7 +171,7 @@ def test_a_forced_strict_tool_call_has_schema_true_arguments_for_every_seed(rand
 
     def call(seed: int) -> tuple[str, str, str]:
         fields = dict(model="agent-model", messages=QUESTION, tools=[WEATHER, CLOCK], tool_choice=forced,
-                      max_tokens=48, seed=seed)
+                      max_tokens=MAX_TOKENS, seed=seed)
         if not stream:
             choice = api.chat.completions.create(**fields).choices[0]
             (tool_call,) = choice.message.tool_calls
@@ -195,7 +197,8 @@ def test_a_typed_answer_with_tools_is_the_answer_or_schema_true_calls(random_ser
     api = client(random_server)
 
     def reply(seed: int):
-        return api.chat.completions.create(model="x", messages=QUESTION, tools=[WEATHER], seed=seed, max_tokens=64,
+        return api.chat.completions.create(model="x", messages=QUESTION, tools=[WEATHER], parallel_tool_calls=False,
+                                           seed=seed, max_tokens=MAX_TOKENS,
                                            response_format=RESPONSE_FORMAT).choices[0].message
 
     kinds = set()
@@ -239,7 +242,7 @@ def test_free_rows_sample_the_same_tokens_with_or_without_constrained_rows_in_th
     batches_before = random_engine.stats.batches
     random_engine.batch_wait_s = 0.0
     mixed = [random_engine.submit(prompt, SamplingParams(max_tokens=16, seed=seed)) for seed in range(4)]
-    constrained = [random_engine.submit(prompt, SamplingParams(max_tokens=64, seed=seed, grammar=grammar))
+    constrained = [random_engine.submit(prompt, SamplingParams(max_tokens=MAX_TOKENS, seed=seed, grammar=grammar))
                    for seed in range(4)]
     assert [job.wait(120).choices[0].token_ids for job in mixed] == alone
     for job in constrained:
@@ -260,7 +263,7 @@ def test_constrained_logprobs_are_the_trainers_so_the_importance_ratio_starts_at
 
     grammar = reply_grammar(chat_answer_format(RESPONSE_FORMAT), ToolSetup())
     prompt = random_engine.encode_chat(QUESTION)
-    choices = [random_engine.generate(prompt, SamplingParams(max_tokens=64, seed=seed, grammar=grammar,
+    choices = [random_engine.generate(prompt, SamplingParams(max_tokens=MAX_TOKENS, seed=seed, grammar=grammar,
                                                              logprobs=True)).choices[0] for seed in range(4)]
     trainer = TorchTrainer(str(random_model_dir), TrainerConfig(device=TEST_DEVICE, seed=0, learning_rate=1e-3))
     samples = [TrainingSample(prompt, choice.token_ids, 1.0 if i % 2 else -1.0, old_logprobs=choice.logprobs)

@@ -3,7 +3,8 @@
 Used by ``gateway_app.py``. On the way in (``rewrite_request``): the agent's model name becomes
 the upstream's, the temperature is pinned when the gateway is told to (the trainer recomputes
 log-probs at that temperature), and ``return_token_ids`` and logprobs are asked for, so every
-span carries the engine's token ids and logprobs whatever the agent asked. On the way out
+span carries the engine's token ids and logprobs whatever the agent asked (logprobs not for a
+grammar-constrained request: ``constrains_output``). On the way out
 (``rewrite_reply``, ``rewrite_sse_event``): the model name goes back to the one the agent used
 (``answer_as``, set per request: the gateway may answer any name) and the top-level
 ``policy_version`` is set, as spanrl's embedded server writes it. Structured-output fields
@@ -72,13 +73,25 @@ def rewrite_request(body: dict[str, Any], path: str, upstream_model: str,
         payload["temperature"] = temperature
     if path == CHAT_PATH:
         payload[semconv.REQUEST_RETURN_TOKEN_IDS] = True
-        if not payload.get("logprobs"):
+        if not payload.get("logprobs") and not constrains_output(body):
             payload["logprobs"] = True
     elif path == COMPLETIONS_PATH:
         payload[semconv.REQUEST_RETURN_TOKEN_IDS] = True
         if payload.get("logprobs") is None:
             payload["logprobs"] = 0  # the sampled token's logprob, no alternatives
     return payload
+
+
+def constrains_output(body: dict[str, Any]) -> bool:
+    """Whether vLLM decodes this chat request under a grammar (``response_format`` JSON, a forced
+    tool call, vLLM's ``structured_outputs``). vLLM's logprobs of such a request are of the
+    masked logits (renormalized over the allowed tokens), not the policy's: the gateway does not
+    ask for them, so the update recomputes the old log-probs with verl's actor (docs/policy.md)."""
+    response_format = body.get("response_format")
+    if isinstance(response_format, dict) and response_format.get("type") in ("json_object", "json_schema"):
+        return True
+    tool_choice = body.get("tool_choice")
+    return tool_choice == "required" or isinstance(tool_choice, dict) or bool(body.get("structured_outputs"))
 
 
 def rewrite_reply(data: Any, served_model: str, version: int) -> Any:
@@ -127,6 +140,7 @@ def sse_error_event(body: dict[str, Any]) -> bytes:
     return f"data: {json.dumps(body, separators=(',', ':'))}\n\n".encode()
 
 
-__all__ = ["CHAT_PATH", "COMPLETIONS_PATH", "GENERATION_PATHS", "RESPONSES_PATH", "answer_as", "encode_json",
+__all__ = ["CHAT_PATH", "COMPLETIONS_PATH", "GENERATION_PATHS", "RESPONSES_PATH", "answer_as", "constrains_output",
+           "encode_json",
            "error_body",
            "rewrite_reply", "rewrite_request", "rewrite_sse_event", "sse_error_event"]
