@@ -3,11 +3,12 @@
 Used by ``scheduler.py``. A request whose ``SamplingParams.grammar`` is set (the HTTP server
 builds one for ``response_format``, ``text.format``, strict tools and forced ``tool_choice``:
 ``server/structured_output.py``) gets one ``llguidance.LLMatcher`` per choice when it is queued
-(``Grammars.matchers``). At each step ``Grammars.mask`` fills the token bitmask of the batch's
-constrained rows only (llguidance's executor, in parallel, GIL released) and returns a copy of
-the logits with every disallowed token at ``-inf``; the scheduler samples from that copy, and
-``advance`` moves each row's matcher over its sampled token. Rows without a grammar cost nothing:
-a batch with none never calls in here.
+(``Grammars.matchers``). At each step ``Grammars.mask`` takes the token bitmask of the batch's
+constrained rows only (llguidance's executor, in parallel, GIL released; computed by
+``Grammars.prefetch`` during the forward pass) and returns a copy of the logits with every
+disallowed token at ``-inf``; the scheduler samples from that copy, and ``advance`` moves each
+row's matcher over its sampled token. Rows without a grammar cost nothing: a batch with none
+never calls in here.
 
 The logprobs the engine returns stay those of the raw logits (docs/policy.md, "Structured
 outputs"): the mask decides what may be sampled, not the probabilities reported.
@@ -16,6 +17,8 @@ outputs"): the mask decides what may be sampled, not the probabilities reported.
 from __future__ import annotations
 
 import threading
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -35,7 +38,8 @@ class Grammars:
         self.vocab_size = vocab_size  # width of the model's logits (may exceed the tokenizer's)
         self.eos_ids = eos_ids
         self._ll_tokenizer: Any = None
-        self._executor: Any = None
+        self._executor: Any = None  # llguidance's parallel executor
+        self._worker: ThreadPoolExecutor | None = None  # computes prefetched masks
         self._lock = threading.Lock()
 
     def _ensure_tokenizer(self) -> Any:
@@ -59,18 +63,27 @@ class Grammars:
             raise EngineError(f"the output constraint cannot be compiled: {matcher.get_error()}", "response_format")
         return [matcher] + [matcher.deep_copy() for _ in range(count - 1)]
 
-    def mask(self, logits: torch.Tensor, constrained: list[tuple[int, Any]]) -> torch.Tensor:
+    def prefetch(self, matchers: list[Any]) -> PrefetchedMasks:
+        """Start computing the next bitmask of ``matchers`` (just advanced over their sampled
+        tokens) in a worker thread, while the engine thread runs the next forward pass: llguidance
+        releases the GIL, so free rows wait for no grammar work (as vLLM overlaps its bitmasks with
+        the forward). ``mask`` takes the result when the batch's constrained rows are the same."""
+        if self._worker is None:
+            self._worker = ThreadPoolExecutor(1, thread_name_prefix="spanrl-grammar-masks")
+        return PrefetchedMasks(tuple(matchers), self._worker.submit(self._bitmask, list(matchers)))
+
+    def mask(self, logits: torch.Tensor, constrained: list[tuple[int, Any]],
+             prefetched: PrefetchedMasks | None = None) -> torch.Tensor:
         """A copy of ``logits`` [rows, vocab] where each constrained row (its index, its matcher)
         keeps only the tokens its grammar allows. A row whose matcher allows nothing (an error
         state) keeps only its end-of-sequence tokens, so it ends instead of sampling garbage."""
-        ll_tokenizer = self._ensure_tokenizer()
-        words = (ll_tokenizer.vocab_size + 31) // 32
-        bitmask = torch.zeros((len(constrained), words), dtype=torch.int32)
-        # what llguidance.torch.fill_next_token_bitmask_par does, without importing its
-        # torch.compile'd helpers: every row's mask computed in parallel into the tensor
-        self._executor.unsafe_compute_mask_ptr(
-            [(matcher, slot) for slot, (_, matcher) in enumerate(constrained)], bitmask.data_ptr(), words * 4,
-            len(constrained))
+        matchers = [matcher for _, matcher in constrained]
+        if prefetched is not None and prefetched.covers(matchers):
+            bitmask = prefetched.future.result()
+        else:  # rows joined or left since the prefetch (or none was made): compute now
+            if prefetched is not None:
+                prefetched.future.result()  # a matcher is never used by two threads at once
+            bitmask = self._bitmask(matchers)
         allowed = unpack_bitmask(bitmask, logits.shape[1]).to(logits.device)
         stuck = ~allowed.any(dim=1)
         if bool(stuck.any()):
@@ -81,6 +94,32 @@ class Grammars:
         masked = logits.clone()
         masked[rows] = logits[rows].masked_fill(~allowed, float("-inf"))
         return masked
+
+    def _bitmask(self, matchers: list[Any]) -> torch.Tensor:
+        """llguidance's next-token bitmask of each matcher [len(matchers), words], computed in
+        parallel by its executor (what llguidance.torch.fill_next_token_bitmask_par does, without
+        importing that module's torch.compile'd helpers)."""
+        words = (self._ensure_tokenizer().vocab_size + 31) // 32
+        bitmask = torch.zeros((len(matchers), words), dtype=torch.int32)
+        self._executor.unsafe_compute_mask_ptr([(matcher, slot) for slot, matcher in enumerate(matchers)],
+                                               bitmask.data_ptr(), words * 4, len(matchers))
+        return bitmask
+
+    def close(self) -> None:
+        if self._worker is not None:
+            self._worker.shutdown(wait=True)
+            self._worker = None
+
+
+@dataclass(frozen=True)
+class PrefetchedMasks:
+    """The bitmask of ``matchers`` (in this order), being computed by ``Grammars.prefetch``."""
+
+    matchers: tuple[Any, ...]
+    future: Future
+
+    def covers(self, matchers: list[Any]) -> bool:
+        return len(matchers) == len(self.matchers) and all(a is b for a, b in zip(matchers, self.matchers, strict=True))
 
 
 def unpack_bitmask(bitmask: torch.Tensor, width: int) -> torch.Tensor:
@@ -98,4 +137,4 @@ def advance(matcher: Any, token_id: int) -> None:
     matcher.consume_token(token_id)
 
 
-__all__ = ["Grammars", "advance", "unpack_bitmask"]
+__all__ = ["Grammars", "PrefetchedMasks", "advance", "unpack_bitmask"]

@@ -62,6 +62,7 @@ class RunningBatch:
         self.positions = positions  # [rows]: position id of each row's next input token
         self.next_ids = torch.empty(0, dtype=torch.long)  # [rows]: each row's last sampled token, once sampled
         self.sampling = BatchSampling.for_rows(rows, attention.device)
+        self.prefetched_masks: Any = None  # the constrained rows' next masks (grammar.PrefetchedMasks)
 
     def append_column(self) -> torch.Tensor:
         """One more real column for every row (the token a decode step feeds); the new mask."""

@@ -106,6 +106,7 @@ class Scheduler:
         if self.thread is not None:
             self.thread.join(timeout)
             self.thread = None
+        self.grammars.close()
 
     def enqueue(self, request: GenerationRequest) -> None:
         if self.thread is None or self._stopping:
@@ -309,7 +310,7 @@ class Scheduler:
         self.stats.max_rows_in_batch = max(self.stats.max_rows_in_batch, len(batch.rows))
         logits = logits.float()
         constrained = batch.sampling.constrained
-        allowed = self.grammars.mask(logits, constrained) if constrained else logits
+        allowed = self.grammars.mask(logits, constrained, batch.prefetched_masks) if constrained else logits
         next_ids = self.sampler.sample(allowed, batch.sampling)
         chosen, top = sampled_logprobs(logits, next_ids, batch.sampling)  # of the raw logits: see grammar.py
         next_list = next_ids.tolist()
@@ -319,6 +320,9 @@ class Scheduler:
                 continue
             self._append_token(row, i, next_list[i], None if chosen is None else chosen[i], top)
         batch.next_ids = next_ids
+        if constrained:  # the next step's masks, computed while its forward pass runs
+            going_on = [row.matcher for row in batch.rows if row.matcher is not None and not row.finished]
+            batch.prefetched_masks = self.grammars.prefetch(going_on) if going_on else None
 
     def _append_token(self, row: Row, index: int, token_id: int, logprob: float | None,
                       top: TopLogprobs | None) -> None:
