@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from spanrl.trainer_bridge.torch_backend.engine.detokenize import Detokenizer
 from spanrl.trainer_bridge.torch_backend.engine.requests import EngineError
 
 
@@ -33,10 +34,9 @@ class Grammars:
     second for a large one), so an engine that never sees a grammar never builds it.
     """
 
-    def __init__(self, tokenizer: Any, vocab_size: int, eos_ids: set[int]):
+    def __init__(self, tokenizer: Any, detokenizer: Detokenizer):
         self.tokenizer = tokenizer
-        self.vocab_size = vocab_size  # width of the model's logits (may exceed the tokenizer's)
-        self.eos_ids = eos_ids
+        self.detokenizer = detokenizer  # its eos_ids end a sequence (replaceable: tests forbid them)
         self._ll_tokenizer: Any = None
         self._executor: Any = None  # llguidance's parallel executor
         self._worker: ThreadPoolExecutor | None = None  # computes prefetched masks
@@ -48,7 +48,7 @@ class Grammars:
                 import llguidance
                 import llguidance.hf
 
-                eos = sorted(i for i in self.eos_ids if i < len(self.tokenizer)) or None
+                eos = sorted(i for i in self.detokenizer.eos_ids if i < len(self.tokenizer)) or None
                 self._ll_tokenizer = llguidance.hf.from_tokenizer(self.tokenizer, eos_token=eos)
                 self._executor = llguidance.LLExecutor()
             return self._ll_tokenizer
@@ -87,7 +87,7 @@ class Grammars:
         allowed = unpack_bitmask(bitmask, logits.shape[1]).to(logits.device)
         stuck = ~allowed.any(dim=1)
         if bool(stuck.any()):
-            for eos in self.eos_ids:
+            for eos in self.detokenizer.eos_ids:
                 if eos < logits.shape[1]:
                     allowed[stuck, eos] = True
         rows = torch.tensor([index for index, _ in constrained], dtype=torch.long, device=logits.device)

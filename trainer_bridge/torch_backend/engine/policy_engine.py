@@ -67,7 +67,7 @@ class PolicyEngine:
             model, self._detokenizer, Sampler(self.device), self._masks,
             pad_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0,
             version=version, max_batch_size=max_batch_size, batch_wait_s=batch_wait_s,
-            grammars=Grammars(tokenizer, int(config.vocab_size), self._detokenizer.eos_ids))
+            grammars=Grammars(tokenizer, self._detokenizer))
         self.stats: EngineStats = self._scheduler.stats
 
     # ------------------------------------------------------------------ construction
