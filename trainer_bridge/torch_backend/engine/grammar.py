@@ -41,6 +41,7 @@ class Grammars:
         self._executor: Any = None  # llguidance's parallel executor
         self._worker: ThreadPoolExecutor | None = None  # computes prefetched masks
         self._lock = threading.Lock()
+        self._masking = threading.Lock()  # llguidance's executor (and a matcher) serve one caller at a time
 
     def _ensure_tokenizer(self) -> Any:
         with self._lock:
@@ -101,8 +102,10 @@ class Grammars:
         importing that module's torch.compile'd helpers)."""
         words = (self._ensure_tokenizer().vocab_size + 31) // 32
         bitmask = torch.zeros((len(matchers), words), dtype=torch.int32)
-        self._executor.unsafe_compute_mask_ptr([(matcher, slot) for slot, matcher in enumerate(matchers)],
-                                               bitmask.data_ptr(), words * 4, len(matchers))
+        # one computation at a time: a prefetch of rows that have just joined the batch may still run
+        with self._masking:
+            self._executor.unsafe_compute_mask_ptr([(matcher, slot) for slot, matcher in enumerate(matchers)],
+                                                   bitmask.data_ptr(), words * 4, len(matchers))
         return bitmask
 
     def close(self) -> None:
