@@ -193,7 +193,11 @@ def _check(lark: str, answer: AnswerFormat, setup: ToolSetup) -> None:
     import llguidance
 
     checks = [(answer.param, answer.json_schema)] if answer.is_json else []
-    checks += [(f"tools[{index}]", _parameters(tool)) for index, tool in enumerate(setup.tools)]
+    for index, tool in enumerate(setup.tools):  # the schemas the grammar enforces, not those it does not
+        name = tool_name(tool)
+        forced = setup.chosen == name if setup.chosen is not None else setup.mode == "required"
+        if forced or (setup.mode == "auto" and name in setup.strict):
+            checks.append((f"tools[{index}]", _parameters(tool)))
     for param, schema in checks:
         error = llguidance.LLMatcher.validate_grammar(f"start: {_json(schema)}")
         if error:
