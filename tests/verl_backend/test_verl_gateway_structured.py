@@ -32,6 +32,8 @@ WEATHER = {"type": "function", "function": {
                    "properties": {"days": {"type": "integer", "minimum": 1, "maximum": 7}}}}}
 QUESTION = [{"role": "user", "content": "How tall is the tower?"}]
 SEEDS = range(8)
+# vLLM's CPU build takes minutes to start on a small, busy machine (its fixture runs inside the first test)
+pytestmark = pytest.mark.timeout(1800)
 
 
 def free_port() -> int:
@@ -50,7 +52,7 @@ def vllm_url(tiny_models):
         [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", tiny_models["tied"],
          "--served-model-name", "tiny", "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32",
          "--max-model-len", "2048", "--max-num-seqs", "16",
-         "--structured-outputs-config", json.dumps({"disable_any_whitespace": True})],
+         "--structured-outputs-config", json.dumps({"backend": "xgrammar", "disable_any_whitespace": True})],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     url = f"http://127.0.0.1:{port}"
     try:

@@ -41,7 +41,7 @@ class Grammars:
         self._executor: Any = None  # llguidance's parallel executor
         self._worker: ThreadPoolExecutor | None = None  # computes prefetched masks
         self._lock = threading.Lock()
-        self._masking = threading.Lock()  # llguidance's executor (and a matcher) serve one caller at a time
+        self._in_flight: list[Future] = []  # prefetches not waited for yet
 
     def _ensure_tokenizer(self) -> Any:
         with self._lock:
@@ -71,7 +71,9 @@ class Grammars:
         the forward). ``mask`` takes the result when the batch's constrained rows are the same."""
         if self._worker is None:
             self._worker = ThreadPoolExecutor(1, thread_name_prefix="spanrl-grammar-masks")
-        return PrefetchedMasks(tuple(matchers), self._worker.submit(self._bitmask, list(matchers)))
+        future = self._worker.submit(self._bitmask, list(matchers))
+        self._in_flight.append(future)
+        return PrefetchedMasks(tuple(matchers), future)
 
     def mask(self, logits: torch.Tensor, constrained: list[tuple[int, Any]],
              prefetched: PrefetchedMasks | None = None) -> torch.Tensor:
@@ -79,11 +81,10 @@ class Grammars:
         keeps only the tokens its grammar allows. A row whose matcher allows nothing (an error
         state) keeps only its end-of-sequence tokens, so it ends instead of sampling garbage."""
         matchers = [matcher for _, matcher in constrained]
+        self._settle_in_flight()  # from here on the engine thread alone uses the matchers and the executor
         if prefetched is not None and prefetched.covers(matchers):
             bitmask = prefetched.future.result()
         else:  # rows joined or left since the prefetch (or none was made): compute now
-            if prefetched is not None:
-                prefetched.future.result()  # a matcher is never used by two threads at once
             bitmask = self._bitmask(matchers)
         allowed = unpack_bitmask(bitmask, logits.shape[1]).to(logits.device)
         stuck = ~allowed.any(dim=1)
@@ -102,11 +103,16 @@ class Grammars:
         importing that module's torch.compile'd helpers)."""
         words = (self._ensure_tokenizer().vocab_size + 31) // 32
         bitmask = torch.zeros((len(matchers), words), dtype=torch.int32)
-        # one computation at a time: a prefetch of rows that have just joined the batch may still run
-        with self._masking:
-            self._executor.unsafe_compute_mask_ptr([(matcher, slot) for slot, matcher in enumerate(matchers)],
-                                                   bitmask.data_ptr(), words * 4, len(matchers))
+        self._executor.unsafe_compute_mask_ptr([(matcher, slot) for slot, matcher in enumerate(matchers)],
+                                               bitmask.data_ptr(), words * 4, len(matchers))
         return bitmask
+
+    def _settle_in_flight(self) -> None:
+        """Wait for every prefetch still running (another batch's, e.g. rows that just joined:
+        their matchers are about to be used and advanced here)."""
+        for future in self._in_flight:
+            future.exception()  # waits; a failed prefetch is recomputed, or raises, when used
+        self._in_flight = []
 
     def close(self) -> None:
         if self._worker is not None:
