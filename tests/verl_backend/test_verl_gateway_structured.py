@@ -52,6 +52,7 @@ def vllm_url(tiny_models):
         [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", tiny_models["tied"],
          "--served-model-name", "tiny", "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32",
          "--max-model-len", "2048", "--max-num-seqs", "16",
+         "--enable-auto-tool-choice", "--tool-call-parser", "hermes",  # what vLLM needs for tool_choice
          "--structured-outputs-config", json.dumps({"backend": "xgrammar", "disable_any_whitespace": True})],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     url = f"http://127.0.0.1:{port}"
