@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -32,6 +33,7 @@ WEATHER = {"type": "function", "function": {
                    "properties": {"days": {"type": "integer", "minimum": 1, "maximum": 7}}}}}
 QUESTION = [{"role": "user", "content": "How tall is the tower?"}]
 SEEDS = range(8)
+FORCED_OPENING = re.compile(r'<tool_call>\s*\{"name": "get_weather", "arguments": \{')  # vLLM's form of the call
 # vLLM's CPU build takes minutes to start on a small, busy machine (its fixture runs inside the first test)
 pytestmark = pytest.mark.timeout(1800)
 
@@ -116,12 +118,20 @@ def test_responses_text_format_through_the_gateway_is_enforced_by_vllm(gateway):
         jsonschema.validate(json.loads(response.output_text), SCHEMA)
 
 
-def test_a_forced_tool_call_through_the_gateway_has_schema_true_arguments(gateway):
+def test_a_forced_tool_call_through_the_gateway_is_steered_by_vllm(gateway):
+    """vLLM writes a forced call in its own form and lets its arguments' JSON take any whitespace
+    (a random model may wander in blanks until max_tokens): every reply is the forced call, its
+    arguments schema-true where it finished, its opening where it was cut."""
     api = client(gateway)
     for seed in SEEDS:
         reply = api.chat.completions.create(model="triage", messages=QUESTION, tools=[WEATHER], max_tokens=48,
                                             tool_choice={"type": "function", "function": {"name": "get_weather"}},
                                             seed=seed)
-        (call,) = reply.choices[0].message.tool_calls
-        assert call.function.name == "get_weather"
-        jsonschema.validate(json.loads(call.function.arguments), WEATHER["function"]["parameters"])
+        choice = reply.choices[0]
+        if choice.message.tool_calls:
+            (call,) = choice.message.tool_calls
+            assert call.function.name == "get_weather"
+            jsonschema.validate(json.loads(call.function.arguments), WEATHER["function"]["parameters"])
+        else:  # cut by max_tokens inside the arguments: a random model never writes this opening by chance
+            assert choice.finish_reason == "length", choice
+            assert FORCED_OPENING.match(choice.message.content), choice
