@@ -107,6 +107,11 @@ class TrainSettings:
     policy_host: str = field(default="127.0.0.1", metadata={"help": "embedded policy server host"})
     policy_port: int = field(default=8000, metadata={"help": "embedded policy server port"})
     policy_model_name: str = field(default="policy", metadata={"help": "model name agents use"})
+    policy_model_names: list = field(
+        default_factory=lambda: ["*"],
+        metadata={"help": "other model names the policy endpoint answers to ('*': any name, the default: agents "
+                  "keep the names they hard-code); an empty list answers only policy_model_name"},
+    )
     policy_token: str | None = field(
         default=None,
         metadata={"help": "bearer token agents must send to the policy endpoint (their OPENAI_API_KEY); "

@@ -305,7 +305,7 @@ def run_training(settings: TrainSettings, show_progress: bool = True) -> dict:
     """Run ``spanrl train``: returns a summary (first/last reward, versions, paths)."""
     from contextlib import ExitStack
 
-    from tqdm import tqdm
+    from spanrl.progress import progress_bar
 
     from .bridge_api import BridgeAPI, PolicyInfo
     from .metrics import MetricsLog
@@ -358,8 +358,8 @@ def run_training(settings: TrainSettings, show_progress: bool = True) -> dict:
                            "start `spanrl run RUN.yaml` with bridge_url: %s", idle_s, unclaimed, api.url)
 
         first_step = len(metrics.rows)
-        bar = tqdm(total=settings.steps, initial=first_step, disable=not show_progress,
-                   desc="spanrl train", unit="step", dynamic_ncols=True)
+        bar = progress_bar(settings.steps, "spanrl train", unit="step", initial=first_step,
+                           disable=not show_progress)  # a bar on a terminal, plain lines in a log
         cleanup.callback(bar.close)
         good_steps = empty_steps = 0
         for step in range(first_step, settings.steps):

@@ -104,11 +104,15 @@ class ModelPreset:
     vocab_size: int
 
 
+# Both presets take 4,096 tokens of context: a tool-using agent's prompt (instructions, tool
+# schemas, history) is often past 1,300 tokens. The context costs nothing until a prompt uses it
+# (RoPE positions are computed, not stored); what a long prompt costs is in docs/policy.md.
+DEFAULT_CONTEXT = 4096
 PRESETS: dict[str, ModelPreset] = {
     # ~0.5 M parameters: trains in minutes on 2 CPU cores (2-digit arithmetic copying).
-    "tiny": ModelPreset(2, 128, 4, 4, 512, 1024, 384),
+    "tiny": ModelPreset(2, 128, 4, 4, 512, DEFAULT_CONTEXT, 384),
     # ~3 M parameters: 4 layers, for 3-digit operands and longer texts.
-    "small": ModelPreset(4, 256, 4, 4, 1024, 2048, 1024),
+    "small": ModelPreset(4, 256, 4, 4, 1024, DEFAULT_CONTEXT, 1024),
 }
 
 # A little built-in text so the tokenizer knows common English, chat roles and arithmetic
@@ -263,8 +267,10 @@ def create_model_dir(
     vocab_size: int | None = None,
     seed: int = 0,
     overwrite: bool = False,
+    context_length: int | None = None,
 ) -> Path:
-    """Write a complete HF model directory to ``out_dir`` and return its path.
+    """Write a complete HF model directory to ``out_dir`` and return its path. ``context_length``
+    (default: the preset's, 4,096) is the most tokens of prompt + response the model takes.
 
     Files: ``config.json``, ``generation_config.json``, ``model.safetensors``,
     ``tokenizer.json``, ``tokenizer_config.json``, ``special_tokens_map.json``,
@@ -276,6 +282,9 @@ def create_model_dir(
     if preset not in PRESETS:
         raise ValueError(f"unknown preset {preset!r}; choose one of {sorted(PRESETS)}")
     sizes = PRESETS[preset]
+    context = int(context_length or sizes.max_position_embeddings)
+    if context < 16:
+        raise ValueError(f"context_length must be at least 16 tokens, got {context}")
     out = Path(out_dir)
     if out.exists() and any(out.iterdir()) and not overwrite:
         raise FileExistsError(f"{out} exists and is not empty (pass overwrite=True / --force)")
@@ -292,7 +301,7 @@ def create_model_dir(
     ids = {token: tokenizer.token_to_id(token) for token in SPECIAL_TOKENS}
 
     (out / "tokenizer_config.json").write_text(
-        json.dumps(_tokenizer_config(sizes.max_position_embeddings), indent=2) + "\n"
+        json.dumps(_tokenizer_config(context), indent=2) + "\n"
     )
     (out / "special_tokens_map.json").write_text(
         json.dumps({"eos_token": IM_END, "pad_token": PAD_TOKEN,
@@ -309,7 +318,7 @@ def create_model_dir(
         num_hidden_layers=sizes.num_hidden_layers,
         num_attention_heads=sizes.num_attention_heads,
         num_key_value_heads=sizes.num_key_value_heads,
-        max_position_embeddings=sizes.max_position_embeddings,
+        max_position_embeddings=context,
         tie_word_embeddings=True,
         rms_norm_eps=1e-6,
         bos_token_id=None,

@@ -54,7 +54,7 @@ def sft_steps(trainer: TorchTrainer, batches: Iterable[Sequence[Any]], lr: float
               max_steps: int | None = None, progress: bool = True,
               on_step: Callable[[int, dict], None] | None = None) -> dict[str, float]:
     """Supervised steps: one AdamW step per batch of chat examples (see ``TorchTrainer.sft_steps``)."""
-    from tqdm.auto import tqdm
+    from spanrl.progress import progress_bar
 
     rate = lr if lr is not None else trainer.config.sft_learning_rate
     if trainer.sft_optimizer is None:
@@ -65,7 +65,7 @@ def sft_steps(trainer: TorchTrainer, batches: Iterable[Sequence[Any]], lr: float
     started = time.perf_counter()
     losses: list[float] = []
     tokens = 0
-    bar = tqdm(total=max_steps, desc="sft", unit="step", disable=not progress)
+    bar = progress_bar(max_steps, "sft", unit="step", disable=not progress)
     trainer.model.train()
     for number, examples in enumerate(batches):
         if max_steps is not None and number >= max_steps:

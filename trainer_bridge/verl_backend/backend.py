@@ -298,7 +298,8 @@ def start_verl_backend(settings: TrainSettings, checkpoint_dir: str) -> VerlBack
             logger.info("resumed from %s (policy version %d)", path, policy_version)
         gateway = start_gateway(
             GatewayConfig(host=settings.policy_host, port=settings.policy_port,
-                          served_model_name=settings.policy_model_name, temperature=settings.verl.temperature,
+                          served_model_name=settings.policy_model_name,
+                          model_names=tuple(settings.policy_model_names), temperature=settings.verl.temperature,
                           validation_temperature=settings.val_temperature, pause_wait_s=settings.verl.pause_wait_s),
             workers.server_urls,
         )
