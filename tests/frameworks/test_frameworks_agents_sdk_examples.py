@@ -24,7 +24,6 @@ from pathlib import Path
 import pytest
 from agents.models.default_models import get_default_model
 
-from spanrl.trainer_bridge.torch_backend.server.responses_protocol import RESPONSES_REQUEST_FIELDS
 from tests.frameworks.conftest import AGENTS_SDK_SDIST
 from tests.frameworks.framework_runs import decoded_prompts, run_unmodified
 
@@ -32,7 +31,6 @@ MAIN_BIN = Path(sys.executable).parent
 SYSTEM_OPEN, TURN_CLOSE = "<|im_start|>system\n", "<|im_end|>"
 # A typed output (output_type=...) asks for JSON through the Responses API's `text.format`; it
 # parses only where the server constrains decoding to the schema (issue 23, item 1).
-STRUCTURED_OUTPUTS = "text" in RESPONSES_REQUEST_FIELDS["/v1/responses"]["implemented"]
 
 
 @dataclass(frozen=True)
@@ -80,7 +78,6 @@ EXAMPLES = {
          "story_agent": "Write a short story based on the given outline."},
         {"story_outline_agent": 1, "outline_checker_agent": 1}, stdin="Write a short sci-fi story.\n"),
 }
-NEEDS_STRUCTURED_OUTPUTS = {"typed output"}
 
 
 def agent_of_prompt(prompt: str, agents: dict[str, str]) -> str:
@@ -92,18 +89,8 @@ def agent_of_prompt(prompt: str, agents: dict[str, str]) -> str:
     return matches[0]
 
 
-def example_params():
-    for name in EXAMPLES:
-        marks = []
-        if name in NEEDS_STRUCTURED_OUTPUTS and not STRUCTURED_OUTPUTS:
-            marks.append(pytest.mark.xfail(strict=True, raises=AssertionError,
-                                           reason="needs structured outputs on the embedded server (issue 23, "
-                                                  "item 1): the typed output's first answer is not its JSON"))
-        yield pytest.param(name, id=name.replace(" ", "-").replace(",", ""), marks=marks)
-
-
 @pytest.mark.timeout(600)  # a program's start-up alone (the SDK, OTel) takes a minute on a loaded 2-core machine
-@pytest.mark.parametrize("name", list(example_params()))
+@pytest.mark.parametrize("name", list(EXAMPLES), ids=lambda name: name.replace(" ", "-").replace(",", ""))
 def test_an_agents_sdk_example_trains_unmodified_with_each_call_named(name, serve_policy, receiver):
     example = EXAMPLES[name]
     server = serve_policy(model_name=get_default_model())  # what the examples ask for: no model= of their own
