@@ -17,12 +17,11 @@ import argparse
 import json
 import os
 import shutil
-import subprocess
-import sys
 import time
 from dataclasses import replace
 
-from spanrl.demo import CALC_REWARD, DemoSettings, free_port, prepare_model, wait_for_port
+from spanrl.child_processes import LocalServices, free_port
+from spanrl.demo import CALC_REWARD, DemoSettings, prepare_model
 
 BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
 
@@ -36,28 +35,18 @@ def write_tasks(path: str, seed: int) -> None:
 
 def run_mode(mode: str, args: argparse.Namespace, model_dir: str, tasks: str) -> dict:
     """One training run (``sync`` or ``async``) with its own receiver, runner and store."""
+    from spanrl.trainer_bridge.session import run_training
     from spanrl.trainer_bridge.train_settings import TrainSettings
-    from spanrl.trainer_bridge.training_loop import run_training
 
     out = os.path.join(args.out, mode)
     shutil.rmtree(out, ignore_errors=True)
     os.makedirs(out)
-    grpc_port, http_port, policy_port, bridge_port = free_port(), free_port(), free_port(), free_port()
+    policy_port, bridge_port = free_port(), free_port()
     env = {**os.environ, "UNEVEN_SLOW_S": str(args.slow_s), "UNEVEN_SLOW_EVERY": str(args.slow_every)}
-    children = []
-    logs = [open(os.path.join(out, f"{name}.log"), "w") for name in ("receiver", "runner")]
-    try:
-        receiver = subprocess.Popen(
-            [sys.executable, "-m", "spanrl", "receive", "--db", os.path.join(out, "spanrl.db"),
-             "--grpc-port", str(grpc_port), "--http-port", str(http_port), "--grace-s", "0.3"],
-            stdout=logs[0], stderr=subprocess.STDOUT)
-        children.append(receiver)
-        wait_for_port(grpc_port, receiver, "spanrl receive")
-        children.append(subprocess.Popen(
-            [sys.executable, "-m", "spanrl", "run", "--agent", "uneven_calc_agent:solve", "--python-path", BENCH_DIR,
-             "--bridge-url", f"http://127.0.0.1:{bridge_port}", "--otlp-endpoint", f"http://127.0.0.1:{grpc_port}",
-             "--concurrency", str(args.concurrency)],
-            stdout=logs[1], stderr=subprocess.STDOUT, env=env))
+    with LocalServices(out, stop_timeout_s=30) as services:
+        receiver = services.start_receiver(os.path.join(out, "spanrl.db"))
+        services.start_runner("uneven_calc_agent:solve", bridge_port, receiver, args.concurrency,
+                              "--python-path", BENCH_DIR, env=env)
         settings = TrainSettings(
             tasks=tasks, model=model_dir, output_dir=os.path.join(out, "run"), store=os.path.join(out, "spanrl.db"),
             reward=CALC_REWARD, group_size=args.group_size, tasks_per_step=args.tasks_per_step, steps=args.steps,
@@ -67,13 +56,6 @@ def run_mode(mode: str, args: argparse.Namespace, model_dir: str, tasks: str) ->
         started = time.monotonic()
         summary = run_training(settings, show_progress=False)
         wall_s = time.monotonic() - started
-    finally:
-        for child in children:
-            child.terminate()
-        for child in children:
-            child.wait(timeout=30)
-        for log in logs:
-            log.close()
     rows = [json.loads(line) for line in open(summary["metrics"], encoding="utf-8")]
     elapsed, curve = 0.0, []
     for row in rows:

@@ -91,7 +91,7 @@ def _ids(ids, limit: int = 12) -> str:
 
 
 def show_rollouts(args) -> int:
-    from spanrl.otlp_receiver.transitions import rollout_to_dict
+    from spanrl.schema.rollouts import rollout_to_dict
 
     with _open(args) as store:
         summaries = store.rollout_summaries()
@@ -125,7 +125,7 @@ def show_rollouts(args) -> int:
 
 def show_rollout(args) -> int:
     from spanrl.otlp_receiver.span_tree import SpanTree, records_from_bodies
-    from spanrl.otlp_receiver.transitions import rollout_to_dict
+    from spanrl.schema.rollouts import rollout_to_dict
 
     with _open(args) as store:
         spans = store.rollout_spans(args.rollout_id)
@@ -207,7 +207,7 @@ def _print_transitions(transitions, trained: dict) -> None:
 
 
 def show_transitions(args) -> int:
-    from spanrl.otlp_receiver.transitions import transition_to_dict
+    from spanrl.schema.rollouts import transition_to_dict
 
     with _open(args) as store:
         rollouts, _ = store.completed_rollouts(since=args.since)

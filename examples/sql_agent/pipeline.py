@@ -15,7 +15,6 @@ import argparse
 import json
 import os
 import shutil
-import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -93,32 +92,20 @@ def train(run: TrainingRun, progress: bool = True) -> dict:
 
     Writes ``spanrl.db``, ``receiver.log``, ``runner.log`` and ``run/`` (metrics, checkpoints) into
     ``run.output_dir``, which starts afresh."""
-    from spanrl.demo import free_port, stop_processes, wait_for_port
+    from spanrl.child_processes import LocalServices, free_port
+    from spanrl.trainer_bridge.session import run_training
     from spanrl.trainer_bridge.torch_backend.config import TrainerConfig
     from spanrl.trainer_bridge.train_settings import TrainSettings
-    from spanrl.trainer_bridge.training_loop import run_training
 
     out = os.path.abspath(run.output_dir)
     shutil.rmtree(out, ignore_errors=True)
     os.makedirs(out)
     db = os.path.join(out, "spanrl.db")
-    grpc_port, http_port, policy_port, bridge_port = (free_port() for _ in range(4))
-    children: list[subprocess.Popen] = []
-    logs = {name: open(os.path.join(out, f"{name}.log"), "w") for name in ("receiver", "runner")}
-    try:
-        receiver = subprocess.Popen(
-            [sys.executable, "-m", "spanrl", "receive", "--db", db, "--grpc-port", str(grpc_port),
-             "--http-port", str(http_port), "--grace-s", "0.3", "--credit", "discounted",
-             "--air-rules", str(AIR_RULES) if run.air else "off"],
-            stdout=logs["receiver"], stderr=subprocess.STDOUT)
-        children.append(receiver)
-        wait_for_port(grpc_port, receiver, "spanrl receive")
-        runner = subprocess.Popen(
-            [sys.executable, "-m", "spanrl", "run", "--agent", HARNESS,
-             "--bridge-url", f"http://127.0.0.1:{bridge_port}", "--otlp-endpoint", f"http://127.0.0.1:{grpc_port}",
-             "--concurrency", str(run.concurrency), "--bridge-wait-s", "300"],
-            stdout=logs["runner"], stderr=subprocess.STDOUT)
-        children.append(runner)
+    policy_port, bridge_port = free_port(), free_port()
+    with LocalServices(out, stop_timeout_s=15) as services:
+        receiver = services.start_receiver(db, "--credit", "discounted",
+                                           "--air-rules", str(AIR_RULES) if run.air else "off")
+        services.start_runner(HARNESS, bridge_port, receiver, run.concurrency, "--bridge-wait-s", "300")
         settings = TrainSettings(
             tasks=str(TRAIN_TASKS), model=run.model_dir, output_dir=os.path.join(out, "run"), store=db,
             reward="events", advantage_level="transition", agents=list(run.agents),
@@ -129,8 +116,6 @@ def train(run: TrainingRun, progress: bool = True) -> dict:
             # every checkpoint of the run is kept: bench_sql_air.py scores each step's
             trainer=TrainerConfig(keep_checkpoints=max(2, run.steps // max(1, run.checkpoint_every) + 1)))
         return run_training(settings, show_progress=progress)
-    finally:
-        stop_processes(children, logs, timeout_s=15)
 
 
 def load_tasks(path: str | Path) -> list[dict]:

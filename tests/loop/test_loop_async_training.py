@@ -17,13 +17,13 @@ import sys
 import pytest
 
 from spanrl.errors import SettingError
-from spanrl.otlp_receiver.transitions import Transition
 from spanrl.runner.bridge_client import BridgeClient
+from spanrl.schema.rollouts import Transition
+from spanrl.schema.scored import ScoredRollout
 from spanrl.trainer_bridge.async_training import GroupDispatcher, filter_stale, rollout_lag
 from spanrl.trainer_bridge.bridge_api import BridgeAPI, PolicyInfo
 from spanrl.trainer_bridge.task_dispatch import Attempt
 from spanrl.trainer_bridge.train_settings import TrainSettings
-from spanrl.trainer_bridge.training_loop import ScoredRollout
 
 TEST_DEVICE = os.environ.get("SPANRL_TEST_DEVICE", "cpu")
 

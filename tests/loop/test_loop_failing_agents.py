@@ -13,11 +13,11 @@ import os
 import subprocess
 import sys
 
-from spanrl.demo import free_port, wait_for_port
+from spanrl.child_processes import free_port, wait_for_port
 from spanrl.errors import UserError
+from spanrl.trainer_bridge.session import run_training
 from spanrl.trainer_bridge.torch_backend.model_init import create_model_dir
 from spanrl.trainer_bridge.train_settings import TrainSettings
-from spanrl.trainer_bridge.training_loop import run_training
 
 # where models run in these tests: cpu, or cuda on a GPU machine (docs/gpu.md)
 TEST_DEVICE = os.environ.get("SPANRL_TEST_DEVICE", "cpu")

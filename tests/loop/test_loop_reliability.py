@@ -168,9 +168,10 @@ def test_a_run_that_trains_on_nothing_stops_with_the_reason(tmp_path, tracer_pro
     rollout of every step stays unassembled. After ``max_empty_steps`` such steps training stops
     with an error naming the cause."""
     from spanrl.otlp_receiver.store_lock import ReceiverLock
+    from spanrl.trainer_bridge.empty_steps import NothingToTrain
+    from spanrl.trainer_bridge.session import run_training
     from spanrl.trainer_bridge.torch_backend.model_init import create_model_dir
     from spanrl.trainer_bridge.train_settings import TrainSettings
-    from spanrl.trainer_bridge.training_loop import NothingToTrain, run_training
 
     model_dir = create_model_dir(tmp_path / "model", preset="tiny", seed=0)
     tasks = tmp_path / "tasks.jsonl"

@@ -19,7 +19,8 @@ import time
 
 import pytest
 
-from spanrl.demo import CALC_AGENT, CALC_REWARD, free_port
+from spanrl.child_processes import free_port
+from spanrl.demo import CALC_AGENT, CALC_REWARD
 
 TEST_DEVICE = os.environ.get("SPANRL_TEST_DEVICE", "cpu")
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

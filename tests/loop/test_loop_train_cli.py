@@ -18,7 +18,8 @@ import time
 
 import pytest
 
-from spanrl.demo import CALC_AGENT, CALC_REWARD, free_port
+from spanrl.child_processes import free_port
+from spanrl.demo import CALC_AGENT, CALC_REWARD
 from spanrl.trainer_bridge.torch_backend.model_init import create_model_dir
 
 TEST_DEVICE = os.environ.get("SPANRL_TEST_DEVICE", "cpu")

@@ -30,8 +30,8 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from spanrl.instrumentation import semconv
 from spanrl.otlp_receiver.server import ReceiverServer
 from spanrl.otlp_receiver.settings import ReceiverSettings
+from spanrl.trainer_bridge.advantages import GRPO_EPSILON
 from spanrl.trainer_bridge.backend import PolicyBackend, TrainingSample, UpdateStats
-from spanrl.trainer_bridge.grpo import GRPO_EPSILON
 from spanrl.trainer_bridge.task_dispatch import Attempt
 from spanrl.trainer_bridge.train_settings import TrainSettings
 from spanrl.trainer_bridge.training_loop import TrainingLoop
@@ -78,7 +78,7 @@ def torch_backend(tmp_path_factory):
     few seconds to start). Tests compare policy versions before and after their steps."""
     import torch
 
-    from spanrl.trainer_bridge.torch_backend.backend import start_torch_backend
+    from spanrl.trainer_bridge.torch_backend.backend import start_backend
     from spanrl.trainer_bridge.torch_backend.model_init import create_model_dir
 
     threads = torch.get_num_threads()
@@ -86,8 +86,8 @@ def torch_backend(tmp_path_factory):
     root = tmp_path_factory.mktemp("backend")
     model_dir = create_model_dir(root / "model", preset="tiny", seed=0)
     settings = TrainSettings(tasks=str(root / "unused.jsonl"), model=str(model_dir), device=TEST_DEVICE,
-                             policy_port=0, checkpoint_every=0, learning_rate=1e-3)
-    backend = start_torch_backend(settings, str(root / "checkpoints"))
+                             output_dir=str(root), policy_port=0, checkpoint_every=0, learning_rate=1e-3)
+    backend = start_backend(settings.backend_run())
     assert isinstance(backend, PolicyBackend)
     try:
         yield backend

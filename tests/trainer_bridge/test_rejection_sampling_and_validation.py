@@ -10,13 +10,13 @@ import random
 import pytest
 
 from spanrl.bridge_protocol import is_validation_rollout
-from spanrl.otlp_receiver.transitions import Transition
+from spanrl.schema.rollouts import Transition
+from spanrl.schema.scored import ScoredRollout
 from spanrl.trainer_bridge.backend import TrainingSample
 from spanrl.trainer_bridge.metrics import MetricsLog
 from spanrl.trainer_bridge.rejection_sampling import sft_samples
 from spanrl.trainer_bridge.task_dispatch import Attempt, TaskDispatcher
 from spanrl.trainer_bridge.train_settings import TrainSettings
-from spanrl.trainer_bridge.training_loop import ScoredRollout
 from spanrl.trainer_bridge.validation import VALIDATION_PREFIX, Validator
 
 

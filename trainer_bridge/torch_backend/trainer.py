@@ -30,9 +30,8 @@ from typing import Any
 
 import torch
 
-from spanrl.trainer_bridge import grpo
 from spanrl.trainer_bridge.backend import TrainingSample
-from spanrl.trainer_bridge.torch_backend import sft
+from spanrl.trainer_bridge.torch_backend import losses, sft
 from spanrl.trainer_bridge.torch_backend.batching import (
     MaskedSequence,
     PaddedBatch,
@@ -239,9 +238,9 @@ class TorchTrainer:
                 is_weights = None
                 if is_cap > 0:
                     engine = torch.where(torch.isnan(engine_old[number]), old_logprobs, engine_old[number])
-                    is_weights, is_metrics = grpo.truncated_is_weights(old_logprobs, engine, batch.response_mask,
+                    is_weights, is_metrics = losses.truncated_is_weights(old_logprobs, engine, batch.response_mask,
                                                                        is_cap)
-                pg_loss, metrics = grpo.policy_loss_dual_clip(
+                pg_loss, metrics = losses.policy_loss_dual_clip(
                     old_logprobs, logprobs, advantages[number], batch.response_mask,
                     clip_ratio_low=config.clip_ratio_low, clip_ratio_high=config.clip_ratio_high,
                     clip_ratio_c=config.clip_ratio_c, loss_agg_mode=config.loss_agg_mode,
@@ -250,8 +249,8 @@ class TorchTrainer:
                     metrics = {**metrics, **is_metrics}
                 loss = pg_loss
                 if config.kl_coef > 0:
-                    kl = grpo.kl_penalty(logprobs, ref[number], config.kl_estimator)
-                    kl_loss = grpo.agg_loss(kl, batch.response_mask, config.loss_agg_mode, **agg_kwargs)
+                    kl = losses.kl_penalty(logprobs, ref[number], config.kl_estimator)
+                    kl_loss = losses.agg_loss(kl, batch.response_mask, config.loss_agg_mode, **agg_kwargs)
                     loss = loss + config.kl_coef * kl_loss
                     totals["kl_loss"] += float(kl_loss.detach())
                 loss.backward()

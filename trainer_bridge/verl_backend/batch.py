@@ -32,8 +32,8 @@ from verl.utils import tensordict_utils as tu
 from verl.utils.model import compute_position_id_with_mask
 from verl.workers.utils.padding import left_right_2_no_padding
 
+from ..advantages import weigh_rollouts_equally
 from ..backend import TrainingSample
-from ..grpo import weigh_rollouts_equally
 
 logger = logging.getLogger(__name__)
 
