@@ -22,6 +22,7 @@ from dataclasses import replace
 
 from spanrl.child_processes import LocalServices, free_port
 from spanrl.demo import CALC_REWARD, DemoSettings, prepare_model
+from spanrl.schema import metrics as keys
 
 BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
 
@@ -56,17 +57,17 @@ def run_mode(mode: str, args: argparse.Namespace, model_dir: str, tasks: str) ->
         started = time.monotonic()
         summary = run_training(settings, show_progress=False)
         wall_s = time.monotonic() - started
-    rows = [json.loads(line) for line in open(summary["metrics"], encoding="utf-8")]
+    rows = keys.read_metrics(summary["metrics"])
     elapsed, curve = 0.0, []
     for row in rows:
-        elapsed += row["seconds"]
-        curve.append((round(elapsed, 1), round(row["reward_mean"], 3)))
-    rollouts = sum(r["rollouts"] for r in rows)
+        elapsed += row[keys.STEP_SECONDS]
+        curve.append((round(elapsed, 1), round(row[keys.REWARD_MEAN], 3)))
+    rollouts = sum(r[keys.ROLLOUTS] for r in rows)
     return {"mode": mode, "wall_s": round(wall_s, 1), "steps": len(rows), "rollouts": rollouts,
-            "rollouts_per_s": round(rollouts / sum(r["seconds"] for r in rows), 3),
+            "rollouts_per_s": round(rollouts / sum(r[keys.STEP_SECONDS] for r in rows), 3),
             "reward_vs_seconds": curve,
-            "rollouts_off_policy": sum(r.get("rollouts_off_policy", 0) for r in rows),
-            "rollouts_left_out": [r["rollouts_left_out"] for r in rows]}
+            "rollouts_off_policy": sum(r.get(keys.ROLLOUTS_OFF_POLICY, 0) for r in rows),
+            "rollouts_left_out": [r[keys.ROLLOUTS_LEFT_OUT] for r in rows]}
 
 
 def plot(results: list[dict], path: str) -> None:

@@ -40,8 +40,9 @@ def run_arm(out: Path, warm_dir: str, air: bool, args: argparse.Namespace, seed:
         accuracy[step] = evaluate(checkpoint, validation, concurrency=args.concurrency, device=args.device)
         print(f"  {'AIR' if air else 'no AIR'} seed {seed} step {step}: validation accuracy {accuracy[step]:.3f}",
               flush=True)
-    with open(summary["metrics"], encoding="utf-8") as f:
-        rewards = [json.loads(line)["reward_mean"] for line in f if line.strip()]
+    from spanrl.schema.metrics import REWARD_MEAN, read_metrics
+
+    rewards = [row[REWARD_MEAN] for row in read_metrics(summary["metrics"])]
     return {"accuracy": accuracy, "train_reward": rewards, "train_seconds": train_seconds}
 
 

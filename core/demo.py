@@ -144,8 +144,6 @@ def demo_command(settings: DemoSettings) -> int:
 
 
 def _curve_text(metrics_path: str) -> str:
-    import json
+    from spanrl.schema.metrics import REWARD_MEAN, read_metrics
 
-    with open(metrics_path, encoding="utf-8") as f:
-        rows = [json.loads(line) for line in f if line.strip()]
-    return "reward per step: " + " ".join(f"{r['reward_mean']:.2f}" for r in rows)
+    return "reward per step: " + " ".join(f"{r[REWARD_MEAN]:.2f}" for r in read_metrics(metrics_path))

@@ -14,7 +14,7 @@ not say). Rollouts more than ``max_staleness`` versions behind are dropped (left
 with truncated importance sampling (the backend weighs each token by
 ``min(exp(old logprob - engine logprob), is_truncation)``, ``torch_backend/losses.py``), or
 ``drop``: left out as ``off_policy``. Both are counted in the step's metrics
-(``rollouts_off_policy``, ``policy_lag_mean``, ``rollouts_left_out``).
+(``rollout/off_policy``, ``rollout/policy_lag_mean``, ``rollout/left_out``).
 
 Chosen by ``session.run_training`` when ``settings.async_training``; the bridge API
 serves ``GroupDispatcher`` exactly as it serves the synchronous ``TaskDispatcher``.
@@ -29,6 +29,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from spanrl.bridge_protocol import TRAINING_ROLLOUT_PREFIX, new_rollout_id
+from spanrl.schema import metrics as keys
 from spanrl.schema.rollouts import AssembledRollout, Transition
 from spanrl.schema.scored import ScoredRollout
 from spanrl.schema.tasks import Task
@@ -223,11 +224,11 @@ class AsyncTrainingLoop(TrainingLoop):
         row = self.train_on(step, backend, attempts, StepReport(staleness.kept, left_out), rollout_seconds, started)
         scores = [item.score for item in report.scored]  # what the agents scored, stale ones included
         row.update({
-            "reward_mean": sum(scores) / len(scores) if scores else 0.0,
+            keys.REWARD_MEAN: sum(scores) / len(scores) if scores else 0.0,
             # groups often finished before the step asked: the rate is over the whole step
-            "rollouts_per_s": len(attempts) / max(row["seconds"], 1e-9),
-            "rollouts_off_policy": staleness.off_policy,
-            "policy_lag_mean": staleness.lag_mean,
-            "groups_in_flight": self.dispatcher.groups_in_flight,
+            keys.ROLLOUTS_PER_S: len(attempts) / max(row[keys.STEP_SECONDS], 1e-9),
+            keys.ROLLOUTS_OFF_POLICY: staleness.off_policy,
+            keys.POLICY_LAG_MEAN: staleness.lag_mean,
+            keys.GROUPS_IN_FLIGHT: self.dispatcher.groups_in_flight,
         })
         return row

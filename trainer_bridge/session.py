@@ -23,6 +23,7 @@ from contextlib import ExitStack
 from dataclasses import asdict, dataclass
 
 from spanrl.errors import UserError
+from spanrl.schema import metrics as keys
 
 from . import warm_start
 from .backend import PolicyBackend, check_backend, make_backend
@@ -157,13 +158,13 @@ def run_steps(settings: TrainSettings, loop: TrainingLoop, session: Session, val
             metrics.append(row)
             metrics.plot()
             log_row(row)
-            if row["rollouts_left_out"]:
-                logger.warning("step %d left out rollouts: %s", step + 1, row["rollouts_left_out"])
+            if row[keys.ROLLOUTS_LEFT_OUT]:
+                logger.warning("step %d left out rollouts: %s", step + 1, row[keys.ROLLOUTS_LEFT_OUT])
             empty.check(row)
             bar.update(1)
-            bar.set_postfix(reward=f"{row['reward_mean']:.2f}", version=backend.policy_version,
-                            rps=f"{row['rollouts_per_s']:.1f}")
-            reached = settings.stop_at_reward is not None and row["reward_mean"] >= settings.stop_at_reward
+            bar.set_postfix(reward=f"{row[keys.REWARD_MEAN]:.2f}", version=backend.policy_version,
+                            rps=f"{row[keys.ROLLOUTS_PER_S]:.1f}")
+            reached = settings.stop_at_reward is not None and row[keys.REWARD_MEAN] >= settings.stop_at_reward
             good_steps = good_steps + 1 if reached else 0
             if good_steps >= 2:
                 logger.info("reward_mean reached %.2f for 2 steps: stopping", settings.stop_at_reward)
@@ -190,14 +191,14 @@ class EmptySteps:
 def training_summary(metrics: MetricsLog, policy_version: int, checkpoint: str, checkpoints: str,
                      trackers: dict) -> dict:
     """What ``run_training`` returns: first/last/best reward, versions, where the results are."""
-    rewards = [r["reward_mean"] for r in metrics.rows]
-    best = max(metrics.rows, key=lambda r: r["reward_mean"], default=None)
+    rewards = [r[keys.REWARD_MEAN] for r in metrics.rows]
+    best = max(metrics.rows, key=lambda r: r[keys.REWARD_MEAN], default=None)
     return {
         "steps": len(metrics.rows),
         "first_reward": rewards[0] if rewards else None,
         "last_reward": rewards[-1] if rewards else None,
-        "best_reward": None if best is None else best["reward_mean"],
-        "best_step": None if best is None else best["step"],
+        "best_reward": None if best is None else best[keys.REWARD_MEAN],
+        "best_step": None if best is None else best[keys.STEP],
         "policy_version": policy_version,
         "metrics": metrics.path,
         "plot": metrics.plot_path,

@@ -7,7 +7,7 @@ the assembled rollouts of the ok attempts from the receiver's store; score them
 advantage (``samples``); hand the samples to the backend (``backend.PolicyBackend.update``),
 which trains and publishes the new policy at the same URL. Rollouts that failed, timed out,
 never assembled, carry no usable transition or whose reward function raised are counted in the
-metrics (``rollouts_left_out``) and never trained on. Run by ``session.run_training``, which
+metrics (``rollout/left_out``, ``spanrl.schema.metrics``) and never trained on. Run by ``session.run_training``, which
 starts the backend; the loop never imports one.
 """
 
@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from spanrl.otlp_receiver import trained_rewards
+from spanrl.schema import metrics as keys
 from spanrl.schema.rollouts import AssembledRollout
 from spanrl.schema.scored import ScoredRollout
 from spanrl.schema.tasks import Task, load_tasks
@@ -187,23 +188,24 @@ class TrainingLoop:
 
 def step_row(step: int, policy_version: int, attempts: list[Attempt], report: StepReport, update: StepUpdate,
              rollout_seconds: float, started: float) -> dict:
-    """One line of metrics.jsonl."""
+    """One line of metrics.jsonl (its keys: ``spanrl.schema.metrics``)."""
     scores = [s.score for s in report.scored]
     row = {
-        "step": step + 1,  # updates done so far: step k published policy version k
-        "reward_mean": sum(scores) / len(scores) if scores else 0.0,
-        "policy_version": policy_version,
-        "transitions": len(update.samples),
-        "rollouts": len(attempts),
-        "rollouts_used": len(report.scored) - update.groups_of_one,
-        "rollouts_left_out": dict(report.left_out),
-        "groups_of_one_dropped": update.groups_of_one,
-        "rollouts_per_s": len(attempts) / max(rollout_seconds, 1e-9),
-        "rollout_seconds": rollout_seconds,  # waiting for the step's rollouts
-        "seconds": time.monotonic() - started,
+        keys.STEP: step + 1,  # updates done so far: step k published policy version k
+        keys.REWARD_MEAN: sum(scores) / len(scores) if scores else 0.0,
+        keys.POLICY_VERSION: policy_version,
+        keys.TRANSITIONS: len(update.samples),
+        keys.ROLLOUTS: len(attempts),
+        keys.ROLLOUTS_USED: len(report.scored) - update.groups_of_one,
+        keys.ROLLOUTS_LEFT_OUT: dict(report.left_out),
+        keys.GROUPS_OF_ONE_DROPPED: update.groups_of_one,
+        keys.ROLLOUTS_PER_S: len(attempts) / max(rollout_seconds, 1e-9),
+        keys.ROLLOUT_SECONDS: rollout_seconds,  # waiting for the step's rollouts
+        keys.STEP_SECONDS: time.monotonic() - started,
     }
-    for key, value in update.stats.items():  # the update's own statistics (loss, kl, ...)
-        key = "update_seconds" if key == "seconds" else key
-        if key not in row and isinstance(value, (int, float)):
-            row[key] = float(value)
+    for name, value in update.stats.items():  # the update's own statistics (loss, kl, ...), under actor/
+        if name in ("step", "policy_version") or not isinstance(value, (int, float)):
+            continue  # the row's own
+        key = keys.UPDATE_SECONDS if name == "seconds" else keys.LEGACY_KEYS.get(name) or keys.actor_key(name)
+        row[key] = float(value)
     return row

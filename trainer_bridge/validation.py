@@ -5,7 +5,7 @@ last one, a validation round: each held-out task ``val_attempts`` times, handed 
 runners over the same bridge, served by the policy the step just published. The round's
 rollouts are collected and scored exactly as training rollouts are
 (``TrainingLoop.collect``), but they go into no update: their mean score is ``val_reward``
-in that step's metrics row (and so in the plot and the trackers). Their rollout ids start with
+(``val/reward``) in that step's metrics row (and so in the plot and the trackers). Their rollout ids start with
 ``VALIDATION_PREFIX`` so the store keeps them apart (``spanrl sft --store`` skips them).
 
 ``spanrl train --val-only`` (``session.run_validation_only``) starts the backend on the model
@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from spanrl.bridge_protocol import VALIDATION_ROLLOUT_PREFIX
+from spanrl.schema import metrics as keys
 from spanrl.schema.tasks import load_tasks
 
 from .backend import PolicyBackend
@@ -48,13 +49,13 @@ class ValidationResult:
     seconds: float
 
     def as_metrics(self) -> dict[str, Any]:
-        """The keys a metrics row takes (``val_reward`` only when there was a score)."""
-        row: dict[str, Any] = {"val_rollouts": self.rollouts, "val_rollouts_scored": self.rollouts_scored,
-                               "val_seconds": self.seconds}
+        """The keys a metrics row takes (``val/reward`` only when there was a score)."""
+        row: dict[str, Any] = {keys.VAL_ROLLOUTS: self.rollouts, keys.VAL_ROLLOUTS_SCORED: self.rollouts_scored,
+                               keys.VAL_SECONDS: self.seconds}
         if self.val_reward is not None:
-            row["val_reward"] = self.val_reward
+            row[keys.VAL_REWARD] = self.val_reward
         if self.left_out:
-            row["val_rollouts_left_out"] = dict(self.left_out)
+            row[keys.VAL_LEFT_OUT] = dict(self.left_out)
         return row
 
 
