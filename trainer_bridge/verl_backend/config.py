@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from spanrl.settings_loader import setting
+from spanrl.trainer_bridge.algorithm import AlgorithmConfig
 
 if TYPE_CHECKING:
     from spanrl.trainer_bridge.backend import BackendRun
@@ -81,23 +82,12 @@ def verl_overrides(run: BackendRun, cpu_mode: bool) -> list[str]:
     dtype = verl.dtype if verl.dtype != "auto" else ("float32" if cpu_mode else "bfloat16")
     actor, rollout, model = "actor_rollout_ref.actor", "actor_rollout_ref.rollout", "actor_rollout_ref.model"
     values: dict[str, Any] = {
+        **algorithm_values(algorithm),
         f"{model}.path": os.path.abspath(run.model),
         f"{model}.enable_gradient_checkpointing": verl.gradient_checkpointing,
         f"{model}.lora_rank": verl.lora_rank,
         f"{model}.lora_alpha": verl.lora_alpha,
         f"{actor}.strategy": "fsdp2",
-        f"{actor}.optim.lr": algorithm.learning_rate,
-        f"{actor}.optim.weight_decay": algorithm.weight_decay,
-        f"{actor}.optim.betas": f"[{algorithm.betas[0]},{algorithm.betas[1]}]",
-        f"{actor}.optim.clip_grad": algorithm.grad_clip if algorithm.grad_clip > 0 else 1e9,
-        f"{actor}.ppo_epochs": algorithm.ppo_epochs,
-        f"{actor}.clip_ratio_low": algorithm.clip_ratio_low,
-        f"{actor}.clip_ratio_high": algorithm.clip_ratio_high,
-        f"{actor}.clip_ratio_c": algorithm.clip_ratio_c,
-        f"{actor}.loss_agg_mode": algorithm.loss_agg_mode,
-        f"{actor}.use_kl_loss": algorithm.kl_coef > 0,
-        f"{actor}.kl_loss_coef": algorithm.kl_coef,
-        f"{actor}.kl_loss_type": algorithm.kl_estimator,
         f"{actor}.entropy_coeff": 0,
         f"{actor}.shuffle": False,
         f"{actor}.data_loader_seed": run.seed,
@@ -130,19 +120,44 @@ def verl_overrides(run: BackendRun, cpu_mode: bool) -> list[str]:
     if algorithm.loss_agg_mode == "token-mean" and algorithm.loss_scale_factor is not None:
         values[f"{actor}.loss_scale_factor"] = algorithm.loss_scale_factor
     if cpu_mode:
-        values.update({
-            # no flash-attention kernels on CPU: padded batches with sdpa are exact
-            f"{model}.use_remove_padding": False,
-            f"+{model}.override_config.attn_implementation": "sdpa",
-            f"{actor}.use_torch_compile": False,
-            f"{actor}.fsdp_config.use_torch_compile": False,
-            f"{actor}.fsdp_config.dtype": "float32",
-            f"{actor}.fsdp_config.model_dtype": "fp32",
-            f"{rollout}.enforce_eager": True,
-            f"{rollout}.free_cache_engine": False,
-            f"+{rollout}.enable_sleep_mode": False,
-        })
+        values.update(_cpu_mode_values())
     return [f"{key}={_hydra_value(value)}" for key, value in values.items()] + [str(o) for o in verl.overrides]
+
+
+def algorithm_values(algorithm: AlgorithmConfig) -> dict[str, Any]:
+    """verl's actor keys of the neutral algorithm config (docs/verl.md has the table)."""
+    actor = "actor_rollout_ref.actor"
+    return {
+        f"{actor}.optim.lr": algorithm.learning_rate,
+        f"{actor}.optim.weight_decay": algorithm.weight_decay,
+        f"{actor}.optim.betas": f"[{algorithm.betas[0]},{algorithm.betas[1]}]",
+        f"{actor}.optim.clip_grad": algorithm.grad_clip if algorithm.grad_clip > 0 else 1e9,
+        f"{actor}.ppo_epochs": algorithm.ppo_epochs,
+        f"{actor}.clip_ratio_low": algorithm.clip_ratio_low,
+        f"{actor}.clip_ratio_high": algorithm.clip_ratio_high,
+        f"{actor}.clip_ratio_c": algorithm.clip_ratio_c,
+        f"{actor}.loss_agg_mode": algorithm.loss_agg_mode,
+        f"{actor}.use_kl_loss": algorithm.kl_coef > 0,
+        f"{actor}.kl_loss_coef": algorithm.kl_coef,
+        f"{actor}.kl_loss_type": algorithm.kl_estimator,
+    }
+
+
+def _cpu_mode_values() -> dict[str, Any]:
+    """What verl and vLLM need on CPU (no flash-attention kernels: padded batches with sdpa are exact)."""
+    actor, rollout, model = "actor_rollout_ref.actor", "actor_rollout_ref.rollout", "actor_rollout_ref.model"
+    return {
+        # no flash-attention kernels on CPU: padded batches with sdpa are exact
+        f"{model}.use_remove_padding": False,
+        f"+{model}.override_config.attn_implementation": "sdpa",
+        f"{actor}.use_torch_compile": False,
+        f"{actor}.fsdp_config.use_torch_compile": False,
+        f"{actor}.fsdp_config.dtype": "float32",
+        f"{actor}.fsdp_config.model_dtype": "fp32",
+        f"{rollout}.enforce_eager": True,
+        f"{rollout}.free_cache_engine": False,
+        f"+{rollout}.enable_sleep_mode": False,
+    }
 
 
 def _hydra_value(value: Any) -> str:
