@@ -211,8 +211,9 @@ class TorchTrainer:
                 given = torch.zeros_like(batch.response_mask)
                 adv = torch.zeros_like(batch.response_mask)
                 for b, i in enumerate(batch.rows):
-                    if given_old[i] is not None:
-                        given[b, : lengths[b]] = torch.tensor(loss_token_values(samples[i], given_old[i]))
+                    engine_values = given_old[i]
+                    if engine_values is not None:
+                        given[b, : lengths[b]] = torch.tensor(loss_token_values(samples[i], engine_values))
                     adv[b, : lengths[b]] = torch.tensor(loss_token_values(samples[i], samples[i].response_advantages))
                 old_values = given.clone()
                 if recomputed is not None:
@@ -254,7 +255,8 @@ class TorchTrainer:
         logprobs = self._token_logprobs(self.model, batch)
         old_logprobs = torch.where(prepared.missing_rows[number], logprobs.detach() * batch.response_mask,
                                    prepared.old[number])
-        is_weights, metrics = None, {}
+        is_weights: torch.Tensor | None = None
+        metrics: dict[str, float] = {}
         if config.rollout_is_cap > 0:
             engine = prepared.engine_old[number]
             engine = torch.where(torch.isnan(engine), old_logprobs, engine)
