@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -37,11 +36,7 @@ from pathlib import Path
 import httpx
 import openai
 
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+from spanrl.child_processes import free_port
 
 
 def wait_ready(url: str, process: subprocess.Popen, timeout: float = 120.0) -> None:

@@ -35,6 +35,8 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+from spanrl.schema import metrics as keys
+
 ARMS = ("grpo", "sft", "grpo_no_air", "grpo_identical", "grpo_all_agents")
 SQL_ONLY_ARMS = ("grpo_no_air", "grpo_identical", "grpo_all_agents")
 TASKS = ("sql_agent", "retrieval_qa", "calc_autogen")
@@ -107,8 +109,8 @@ def run_seed(task, seed: int, args: argparse.Namespace, out: Path) -> dict:
         summary = train(task, replace(arm_run(arm, base, task.name), output_dir=str(seed_dir / arm)), progress=False)
         rows = summary["rows"]
         result[arm] = {"accuracy": {0: warm_accuracy, **summary["accuracy"]}, "seconds": time.monotonic() - started,
-                       "train_reward": [r["reward_mean"] for r in rows],
-                       "rollouts": sum(r["rollouts"] for r in rows)}
+                       "train_reward": [r[keys.REWARD_MEAN] for r in rows],
+                       "rollouts": sum(r[keys.ROLLOUTS] for r in rows)}
         curve = " ".join(f"{s}:{a:.2f}" for s, a in result[arm]["accuracy"].items())
         print(f"{task.name} seed {seed} {arm}: {curve} ({result[arm]['seconds']:.0f} s)", flush=True)
     return result

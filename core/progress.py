@@ -63,6 +63,12 @@ class PlainProgress:
         self.postfix = ""
         self.closed = False
 
+    def __enter__(self) -> PlainProgress:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
     def update(self, count: int = 1) -> None:
         self.n += count
         self._maybe_write()

@@ -21,7 +21,6 @@ import shutil
 import sqlite3
 import tempfile
 import threading
-import urllib.parse
 
 from .store_reader import StoreProblem, open_store, step_of_rollout
 
@@ -167,14 +166,3 @@ class FacetIndexer:
         self._thread.join(30)
         self.index.close()
         shutil.rmtree(self.folder, ignore_errors=True)
-
-
-def attach(db: sqlite3.Connection, index: FacetIndex | None) -> int:
-    """Attach ``index`` read-only to a store connection as ``ix``; returns the last sequence it
-    covers (0: nothing attached, every rollout is read from its body)."""
-    if index is None:
-        return 0
-    covered = index.indexed_sequence  # read before attaching: what the file holds is at least this
-    uri = "file:" + urllib.parse.quote(index.path) + "?mode=ro"
-    db.execute("ATTACH DATABASE ? AS ix", (uri,))
-    return covered

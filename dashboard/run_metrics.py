@@ -1,12 +1,11 @@
 """A run's ``metrics.jsonl``, read into one row type whatever the key names of its writer.
 
 Called by the dashboard's run and validation pages (``pages.py``). ``read_metrics`` is the one
-place the dashboard reads metrics: it accepts today's flat keys (``reward_mean``, ``pg_loss``,
-``rollouts_left_out: {reason: n}``) and verl-style namespaced ones (``rollout/reward_mean``,
-``actor/pg_loss``, ``timing/...``, flattened ``.../left_out/<reason>``), so a run written
-before or after the rename reads the same. A line the trainer is still writing (or any line
-that is not a JSON object) is skipped and named in ``problems``; the other rows are kept.
-Stdlib only.
+place the dashboard reads metrics. Rows go through ``spanrl.schema.metrics.namespaced`` (the
+project's one table of old key names), so a run written before the metric keys were namespaced
+reads the same as one written after. Unlike ``spanrl.schema.metrics.read_metrics``, it is
+tolerant: a line the trainer is still writing (or any line that is not a JSON object) is
+skipped and named in ``problems``; the other rows are kept. Stdlib only.
 """
 
 from __future__ import annotations
@@ -16,32 +15,29 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from spanrl.schema import metrics as keys
+
 METRICS_FILE = "metrics.jsonl"
 
-# The dashboard's name of each number -> the keys a metrics row may carry it under, in order.
-# A key not listed is also found by its last path segment (``anything/pg_clipfrac``).
-KEY_NAMES: dict[str, tuple[str, ...]] = {
-    "policy_version": ("policy_version", "actor/policy_version", "training/policy_version"),
-    "reward_mean": ("reward_mean", "rollout/reward_mean", "critic/score/mean"),
-    "reward_std": ("reward_std", "rollout/reward_std", "critic/score/std"),
-    "val_reward": ("val_reward", "val/reward", "val/reward_mean", "val/score"),
-    "loss": ("loss", "actor/loss"),
-    "pg_loss": ("pg_loss", "actor/pg_loss"),
-    "kl_loss": ("kl_loss", "actor/kl_loss", "actor/kl"),
-    "ppo_kl": ("ppo_kl", "actor/ppo_kl"),
-    "pg_clipfrac": ("pg_clipfrac", "actor/pg_clipfrac"),
-    "rollouts_per_s": ("rollouts_per_s", "rollout/rollouts_per_s", "timing/rollouts_per_s", "perf/rollouts_per_s"),
-    "rollouts": ("rollouts", "rollout/rollouts", "rollout/count"),
-    "rollouts_used": ("rollouts_used", "rollout/rollouts_used", "rollout/used"),
-    "transitions": ("transitions", "rollout/transitions"),
-    "val_rollouts": ("val_rollouts", "val/rollouts"),
-    "val_rollouts_scored": ("val_rollouts_scored", "val/rollouts_scored"),
-    "seconds": ("seconds", "timing/step", "timing/step_seconds"),
+# The dashboard's name of each number -> its key in a (namespaced) metrics row.
+KEY_NAMES: dict[str, str] = {
+    "policy_version": keys.POLICY_VERSION,
+    "reward_mean": keys.REWARD_MEAN,
+    "reward_std": "rollout/reward_std",  # not written by spanrl train today: the band comes from the store
+    "val_reward": keys.VAL_REWARD,
+    "loss": keys.actor_key("loss"),
+    "pg_loss": keys.actor_key("pg_loss"),
+    "kl_loss": keys.actor_key("kl_loss"),
+    "ppo_kl": keys.actor_key("ppo_kl"),
+    "pg_clipfrac": keys.actor_key("pg_clipfrac"),
+    "rollouts_per_s": keys.ROLLOUTS_PER_S,
+    "rollouts": keys.ROLLOUTS,
+    "rollouts_used": keys.ROLLOUTS_USED,
+    "transitions": keys.TRANSITIONS,
+    "val_rollouts": keys.VAL_ROLLOUTS,
+    "val_rollouts_scored": keys.VAL_ROLLOUTS_SCORED,
+    "seconds": keys.STEP_SECONDS,
 }
-# Where the counts of left-out rollouts by reason live: a dict under one of these keys, or flat
-# keys "<one of these>/<reason>".
-LEFT_OUT_KEYS = ("rollouts_left_out", "rollout/left_out", "rollout/rollouts_left_out")
-VAL_LEFT_OUT_KEYS = ("val_rollouts_left_out", "val/left_out", "val/rollouts_left_out")
 
 
 @dataclass(frozen=True)
@@ -73,37 +69,22 @@ def _number(value: Any) -> float | None:
     return float(value)
 
 
-def _find(row: dict[str, Any], name: str) -> float | None:
-    for key in KEY_NAMES.get(name, (name,)):
-        if key in row:
-            return _number(row[key])
-    legacy = KEY_NAMES.get(name, (name,))[0]
-    for key, value in row.items():  # a namespace the table does not know yet
-        if "/" in key and key.rsplit("/", 1)[1] == legacy and not key.startswith("val"):
-            return _number(value)
-    return None
-
-
-def _counts(row: dict[str, Any], keys: tuple[str, ...]) -> dict[str, int]:
-    counts: dict[str, int] = {}
-    for key in keys:
-        nested = row.get(key)
-        if isinstance(nested, dict):
-            counts.update({str(k): int(v) for k, v in nested.items() if _number(v) is not None})
-        prefix = key + "/"
-        for flat, value in row.items():
-            if flat.startswith(prefix) and _number(value) is not None:
-                counts[flat[len(prefix):]] = int(value)
-    return counts
+def _counts(value: Any) -> dict[str, int]:
+    """``{reason: count}`` of a left-out dict (anything else: none)."""
+    if not isinstance(value, dict):
+        return {}
+    return {str(k): int(v) for k, v in value.items() if _number(v) is not None}
 
 
 def step_metrics(row: dict[str, Any]) -> StepMetrics | None:
     """One metrics row in the dashboard's names; ``None`` when it has no step number."""
-    step = _number(row.get("step", row.get("training/global_step")))
+    row = keys.namespaced(row)
+    step = _number(row.get(keys.STEP))
     if step is None:
         return None
-    values = {name: value for name in KEY_NAMES if (value := _find(row, name)) is not None}
-    return StepMetrics(int(step), values, _counts(row, LEFT_OUT_KEYS), _counts(row, VAL_LEFT_OUT_KEYS))
+    values = {name: value for name, key in KEY_NAMES.items() if (value := _number(row.get(key))) is not None}
+    return StepMetrics(int(step), values, _counts(row.get(keys.ROLLOUTS_LEFT_OUT)),
+                       _counts(row.get(keys.VAL_LEFT_OUT)))
 
 
 def read_metrics(output_dir: str) -> RunMetrics:

@@ -13,7 +13,7 @@ import math
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from spanrl.otlp_receiver.transitions import Rollout, rollout_from_dict
+from spanrl.schema.rollouts import AssembledRollout, rollout_from_dict
 
 from .store_reader import (
     TRAINED_TABLE,
@@ -83,7 +83,7 @@ class StoredRollout:
     """One rollout: its line, its assembled body (None while open), its spans' bodies."""
 
     row: RolloutRow
-    rollout: Rollout | None
+    rollout: AssembledRollout | None
     span_bodies: tuple[bytes, ...]
     trained: TrainedRecord | None
     broken_reason: str | None = None

@@ -85,8 +85,6 @@ def open_store(path: str, index: FacetIndex | None = None) -> StoreReader:
     if TRAINED_TABLE in tables:
         columns = {row[1] for row in db.execute(f"PRAGMA table_info({TRAINED_TABLE})")}
         advantages = "advantages" in columns
-    from .facet_index import attach
-
     return StoreReader(path, db, TRAINED_TABLE in tables, advantages, attach(db, index))
 
 
@@ -277,3 +275,14 @@ def rollouts_with_globs(reader: StoreReader, globs: list[str], task: str | None 
         query += " AND task_id = ?"
         params.append(task)
     return rollout_rows(reader, [row[0] for row in reader.db.execute(query + " ORDER BY rowid", params)])
+
+
+def attach(db: sqlite3.Connection, index: FacetIndex | None) -> int:
+    """Attach ``index`` read-only to a store connection as ``ix``; returns the last sequence it
+    covers (0: nothing attached, every rollout is read from its body)."""
+    if index is None:
+        return 0
+    covered = index.indexed_sequence  # read before attaching: what the file holds is at least this
+    uri = "file:" + urllib.parse.quote(index.path) + "?mode=ro"
+    db.execute("ATTACH DATABASE ? AS ix", (uri,))
+    return covered

@@ -17,10 +17,8 @@ Called by each task's ``pipeline.py``, by ``bench/learning.py`` and by the examp
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
-import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -88,8 +86,9 @@ class TrainingRun:
 
 def prepare_model(task: Task, out: str, warm: WarmStart, progress: bool = True) -> str:
     """Create the local model and warm-start it on fresh demonstrations; returns the warm model's folder."""
+    from spanrl.trainer_bridge.torch_backend.config import TrainerConfig
     from spanrl.trainer_bridge.torch_backend.model_init import create_model_dir
-    from spanrl.trainer_bridge.torch_backend.trainer import TorchTrainer, TrainerConfig
+    from spanrl.trainer_bridge.torch_backend.trainer import TorchTrainer
 
     share = task.demonstration_share if warm.share is None else warm.share
     os.makedirs(out, exist_ok=True)
@@ -112,12 +111,13 @@ def train(task: Task, run: TrainingRun, progress: bool = True) -> dict:
     """A training run with a receiver and a runner of its own: ``run_training``'s summary plus
     ``accuracy`` (held-out accuracy after each validated step) and ``output_dir``. Writes
     ``spanrl.db``, ``receiver.log``, ``runner.log`` and ``run/`` into ``run.output_dir`` (afresh)."""
-    from spanrl.trainer_bridge.training_loop import run_training
+    from spanrl.trainer_bridge.session import run_training
 
     with _services(task, run) as (settings, db):
         summary = run_training(settings, show_progress=progress)
-    with open(summary["metrics"], encoding="utf-8") as f:
-        rows = [json.loads(line) for line in f if line.strip()]
+    from spanrl.schema.metrics import read_metrics
+
+    rows = read_metrics(summary["metrics"])
     return {**summary, "rows": rows, "accuracy": validation_accuracy(task, db, rows),
             "output_dir": os.path.abspath(run.output_dir)}
 
@@ -125,7 +125,7 @@ def train(task: Task, run: TrainingRun, progress: bool = True) -> dict:
 def held_out_accuracy(task: Task, model_dir: str, out: str, seed: int = 0, device: str = "cpu",
                       concurrency: int = 16, val_tasks: str | None = None) -> float:
     """Greedy held-out accuracy of ``model_dir`` (``spanrl train --val-only`` through a runner)."""
-    from spanrl.trainer_bridge.training_loop import run_training
+    from spanrl.trainer_bridge.session import run_training
 
     run = TrainingRun(output_dir=out, model_dir=model_dir, seed=seed, device=device, concurrency=concurrency,
                       val_tasks=val_tasks, settings={"val_only": True})
@@ -144,35 +144,24 @@ class _services:
         self.task, self.run = task, run
 
     def __enter__(self) -> tuple[Any, str]:
-        from spanrl.demo import free_port, wait_for_port
+        from spanrl.child_processes import LocalServices, free_port
 
         task, run = self.task, self.run
         out = os.path.abspath(run.output_dir)
         shutil.rmtree(out, ignore_errors=True)
         os.makedirs(out)
         db = os.path.join(out, "spanrl.db")
-        grpc_port, http_port, policy_port, bridge_port = (free_port() for _ in range(4))
-        self.children: list[subprocess.Popen] = []
-        self.logs = {name: open(os.path.join(out, f"{name}.log"), "w") for name in ("receiver", "runner")}
+        policy_port, bridge_port = free_port(), free_port()
+        self.services = LocalServices(out, stop_timeout_s=15)
         try:
-            receiver = self._start("receiver", [
-                sys.executable, "-m", "spanrl", "receive", "--db", db, "--grpc-port", str(grpc_port),
-                "--http-port", str(http_port), "--grace-s", "0.3", "--credit", run.credit or task.credit,
-                "--air-rules", task.air_rules if run.air else "off"])
-            wait_for_port(grpc_port, receiver, "spanrl receive")
-            self._start("runner", [
-                task.runner_python, "-m", "spanrl", "run", "--agent", task.agent,
-                "--bridge-url", f"http://127.0.0.1:{bridge_port}", "--otlp-endpoint", f"http://127.0.0.1:{grpc_port}",
-                "--concurrency", str(run.concurrency), "--bridge-wait-s", "600"])
+            receiver = self.services.start_receiver(db, "--credit", run.credit or task.credit,
+                                                    "--air-rules", task.air_rules if run.air else "off")
+            self.services.start_runner(task.agent, bridge_port, receiver, run.concurrency, "--bridge-wait-s", "600",
+                                       python=task.runner_python)
             return self._settings(out, db, policy_port, bridge_port), db
         except BaseException:
-            self.__exit__()
+            self.services.stop()
             raise
-
-    def _start(self, name: str, argv: list[str]) -> subprocess.Popen:
-        child = subprocess.Popen(argv, stdout=self.logs[name], stderr=subprocess.STDOUT)
-        self.children.append(child)
-        return child
 
     def _settings(self, out: str, db: str, policy_port: int, bridge_port: int) -> Any:
         from spanrl.trainer_bridge.torch_backend.config import TrainerConfig
@@ -192,9 +181,7 @@ class _services:
             **run.settings})
 
     def __exit__(self, *exc: object) -> None:
-        from spanrl.demo import stop_processes
-
-        stop_processes(self.children, self.logs, timeout_s=15)
+        self.services.stop()
 
 
 def _accuracy(val_reward: float | None, scored: int, rollouts: int) -> float:
@@ -203,13 +190,15 @@ def _accuracy(val_reward: float | None, scored: int, rollouts: int) -> float:
 
 
 def validation_accuracy(task: Task, db: str, rows: list[dict]) -> dict[int, float]:
-    """``{step: accuracy}`` of every validated step of a run."""
+    """``{step: accuracy}`` of every validated step of a run (``rows``: ``read_metrics``'s)."""
+    from spanrl.schema import metrics as keys
+
     if task.accuracy_event:
-        totals = {row["step"]: row["val_rollouts"] for row in rows if "val_rollouts" in row}
+        totals = {row[keys.STEP]: row[keys.VAL_ROLLOUTS] for row in rows if keys.VAL_ROLLOUTS in row}
         found = _event_accuracy(db, task.accuracy_event, max(totals.values(), default=0))
         return {step: found.get(step, 0.0) for step in totals}
-    return {row["step"]: _accuracy(row.get("val_reward"), row["val_rollouts_scored"], row["val_rollouts"])
-            for row in rows if "val_rollouts" in row}
+    return {row[keys.STEP]: _accuracy(row.get(keys.VAL_REWARD), row[keys.VAL_ROLLOUTS_SCORED], row[keys.VAL_ROLLOUTS])
+            for row in rows if keys.VAL_ROLLOUTS in row}
 
 
 def _event_accuracy(db: str, reward_name: str, rollouts_per_round: int) -> dict[int, float]:

@@ -2,19 +2,17 @@
 
 ``training_samples`` is what every backend trains on (so both backends get the same numbers);
 ``trained_rollout`` is what ``spanrl inspect`` later shows a rollout was trained with.
-Called by ``training_loop.TrainingLoop.run_step``.
+Called by ``training_loop.TrainingLoop.update``.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
-
 from spanrl.otlp_receiver.trained_rewards import TrainedRollout
+from spanrl.schema.rollouts import Transition
+from spanrl.schema.scored import ScoredRollout
 
+from .algorithm import LOSS_WEIGHTINGS
 from .backend import TrainingSample
-
-if TYPE_CHECKING:
-    from .training_loop import ScoredRollout
 
 
 def trained_rollout(step: int, item: ScoredRollout, transition_returns: bool, used: bool,
@@ -45,10 +43,10 @@ def training_samples(scored: list[ScoredRollout], level: str, norm_adv_by_std: b
 
     ``transition_returns``: score each transition by its own credit-assigned return (reward
     events with ``level="transition"``) instead of its rollout's score.
-    ``loss_weighting="rollout"``: fold ``grpo.weigh_rollouts_equally`` into the advantages.
+    ``loss_weighting="rollout"``: fold ``advantages.weigh_rollouts_equally`` into the advantages.
     Returns ``(samples, dropped_rollout_ids)``: rollouts of a group of one are dropped.
     """
-    from .grpo import LOSS_WEIGHTINGS, group_advantages, weigh_rollouts_equally
+    from .advantages import group_advantages, weigh_rollouts_equally  # torch: only when training
 
     if loss_weighting not in LOSS_WEIGHTINGS:
         raise ValueError(f"loss_weighting must be one of {LOSS_WEIGHTINGS}, got {loss_weighting!r}")
@@ -56,7 +54,7 @@ def training_samples(scored: list[ScoredRollout], level: str, norm_adv_by_std: b
     returns: list[float] = []
     groups: list[str] = []
     rollout_ids: list[str] = []
-    transitions: list[Any] = []
+    transitions: list[Transition] = []
     for item in scored:
         for transition in item.transitions:
             returns.append(transition.return_ if transition_returns else item.score)

@@ -2,7 +2,7 @@
 ``bench/bench_dashboard.py`` (10^5 rollouts), where a real run would take hours.
 
 The schema is the receiver's own (``SpanStore`` creates it); each rollout's body is
-``rollout_to_dict`` of a real ``Rollout``, its bookkeeping row the one ``count_new_spans`` keeps,
+``rollout_to_dict`` of a real ``AssembledRollout``, its bookkeeping row the one ``count_new_spans`` keeps,
 and the trainer's records go through ``trained_rewards.record``. Only the bulk inserts are ours
 (one transaction for all rows instead of one per rollout). Rollouts have no spans.
 """
@@ -17,13 +17,13 @@ from pathlib import Path
 
 from spanrl.otlp_receiver import trained_rewards
 from spanrl.otlp_receiver.store import SpanStore
-from spanrl.otlp_receiver.transitions import Reward, Rollout, Transition, rollout_to_dict
+from spanrl.schema.rollouts import AssembledRollout, Reward, Transition, rollout_to_dict
 
 AGENTS = ("planner", "writer")
 
 
 def synthetic_rollout(step: int, task: int, attempt: int, sequence: int, rng: random.Random,
-                      prompt_tokens: int = 120, response_tokens: int = 24) -> Rollout:
+                      prompt_tokens: int = 120, response_tokens: int = 24) -> AssembledRollout:
     rollout_id = f"s{step - 1}-t{task}-a{attempt}-{sequence:08x}"
     failed = rng.random() < 0.05
     transitions = tuple(
@@ -35,7 +35,7 @@ def synthetic_rollout(step: int, task: int, attempt: int, sequence: int, rng: ra
         for index, agent in enumerate(AGENTS)
     )
     reward = round(rng.random(), 3)
-    return Rollout(
+    return AssembledRollout(
         rollout_id=rollout_id, task_id=f"t{task}", attempt=attempt, status="failed" if failed else "ok",
         error="agent crashed" if failed else None, end_reason="rollout_span", total_reward=reward,
         rewards=(Reward("score", reward, "spanrl.reward", transitions[-1].span_id, transitions[-1].span_id),),
@@ -44,14 +44,14 @@ def synthetic_rollout(step: int, task: int, attempt: int, sequence: int, rng: ra
 
 
 def build_store(path: Path, rollouts: int, tasks_per_step: int = 16, group_size: int = 8, seed: int = 0,
-                prompt_tokens: int = 120, response_tokens: int = 24) -> list[Rollout]:
+                prompt_tokens: int = 120, response_tokens: int = 24) -> list[AssembledRollout]:
     """Write ``rollouts`` assembled training rollouts (steps of ``tasks_per_step`` x
     ``group_size``) and the trainer's record of each ok one; returns them (small n only: the
     list holds every body)."""
     SpanStore(path).close()  # the receiver's schema
     rng = random.Random(seed)
     per_step = tasks_per_step * group_size
-    made: list[Rollout] = []
+    made: list[AssembledRollout] = []
     db = sqlite3.connect(str(path), isolation_level=None)
     trained = []
     now = time.time()

@@ -27,10 +27,11 @@ from .synthetic_store import build_store
 LEGACY_ROW = {"step": 1, "reward_mean": 0.5, "val_reward": 0.25, "loss": 0.1, "pg_loss": 0.09, "kl_loss": 0.01,
               "pg_clipfrac": 0.2, "rollouts_per_s": 3.0, "policy_version": 1,
               "rollouts_left_out": {"failed": 2, "no_reward": 1}}
+# the same row as today's spanrl train writes it (spanrl.schema.metrics), with a spread
 NAMESPACED_ROW = {"step": 1, "rollout/reward_mean": 0.5, "rollout/reward_std": 0.3, "val/reward": 0.25,
-                  "actor/loss": 0.1, "actor/pg_loss": 0.09, "actor/kl": 0.01, "actor/pg_clipfrac": 0.2,
-                  "timing/rollouts_per_s": 3.0, "actor/policy_version": 1,
-                  "rollout/left_out/failed": 2, "rollout/left_out/no_reward": 1}
+                  "actor/loss": 0.1, "actor/pg_loss": 0.09, "actor/kl_loss": 0.01, "actor/pg_clipfrac": 0.2,
+                  "rollout/per_s": 3.0, "actor/policy_version": 1,
+                  "rollout/left_out": {"failed": 2, "no_reward": 1}}
 
 
 def write_metrics(folder, rows, tail: str = "") -> None:

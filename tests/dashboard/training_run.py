@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from spanrl.demo import free_port
+from spanrl.child_processes import free_port
 
 TEST_DEVICE = os.environ.get("SPANRL_TEST_DEVICE", "cpu")
 REPO = Path(__file__).resolve().parents[2]

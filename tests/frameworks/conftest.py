@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from spanrl.demo import free_port
+from spanrl.child_processes import free_port
 from spanrl.trainer_bridge.endpoint_spans import SPANS_ENDPOINT_ENV
 from spanrl.trainer_bridge.torch_backend.model_init import create_model_dir
 from spanrl.trainer_bridge.torch_backend.server.app import serve_in_thread

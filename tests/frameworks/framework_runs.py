@@ -16,7 +16,7 @@ from pathlib import Path
 
 from spanrl.otlp_receiver.span_tree import record_from_body
 from spanrl.otlp_receiver.store import SpanStore
-from spanrl.otlp_receiver.transitions import Rollout
+from spanrl.schema.rollouts import AssembledRollout
 from tests.integration.agent_runs import agent_environment, assembled
 
 NO_IDS = "has no engine token ids"
@@ -24,7 +24,7 @@ NO_IDS = "has no engine token ids"
 
 def run_unmodified(program: list[str], policy_server, receiver, rollout_id: str, bin_dir: Path, *,
                    cwd: Path | None = None, stdin: str = "", extra_env: dict[str, str] | None = None,
-                   not_calls: tuple[str, ...] = (), timeout_s: float = 540) -> tuple[str, Rollout]:
+                   not_calls: tuple[str, ...] = (), timeout_s: float = 540) -> tuple[str, AssembledRollout]:
     """Run ``BIN/opentelemetry-instrument BIN/python *program``; return its stdout and rollout.
 
     ``not_calls``: span names of LLM-kind spans a framework's instrumentor records that are no
@@ -56,17 +56,17 @@ def run_unmodified(program: list[str], policy_server, receiver, rollout_id: str,
     return result.stdout, rollout
 
 
-def decoded_prompts(policy_server, rollout: Rollout) -> list[str]:
+def decoded_prompts(policy_server, rollout: AssembledRollout) -> list[str]:
     tokenizer = policy_server.engine.tokenizer
     return [tokenizer.decode(list(t.prompt_token_ids)) for t in rollout.transitions]
 
 
-def decoded_replies(policy_server, rollout: Rollout) -> list[str]:
+def decoded_replies(policy_server, rollout: AssembledRollout) -> list[str]:
     tokenizer = policy_server.engine.tokenizer
     return [tokenizer.decode(list(t.response_token_ids), skip_special_tokens=True) for t in rollout.transitions]
 
 
-def call_span_names(receiver, rollout: Rollout) -> list[str]:
+def call_span_names(receiver, rollout: AssembledRollout) -> list[str]:
     """The name of the span each transition was made from (e.g. openinference's ``Response``
     for a Responses API call, ``ChatCompletion`` for chat completions)."""
     store = SpanStore(receiver["db"])

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from spanrl.instrumentation import semconv
 from spanrl.otlp_receiver.store import SpanStore
-from spanrl.otlp_receiver.transitions import Rollout
+from spanrl.schema.rollouts import AssembledRollout
 
 MAIN_BIN = Path(sys.executable).parent
 
@@ -43,7 +43,7 @@ def run_agent(script: Path, otlp_endpoint: str, base_url: str, rollout_id: str, 
                           env=env, capture_output=True, text=True, timeout=timeout_s)
 
 
-def assembled(store: SpanStore, receiver_http: str, rollout_id: str, timeout_s: float = 20.0) -> Rollout:
+def assembled(store: SpanStore, receiver_http: str, rollout_id: str, timeout_s: float = 20.0) -> AssembledRollout:
     request = urllib.request.Request(f"{receiver_http}/spanrl/v1/rollouts/{rollout_id}/complete", data=b"",
                                      method="POST")
     with urllib.request.urlopen(request, timeout=10) as response:
@@ -58,7 +58,7 @@ def assembled(store: SpanStore, receiver_http: str, rollout_id: str, timeout_s: 
 
 
 def run_and_assemble(script: Path, policy_server, receiver, rollout_id: str, bin_dir: Path = MAIN_BIN,
-                     extra_env: dict[str, str] | None = None) -> tuple[list[str], Rollout]:
+                     extra_env: dict[str, str] | None = None) -> tuple[list[str], AssembledRollout]:
     """Run ``script``; check one transition per call, each with the engine's ids and version
     (the requests the policy server's engine served, recorded in this process)."""
     engine = policy_server.engine

@@ -22,6 +22,7 @@ from spanrl.examples.task_pipeline import TrainingRun, WarmStart
 from spanrl.otlp_receiver import trained_rewards
 from spanrl.otlp_receiver.span_tree import record_from_body
 from spanrl.otlp_receiver.store import SpanStore
+from spanrl.schema.metrics import read_metrics
 
 TEST_DEVICE = os.environ.get("SPANRL_TEST_DEVICE", "cpu")
 HELD_OUT = 3  # validation questions scored after each step
@@ -42,8 +43,8 @@ def trained_run(tmp_path_factory) -> Path:
 
 @pytest.mark.timeout(900)
 def test_only_writer_and_rewriter_calls_reach_the_update(trained_run):
-    rows = [json.loads(line) for line in (trained_run / "run" / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in rows] == [1, 2] and [r["policy_version"] for r in rows] == [1, 2]
+    rows = read_metrics(trained_run / "run")
+    assert [r["step"] for r in rows] == [1, 2] and [r["actor/policy_version"] for r in rows] == [1, 2]
     rollouts, _ = SpanStore(str(trained_run / "spanrl.db")).completed_rollouts(since=0)
     trained = trained_rewards.load(str(trained_run / "spanrl.db"))
     rollouts = [r for r in rollouts if not r.rollout_id.startswith(VALIDATION_ROLLOUT_PREFIX)]
@@ -68,7 +69,7 @@ def test_only_writer_and_rewriter_calls_reach_the_update(trained_run):
     # the update saw exactly those transitions (one sample per trained call)
     for step in (1, 2):
         trained_this_step = [r for r in trained.values() if r.step == step and r.used]
-        assert rows[step - 1]["transitions"] == sum(len(r.returns) for r in trained_this_step)
+        assert rows[step - 1]["actor/transitions"] == sum(len(r.returns) for r in trained_this_step)
 
 
 @pytest.mark.timeout(900)
@@ -144,8 +145,8 @@ def test_the_writer_is_served_the_prompt_its_demonstrations_taught(trained_run):
     from spanrl.examples.sql_agent.agent import WRITER_PROMPT
     from spanrl.examples.sql_agent.demonstrations import tool_schema
     from spanrl.examples.sql_agent.pipeline import TRAIN_TASKS
+    from spanrl.schema.tasks import load_tasks
     from spanrl.trainer_bridge.torch_backend.server.chat_format import encode_chat
-    from spanrl.trainer_bridge.training_loop import load_tasks
 
     questions = {task_id: task["question"] for task_id, task in load_tasks(str(TRAIN_TASKS))}
     tokenizer = AutoTokenizer.from_pretrained(str(trained_run.parent / "model" / "model-warm"))

@@ -12,41 +12,36 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Any
 
 from spanrl.errors import UserError
-from spanrl.settings_loader import CommandSettings
+from spanrl.settings_loader import CommandSettings, setting
 from spanrl.startup_checks import ensure_model_dir, ensure_port_free
 from spanrl.trainer_bridge.model_names import ANY_NAME
-
-
-def _setting(default: Any, help_text: str, **more: Any) -> Any:
-    return field(default=default, metadata={"help": help_text, **more})
 
 
 @dataclass(frozen=True)
 class ServeSettings:
     model_dir: str = field(metadata={
         "help": "Hugging Face model directory (e.g. from `spanrl model init`)", "positional": True})
-    host: str = _setting("127.0.0.1", "bind address")
-    port: int = _setting(8000, "port")
-    token: str | None = _setting(None, "require 'Authorization: Bearer TOKEN'", secret=True)
-    device: str = _setting("auto", "auto | cpu | cuda | cuda:N")
-    dtype: str = _setting("auto", "auto | float32 | bfloat16 | float16 (auto: float32 on CPU)")
-    max_batch_size: int = _setting(64, "most sequences decoded together in one batch")
+    host: str = setting("127.0.0.1", "bind address")
+    port: int = setting(8000, "port")
+    token: str | None = setting(None, "require 'Authorization: Bearer TOKEN'", secret=True)
+    device: str = setting("auto", "auto | cpu | cuda | cuda:N")
+    dtype: str = setting("auto", "auto | float32 | bfloat16 | float16 (auto: float32 on CPU)")
+    max_batch_size: int = setting(64, "most sequences decoded together in one batch")
     served_model_name: list = field(default_factory=list, metadata={
         "help": "the model names clients may send, the first the model's own (default: the directory's name); "
                 "'*' answers any name (echoed back)",
         "deprecated_env": "OTEL_SPANRL_SERVE_MODEL_NAME"})  # the name before 0.2; read with a warning
-    policy_version: int = _setting(0, "initial policy version")
-    threads: int = _setting(0, "torch CPU threads; 0 = torch's choice (1 is steadier on a busy machine)")
-    batch_wait_ms: float = _setting(
+    policy_version: int = setting(0, "initial policy version")
+    threads: int = setting(0, "torch CPU threads; 0 = torch's choice (1 is steadier on a busy machine)")
+    batch_wait_ms: float = setting(
         20.0, "while a batch decodes, newcomers gather until they are a quarter of it, but join after "
         "waiting this long at most")
-    spans_endpoint: str | None = _setting(
+    spans_endpoint: str | None = setting(
         None, "OTLP endpoint (the receiver, e.g. http://127.0.0.1:4317) that gets one LLM span per generation "
         "request; default: OTEL_EXPORTER_OTLP_TRACES_ENDPOINT / OTEL_EXPORTER_OTLP_ENDPOINT; 'off' = none")
-    single_process: bool = _setting(
+    single_process: bool = setting(
         False, "serve HTTP from the engine's own process instead of a child process (one process; under "
         "concurrent load both then share one GIL and it is slower)")
 

@@ -4,7 +4,7 @@
 ``spanrl sft``, the ``warm_start:`` of ``spanrl train`` and ``bench/`` warm-start a model with
 them before GRPO). An example is ``{"messages": [...]}``: the tokens learned are those a
 serving engine samples after the chat template's generation prompt, each assistant message's
-content and the ``<|im_end|>`` that closes it. Or a ``warm_start.TokenExample``: a call the
+content and the ``<|im_end|>`` that closes it. Or a ``backend.TokenExample``: a call the
 engine already served (prompt and response ids from the receiver's store), whose response ids
 are learned as they are. A chat example may offer ``"tools"`` and hold tool calls (assistant
 ``tool_calls``, ``tool`` messages): they are rendered as the policy server renders them.
@@ -21,9 +21,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from spanrl.trainer_bridge.backend import TokenExample
 from spanrl.trainer_bridge.torch_backend.batching import MaskedSequence, micro_batches, pad_batch, token_logprobs
 from spanrl.trainer_bridge.torch_backend.server.chat_format import render_chat
-from spanrl.trainer_bridge.warm_start import TokenExample
 
 if TYPE_CHECKING:
     from spanrl.trainer_bridge.torch_backend.trainer import TorchTrainer
