@@ -19,6 +19,7 @@ import pytest
 
 from spanrl.otlp_receiver import trained_rewards
 from spanrl.otlp_receiver.store import SpanStore
+from spanrl.schema import metrics as keys
 
 from .training_run import start_training_run
 
@@ -63,12 +64,12 @@ def test_run_page_draws_one_point_per_step_with_the_spread_and_agents(run, page)
     rows = run.metrics_rows()
     page.goto(run.dashboard_url + "/run")
     page.wait_for_selector("#steps tbody tr")
-    assert chart_points(page, "chart-reward", "reward mean") == pytest.approx([r["reward_mean"] for r in rows])
+    assert chart_points(page, "chart-reward", "reward mean") == pytest.approx([r[keys.REWARD_MEAN] for r in rows])
     assert page.evaluate("Chart.getChart('chart-reward').data.labels") == [r["step"] for r in rows]
     validated = chart_points(page, "chart-reward", "validation reward")
-    assert validated == [r.get("val_reward") for r in rows] and validated[1] is not None
-    assert chart_points(page, "chart-loss", "loss") == pytest.approx([r["loss"] for r in rows])
-    assert chart_points(page, "chart-speed", "rollouts/s") == pytest.approx([r["rollouts_per_s"] for r in rows])
+    assert validated == [r.get(keys.VAL_REWARD) for r in rows] and validated[1] is not None
+    assert chart_points(page, "chart-loss", "loss") == pytest.approx([r[keys.actor_key("loss")] for r in rows])
+    assert chart_points(page, "chart-speed", "rollouts/s") == pytest.approx([r[keys.ROLLOUTS_PER_S] for r in rows])
     # the band is mean ± population std of the rewards each step trained with
     trained = trained_rewards.load(run.store)
     for step, high in zip([r["step"] for r in rows], chart_points(page, "chart-reward", "mean + std"), strict=True):
@@ -153,7 +154,8 @@ def test_validation_and_compare_pages(run, page):
     rows = {r["step"]: r for r in run.metrics_rows()}
     page.goto(run.dashboard_url + "/validation")
     round_row = page.query_selector("#validation tr[data-step='2']")
-    assert float(round_row.query_selector(".val-reward").inner_text()) == pytest.approx(rows[2]["val_reward"], abs=1e-4)
+    shown = float(round_row.query_selector(".val-reward").inner_text())
+    assert shown == pytest.approx(rows[2][keys.VAL_REWARD], abs=1e-4)
     screenshot(page, "validation")
     page.goto(run.dashboard_url + "/compare?task=q0&a=1&b=2")
     sides = page.query_selector_all("section.side")
@@ -176,5 +178,5 @@ def test_a_new_step_appears_on_the_open_run_page_without_a_reload(run, page):
         f"Chart.getChart('chart-reward').data.datasets[0].data.length > {before}", timeout=240_000)
     assert page.evaluate("window.stillTheSamePage") is True
     rows = run.wait_steps(before + 1, timeout_s=60)
-    assert chart_points(page, "chart-reward", "reward mean")[before] == pytest.approx(rows[before]["reward_mean"])
+    assert chart_points(page, "chart-reward", "reward mean")[before] == pytest.approx(rows[before][keys.REWARD_MEAN])
     assert page.query_selector(f"#steps tr[data-step='{before + 1}']") is not None

@@ -22,6 +22,7 @@ from spanrl.examples.calc_autogen.reward import number_match
 from spanrl.examples.task_pipeline import TrainingRun, WarmStart, prepare_model, train
 from spanrl.otlp_receiver import trained_rewards
 from spanrl.otlp_receiver.store import SpanStore
+from spanrl.schema import metrics as keys
 from spanrl.trainer_bridge.torch_backend.server.chat_format import encode_chat
 
 TEST_DEVICE = os.environ.get("SPANRL_TEST_DEVICE", "cpu")
@@ -44,11 +45,11 @@ def trained_run(tmp_path_factory) -> tuple[Path, dict]:
 @pytest.mark.timeout(900)
 def test_held_out_problems_are_scored_after_every_step_and_never_trained_on(trained_run):
     out, summary = trained_run
-    rows = [json.loads(line) for line in (out / "train" / "run" / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in rows] == [1, 2] and [r["policy_version"] for r in rows] == [1, 2]
+    rows = keys.read_metrics(out / "train" / "run")
+    assert [r["step"] for r in rows] == [1, 2] and [r[keys.POLICY_VERSION] for r in rows] == [1, 2]
     for row in rows:
-        assert row["val_rollouts"] == VALIDATION_TASKS and row["val_rollouts_scored"] == VALIDATION_TASKS
-        assert 0.0 <= row["val_reward"] <= 1.0
+        assert row[keys.VAL_ROLLOUTS] == VALIDATION_TASKS and row[keys.VAL_ROLLOUTS_SCORED] == VALIDATION_TASKS
+        assert 0.0 <= row[keys.VAL_REWARD] <= 1.0
     assert sorted(summary["accuracy"]) == [1, 2]
     db = str(out / "train" / "spanrl.db")
     rollouts, _ = SpanStore(db).completed_rollouts(since=0)

@@ -22,6 +22,7 @@ from spanrl.examples.task_pipeline import TrainingRun, WarmStart
 from spanrl.otlp_receiver import trained_rewards
 from spanrl.otlp_receiver.span_tree import record_from_body
 from spanrl.otlp_receiver.store import SpanStore
+from spanrl.schema import metrics as keys
 from spanrl.schema.metrics import read_metrics
 
 TEST_DEVICE = os.environ.get("SPANRL_TEST_DEVICE", "cpu")
@@ -76,8 +77,8 @@ def test_only_writer_and_rewriter_calls_reach_the_update(trained_run):
 def test_held_out_accuracy_is_the_execution_match_of_each_validation_round(trained_run):
     """Validation after each step: its rollouts are scored (val_reward: execution match plus AIR
     penalties) but never trained on; held-out accuracy counts the execution match alone."""
-    rows = [json.loads(line) for line in (trained_run / "run" / "metrics.jsonl").read_text().splitlines()]
-    assert [r["val_rollouts"] for r in rows] == [HELD_OUT, HELD_OUT]
+    rows = keys.read_metrics(trained_run / "run")
+    assert [r[keys.VAL_ROLLOUTS] for r in rows] == [HELD_OUT, HELD_OUT]
     rollouts, _ = SpanStore(str(trained_run / "spanrl.db")).completed_rollouts(since=0)
     trained = trained_rewards.load(str(trained_run / "spanrl.db"))
     accuracy = {int(k): v for k, v in json.loads((trained_run / "accuracy.json").read_text()).items()}
@@ -87,7 +88,7 @@ def test_held_out_accuracy_is_the_execution_match_of_each_validation_round(train
         assert len(held_out) == HELD_OUT and not any(r.rollout_id in trained for r in held_out)
         matches = [sum(w.value for w in r.rewards if w.name == "execution_match") for r in held_out]
         assert accuracy[step] == pytest.approx(sum(matches) / HELD_OUT)
-        assert rows[step - 1]["val_reward"] == pytest.approx(sum(r.total_reward for r in held_out) / HELD_OUT)
+        assert rows[step - 1][keys.VAL_REWARD] == pytest.approx(sum(r.total_reward for r in held_out) / HELD_OUT)
 
 
 @pytest.mark.timeout(900)
