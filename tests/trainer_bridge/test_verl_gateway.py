@@ -16,9 +16,9 @@ import openai
 import pytest
 from starlette.datastructures import Headers
 
-from spanrl.trainer_bridge.verl_backend import gateway_rewrite
+from spanrl.trainer_bridge.relay import rewrite as relay_rewrite
+from spanrl.trainer_bridge.relay.upstreams import rollout_key
 from spanrl.trainer_bridge.verl_backend.gateway import GatewayConfig, start_gateway
-from spanrl.trainer_bridge.verl_backend.gateway_upstreams import rollout_key
 
 TEST_DEVICE = os.environ.get("SPANRL_TEST_DEVICE", "cpu")
 SERVED = "policy-in-training"  # what the agents call; the upstreams serve the model as "tiny"
@@ -237,7 +237,7 @@ def test_a_silent_upstream_times_out_and_none_up_is_a_503(start):
 
 
 def test_temperature_override_samples_at_the_trainers_temperature(start, upstreams, monkeypatch, caplog):
-    monkeypatch.setattr(gateway_rewrite, "_TEMPERATURE_OVERRIDE_WARNING", gateway_rewrite._OnceFlag())
+    monkeypatch.setattr(relay_rewrite, "_TEMPERATURE_OVERRIDE_WARNING", relay_rewrite._OnceFlag())
     gateway = start(temperature=0.7, urls=[upstreams[0].url])
     direct = openai.OpenAI(base_url=upstreams[0].base_url, api_key="unused", max_retries=0)
     model = upstreams[0].engine.model_name
@@ -247,7 +247,7 @@ def test_temperature_override_samples_at_the_trainers_temperature(start, upstrea
 
     expected = ids(direct.chat.completions.create(model=model, messages=MESSAGES, max_tokens=12, seed=123,
                                                   temperature=0.7, extra_body={"return_token_ids": True}))
-    with caplog.at_level(logging.WARNING, logger=gateway_rewrite.__name__):
+    with caplog.at_level(logging.WARNING, logger=relay_rewrite.__name__):
         for asked in (1.5, 0.2):
             via_gateway = client(gateway).chat.completions.create(model=SERVED, messages=MESSAGES, max_tokens=12,
                                                                   seed=123, temperature=asked)
