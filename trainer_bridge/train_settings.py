@@ -112,6 +112,9 @@ class TrainSettings:
         metadata={"help": "bearer token agents must send to the policy endpoint (their OPENAI_API_KEY); "
                   "none = no check", "secret": True},
     )
+    prompts: str = field(default="", metadata={
+        "help": "a YAML/JSON file of prompt candidates the policy endpoint serves in place of the agents' "
+        "instructions (docs/proxy.md, \"Prompt resources\")"})
     bridge_host: str = field(default="127.0.0.1", metadata={"help": "task API host for runners"})
     bridge_port: int = field(default=8100, metadata={"help": "task API port for runners"})
     bridge_token: str | None = field(

@@ -1,4 +1,5 @@
-"""``spanrl proxy --upstream URL``: an OpenAI-compatible endpoint in front of any other one.
+"""``spanrl proxy --upstream URL``: an OpenAI-compatible endpoint in front of any other one, until
+SIGTERM or SIGINT (then the spans of the last calls are exported before it exits).
 
 Registered by ``core/cli.py``, which builds ``ProxySettings`` (flags > ``OTEL_SPANRL_PROXY_*``
 variables > the ``--config`` YAML file > defaults), prints them (keys masked) and calls
@@ -11,7 +12,8 @@ module level (and the proxy never imports torch).
 from __future__ import annotations
 
 import argparse
-import time
+import signal
+import threading
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
@@ -89,12 +91,15 @@ def proxy_command(settings: ProxySettings) -> int:
     from spanrl.trainer_bridge.relay.proxy import start_proxy
 
     handle = start_proxy(settings)
-    print(f"spanrl proxy: agents call {handle.url} (base_url); requests go to {handle.upstream}", flush=True)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    # said once the signals are handled: whoever waits for this line may stop us right away
+    print(f"spanrl proxy: ready, agents call {handle.url} (base_url); requests go to {handle.upstream}", flush=True)
     try:
-        while handle.running:
-            time.sleep(0.5)
-    except KeyboardInterrupt:
-        pass
+        while handle.running and not stop.wait(0.5):
+            pass
     finally:
         handle.stop()
+    print("spanrl proxy: stopped", flush=True)
     return 0

@@ -81,6 +81,10 @@ def start_torch_backend(settings: TrainSettings, checkpoint_dir: str) -> TorchBa
         import torch
 
         torch.set_num_threads(settings.engine.threads)
+    if settings.prompts:  # a bad file is said here, not in the server's HTTP process
+        from spanrl.trainer_bridge.prompt_resources import PromptResources
+
+        PromptResources.from_file(settings.prompts)
     trainer, serving_dir = _start_trainer(settings, checkpoint_dir)
     engine = PolicyEngine.from_pretrained(
         serving_dir, device=settings.engine.device, dtype=settings.engine.dtype,
@@ -90,7 +94,7 @@ def start_torch_backend(settings: TrainSettings, checkpoint_dir: str) -> TorchBa
     # HTTP in its own process: agents' requests are not held up by this process's training steps
     try:
         server = serve_in_process(engine, settings.policy_host, settings.policy_port, settings.policy_token,
-                                  validation_temperature=settings.val_temperature)
+                                  validation_temperature=settings.val_temperature, prompts=settings.prompts or None)
     except OSError as exc:  # a setting the user can change: said in one line by `spanrl train`
         engine.stop()
         raise UserError(f"the policy server cannot listen on {settings.policy_host}:"

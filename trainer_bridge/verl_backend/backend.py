@@ -299,7 +299,8 @@ def start_verl_backend(settings: TrainSettings, checkpoint_dir: str) -> VerlBack
         gateway = start_gateway(
             GatewayConfig(host=settings.policy_host, port=settings.policy_port,
                           served_model_name=settings.policy_model_name, temperature=settings.verl.temperature,
-                          validation_temperature=settings.val_temperature, pause_wait_s=settings.verl.pause_wait_s),
+                          validation_temperature=settings.val_temperature, pause_wait_s=settings.verl.pause_wait_s,
+                          prompts=settings.prompts or None),
             workers.server_urls,
         )
     except BaseException:
