@@ -112,7 +112,8 @@ def test_a_streamed_chat_call_with_tool_calls_reads_back_as_a_chat_example():
         {"role": "system", "content": "Use tools."},
         {"role": "user", "content": "Weather in Paris?"},
         {"role": "assistant", "content": "Let me check.", "tool_calls": [
-            {"id": "call_9", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+            {"id": "call_9", "type": "function",
+             "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
     ]}
 
 

@@ -190,7 +190,8 @@ def test_prompt_candidates_replace_the_agents_instructions_at_every_endpoint(end
     def prompt_ids(rollout_id: str, headers: dict) -> list[int]:
         api = openai.OpenAI(base_url=base_url, api_key="unused", max_retries=0,
                             default_headers={semconv.ROLLOUT_ID_HEADER: rollout_id, **headers})
-        reply = api.chat.completions.create(model=model, messages=own, max_tokens=2, extra_body={"return_token_ids": True})
+        reply = api.chat.completions.create(model=model, messages=own, max_tokens=2,
+                                            extra_body={"return_token_ids": True})
         return reply.model_extra["prompt_token_ids"]
 
     def seen(instructions: str) -> list[int]:
