@@ -66,7 +66,7 @@ def running_receiver(folder: Path) -> Iterator[dict]:
     grpc_port, http_port = free_port(), free_port()
     process = subprocess.Popen(
         [sys.executable, "-m", "spanrl", "receive", "--db", str(db), "--grpc-port", str(grpc_port),
-         "--http-port", str(http_port), "--grace-s", "0.3"],
+         "--http-port", str(http_port), "--grace-s", "2"],  # the default: endpoints export spans each 0.5 s
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         wait_for_port(grpc_port, process, "spanrl receive")

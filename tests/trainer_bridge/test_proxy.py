@@ -27,6 +27,7 @@ from spanrl.trainer_bridge.relay.proxy import ProxySettings, start_proxy
 
 from .conftest import TEST_DEVICE
 from .proxy_support import (
+    CITIES,
     FORCED,
     WEATHER,
     assembled,
@@ -329,3 +330,62 @@ def test_without_its_own_key_the_proxy_passes_each_agents_key(proxy_for, engine)
         assert caught.value.body["code"] == "invalid_api_key"
     finally:
         guarded.stop()
+
+
+def test_a_student_learns_the_teachers_text_only_rollouts_recorded_by_the_proxy(proxy_for, upstream, engine,
+                                                                               receiver, tmp_path):
+    """Distill, then train: an uninstrumented agent calls the teacher through the proxy (no token ids:
+    as a hosted model); ``spanrl sft --store`` re-tokenizes those calls with a student whose tokenizer
+    differs and fine-tunes it; the student's loss on the teacher's calls falls."""
+    from spanrl.otlp_receiver.store import SpanStore
+    from spanrl.otlp_receiver.text_calls import chat_examples
+    from spanrl.trainer_bridge.torch_backend import sft
+    from spanrl.trainer_bridge.torch_backend.config import TrainerConfig
+    from spanrl.trainer_bridge.torch_backend.model_init import create_model_dir
+    from spanrl.trainer_bridge.torch_backend.trainer import TorchTrainer
+
+    proxy = proxy_for(upstream.base_url, token_ids=False)
+    tasks = [{"id": f"distill-task-{i}", "city": city} for i, city in enumerate(CITIES)]
+    for index, task in enumerate(tasks):
+        rollout_id = f"distill-{index}"
+        identity = f"{semconv.ROLLOUT_ID}={rollout_id},{semconv.TASK_ID}={task['id']},{semconv.ATTEMPT}=0"
+        api = agent(proxy, baggage=identity)
+        question = [{"role": "user", "content": f"Weather in {task['city']}?"}]
+        first = api.chat.completions.create(model=engine.model_name, messages=question, tools=[WEATHER],
+                                            tool_choice=FORCED, temperature=0, max_tokens=30)
+        assert "token_ids" not in first.choices[0].model_extra  # text only, as from a hosted model
+        call = first.choices[0].message.tool_calls[0]
+        history = [*question, first.choices[0].message.model_dump(exclude_none=True),
+                   {"role": "tool", "tool_call_id": call.id, "content": f"{10 + index} C"}]
+        api.chat.completions.create(model=engine.model_name, messages=history, tools=[WEATHER], temperature=0,
+                                    max_tokens=16)
+        complete(receiver, rollout_id)
+    rollouts = [assembled(receiver, f"distill-{i}") for i in range(len(tasks))]
+    assert all(r.status == "ok" and r.transitions == () for r in rollouts)
+    with SpanStore(receiver["db"]) as store:
+        examples = [e for r in rollouts for e in chat_examples(store, r.rollout_id)]
+    assert len(examples) == 2 * len(tasks)
+    assert examples[0]["tools"] == [WEATHER] and examples[0]["messages"][-1]["tool_calls"][0]["function"]["name"] \
+        == "get_weather"
+
+    (tmp_path / "tasks.jsonl").write_text("".join(json.dumps(task) + "\n" for task in tasks))
+    (tmp_path / "distill_reward.py").write_text("def score(task, variables):\n    return 1.0\n")
+    (tmp_path / "other.txt").write_text("A student model learns from its teacher's traces. " * 40)
+    student = create_model_dir(tmp_path / "student", preset="tiny", corpus_files=[tmp_path / "other.txt"], seed=1)
+    student_tokenizer = TorchTrainer(str(student), TrainerConfig(device=TEST_DEVICE)).tokenizer
+    assert student_tokenizer.encode("Weather in Paris?") != engine.tokenizer.encode("Weather in Paris?")
+
+    learned = tmp_path / "learned"
+    done = subprocess.run(
+        [sys.executable, "-m", "spanrl", "sft", str(student), "--store", str(receiver["db"]), "--reward",
+         "distill_reward:score", "--tasks", str(tmp_path / "tasks.jsonl"), "--python-path", str(tmp_path),
+         "--output", str(learned), "--steps", "12", "--batch-size", "4", "--learning-rate", "5e-3", "--no-progress",
+         "--device", TEST_DEVICE], capture_output=True, text=True, timeout=600,
+        env={**os.environ, "OMP_NUM_THREADS": "1"})  # one torch thread: steadier on a busy CI machine
+    assert done.returncode == 0, done.stderr[-3000:]
+    record = json.loads((learned / "warm_start.json").read_text())
+    assert record["store"]["rollouts"] == len(tasks) and record["store"]["text_calls"] == len(examples)
+
+    before = sft.sft_loss(TorchTrainer(str(student), TrainerConfig(device=TEST_DEVICE)), examples)
+    after = sft.sft_loss(TorchTrainer(str(learned), TrainerConfig(device=TEST_DEVICE)), examples)
+    assert after < 0.7 * before, (before, after)
