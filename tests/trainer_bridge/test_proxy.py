@@ -269,6 +269,7 @@ def test_an_upstream_that_does_not_answer_is_a_504_naming_it(proxy_for):
 
 def test_upstream_4xx_pass_through_unchanged(proxy_for, upstream):
     proxy = proxy_for(upstream.base_url)
+    assert httpx.get(f"{proxy.url}/models").json() == httpx.get(f"{upstream.base_url}/models").json()
     for body in ({"model": "no-such-model", "messages": QUESTION},
                  {"model": upstream.engine.model_name, "messages": QUESTION, "n": "many"}):
         direct = httpx.post(f"{upstream.base_url}/chat/completions", json=body)
@@ -389,3 +390,13 @@ def test_a_student_learns_the_teachers_text_only_rollouts_recorded_by_the_proxy(
     before = sft.sft_loss(TorchTrainer(str(student), TrainerConfig(device=TEST_DEVICE)), examples)
     after = sft.sft_loss(TorchTrainer(str(learned), TrainerConfig(device=TEST_DEVICE)), examples)
     assert after < 0.7 * before, (before, after)
+
+
+def test_the_relay_and_the_proxy_import_neither_torch_nor_verl():
+    code = ("import sys\n"
+            "import spanrl.trainer_bridge.relay.proxy, spanrl.trainer_bridge.verl_backend.gateway\n"
+            "import spanrl.trainer_bridge.prompts_cli, spanrl.otlp_receiver.text_calls\n"
+            "print(sorted(name for name in ('torch', 'transformers', 'verl', 'vllm') if name in sys.modules))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip() == "[]"
