@@ -124,6 +124,7 @@ class ServedCall:
     error: str | None = None
     request: dict[str, Any] | None = None  # the body sent to the model, kept when its text is recorded
     attributes: dict[str, Any] = field(default_factory=dict)  # more span attributes (the prompt candidate)
+    request_model: str | None = None  # the model name the request asked for
 
 
 _serving: ContextVar[ServedCall | None] = ContextVar("spanrl_serving_call", default=None)
@@ -296,6 +297,8 @@ class EndpointSpans:
             from spanrl.trainer_bridge.endpoint_text import call_text_attributes
 
             attributes.update(call_text_attributes(call.route, call.request, call.replies))
+        if call.request_model:
+            attributes[semconv.GENAI_REQUEST_MODEL] = call.request_model
         span = self._tracer.start_span(f"POST {call.route}", context=call.origin.parent, kind=SpanKind.SERVER,
                                        attributes=attributes, start_time=call.start_ns)
         recorder = LLMSpanRecorder(span, streaming=call.streaming)

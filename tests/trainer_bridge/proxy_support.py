@@ -13,9 +13,9 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
-from spanrl.demo import free_port, wait_for_port
+from spanrl.child_processes import free_port, wait_for_port
 from spanrl.otlp_receiver.store import SpanStore
-from spanrl.otlp_receiver.transitions import Rollout
+from spanrl.schema.rollouts import AssembledRollout
 
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "The weather of a city",
@@ -90,7 +90,7 @@ def complete(receiver: dict, rollout_id: str) -> None:
         assert response.status in (200, 202)
 
 
-def assembled(receiver: dict, rollout_id: str, timeout_s: float = 30.0) -> Rollout:
+def assembled(receiver: dict, rollout_id: str, timeout_s: float = 30.0) -> AssembledRollout:
     with SpanStore(receiver["db"]) as store:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:

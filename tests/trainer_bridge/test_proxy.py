@@ -17,7 +17,7 @@ import httpx
 import openai
 import pytest
 
-from spanrl.demo import free_port
+from spanrl.child_processes import free_port
 from spanrl.instrumentation import semconv
 from spanrl.otlp_receiver.span_tree import records_from_bodies
 from spanrl.trainer_bridge.endpoint_prompts import PromptResourcesClient
@@ -276,6 +276,22 @@ def test_upstream_4xx_pass_through_unchanged(proxy_for, upstream):
         relayed = httpx.post(f"{proxy.url}/chat/completions", json=body)
         assert 400 <= direct.status_code < 500
         assert (relayed.status_code, relayed.json()) == (direct.status_code, direct.json())
+
+
+def test_with_upstream_model_any_name_is_sent_as_it_and_answered_as_asked(proxy_for, upstream, engine, receiver):
+    """The proxy checks no model name; ``upstream_model`` replaces the agent's upstream, and the
+    reply (each stream event too) and the call's span carry the name the agent asked for."""
+    proxy = proxy_for(upstream.base_url, upstream_model=engine.model_name)
+    api = agent(proxy, "r-any-name")
+    assert api.chat.completions.create(model="gpt-4o", messages=QUESTION, max_tokens=2).model == "gpt-4o"
+    events = list(api.chat.completions.create(model="triage", messages=QUESTION, max_tokens=2, stream=True))
+    assert events and {event.model for event in events} == {"triage"}
+    assert api.responses.create(model="writer", input="Say hi.", max_output_tokens=2).model == "writer"
+    complete(receiver, "r-any-name")
+    assembled(receiver, "r-any-name")
+    asked = [r.attributes.get(semconv.GENAI_REQUEST_MODEL) for r in records_from_bodies(span_bodies(
+        receiver, "r-any-name")) if r.attributes.get(semconv.LLM_SOURCE) == semconv.LLM_SOURCE_ENDPOINT]
+    assert sorted(asked) == ["gpt-4o", "triage", "writer"]
 
 
 def test_keys_reach_the_upstream_but_never_a_log_or_a_span(engine, receiver, tmp_path):

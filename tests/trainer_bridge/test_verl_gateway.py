@@ -264,8 +264,16 @@ def test_models_health_and_openai_style_errors(start):
     assert httpx.get(f"{root}/health").json() == {"status": "ok", "upstreams_up": 2, "paused": False}
     missing = httpx.post(f"{root}/v1/embeddings", json={"model": SERVED, "input": "x"})
     assert missing.status_code == 404 and missing.json()["error"]["code"] == "not_found"
+    # any name by default, echoed back (agents hard-code theirs); listed names only when told
+    assert client(gateway).chat.completions.create(model="gpt-4o", messages=MESSAGES, max_tokens=2).model == "gpt-4o"
+    events = list(client(gateway).chat.completions.create(model="triage", messages=MESSAGES, max_tokens=2,
+                                                          stream=True))
+    assert {event.model for event in events} == {"triage"}
+    strict = start(model_names=("critic",))
+    assert [m.id for m in client(strict).models.list().data] == [SERVED, "critic"]
+    assert client(strict).chat.completions.create(model="critic", messages=MESSAGES, max_tokens=2).model == "critic"
     with pytest.raises(openai.NotFoundError) as caught:
-        client(gateway).chat.completions.create(model="gpt-4o", messages=MESSAGES, max_tokens=2)
+        client(strict).chat.completions.create(model="gpt-4o", messages=MESSAGES, max_tokens=2)
     assert SERVED in caught.value.message
     before = gateway.stats()  # /v1/responses goes upstream whether or not the upstream has it
     reply = httpx.post(f"{root}/v1/responses", json={"model": SERVED, "input": "hi", "max_output_tokens": 2})
@@ -392,3 +400,32 @@ def test_an_agent_leaving_mid_stream_frees_its_place(start):
         gateway.resume()
     finally:
         upstream.stop()
+
+
+def test_a_verl_runs_policy_token_is_enforced_by_its_gateway(upstreams, tiny_model_dir):
+    """``backend: verl`` with ``policy_token`` set: the gateway the backend starts (its config built
+    from the train settings, as ``start_backend`` builds it) refuses agents without the token."""
+    from spanrl.trainer_bridge.train_settings import TrainSettings
+    from spanrl.trainer_bridge.verl_backend.backend import gateway_config
+
+    settings = TrainSettings(tasks="tasks.jsonl", model=tiny_model_dir, backend="verl", policy_token="s3cret",
+                             policy_port=0, policy_model_name=SERVED)
+    config = gateway_config(settings.backend_run())
+    assert config.api_token == "s3cret" and config.served_model_name == SERVED
+    gateway = start_gateway(config, [s.url for s in upstreams])
+    try:
+        root = gateway.url.removesuffix("/v1")
+        for key in ("unused", "s3cret-not"):
+            agent = openai.OpenAI(base_url=gateway.url, api_key=key, max_retries=0)
+            with pytest.raises(openai.AuthenticationError):
+                agent.chat.completions.create(model=SERVED, messages=MESSAGES, max_tokens=2)
+            with pytest.raises(openai.AuthenticationError):
+                agent.models.list()
+        unkeyed = httpx.post(f"{root}/v1/chat/completions", json={"model": SERVED, "messages": MESSAGES})
+        assert unkeyed.status_code == 401
+        agent = openai.OpenAI(base_url=gateway.url, api_key="s3cret", max_retries=0)
+        reply = agent.chat.completions.create(model="gpt-4o", messages=MESSAGES, max_tokens=2)
+        assert reply.model == "gpt-4o" and reply.choices[0].message.content is not None
+        assert [m.id for m in agent.models.list().data] == [SERVED]
+    finally:
+        gateway.stop()

@@ -5,7 +5,8 @@ becomes an OpenAI-style error response.
 adds its stats route) and by ``spanrl proxy`` (``proxy.py``); it runs with uvicorn on a loop of its
 own (``server_thread.py``). Routes: ``POST /v1/chat/completions``, ``/v1/completions``,
 ``/v1/responses`` (relayed to an upstream, streamed or not); ``GET /v1/models`` (a relay with a
-served name answers its own card, else the upstream's list passes); ``GET /health``; ``GET`` and
+served name answers the upstream's card under each of its names, else the upstream's list
+passes); ``GET /health``; ``GET`` and
 ``POST /spanrl/v1/prompts`` (``endpoint_prompts.py``). Middleware: the prompt resources (the
 agent's instructions replaced, when a candidate is set) inside the span middleware (one LLM span
 per generation request, when spans are configured).
@@ -39,7 +40,7 @@ from spanrl.trainer_bridge.relay.forwarding import (
     open_stream,
     unreachable,
 )
-from spanrl.trainer_bridge.relay.rewrite import GENERATION_PATHS, encode_json, rewrite_request
+from spanrl.trainer_bridge.relay.rewrite import GENERATION_PATHS, answer_as, encode_json, rewrite_request
 from spanrl.trainer_bridge.relay.spans import RelaySpanMiddleware
 from spanrl.trainer_bridge.relay.state import Lease, RelayError, RelayState
 from spanrl.trainer_bridge.relay.upstreams import NoUpstreamError, rollout_key
@@ -66,10 +67,13 @@ async def generate(request: Request) -> Response:
     state = RelayState.of(request)
     state.authorize(request)
     body = await read_json_object(request)
-    served = state.config.served_model_name
-    if served is not None and body.get("model") != served:
-        raise RelayError(404, f"the model {body.get('model')!r} does not exist; this {state.config.name} serves "
-                              f"{served!r}", "model_not_found", "invalid_request_error")
+    names = state.config.names
+    if names is not None:
+        if not names.accepts(body.get("model")):
+            raise RelayError(404, names.not_found(body.get("model")), "model_not_found", "invalid_request_error")
+        answer_as(str(body["model"]))  # replies carry the name the agent asked for
+    elif state.config.upstream_model and isinstance(body.get("model"), str):
+        answer_as(body["model"])  # the proxy sends its own name upstream; the agent gets its own back
     lease = await state.admit()
     streamed = False
     try:
@@ -91,8 +95,8 @@ async def generate(request: Request) -> Response:
 
 
 async def list_models(request: Request) -> Response:
-    """With a served name: the upstream's model card under it (so ``max_model_len`` and the like
-    pass); without: the upstream's own list, as it answers."""
+    """With a served name: the upstream's model card under each listed name (so ``max_model_len``
+    and the like pass); without: the upstream's own list, as it answers."""
     state = RelayState.of(request)
     state.authorize(request)
     try:
@@ -117,10 +121,12 @@ async def list_models(request: Request) -> Response:
         state.pool.mark_down(upstream, f"GET /v1/models failed: {type(exc).__name__}: {exc}")
         raise unreachable(state, upstream, exc) from exc
     upstream.model = str(card["id"])
-    card["id"] = state.config.served_model_name
     card.pop("root", None)  # the upstream's checkpoint path means nothing to an agent
+    names = state.config.names
+    assert names is not None
+    cards = [{**card, "id": name} for name in names.names]
     headers = {} if state.policy_version is None else {semconv.POLICY_VERSION_HEADER: str(state.policy_version)}
-    return Response(encode_json({"object": "list", "data": [card]}), media_type="application/json", headers=headers)
+    return Response(encode_json({"object": "list", "data": cards}), media_type="application/json", headers=headers)
 
 
 async def health(request: Request) -> Response:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from spanrl.errors import SettingError
+from spanrl.trainer_bridge.model_names import ServedModelNames
 
 
 @dataclass(frozen=True)
@@ -17,9 +18,11 @@ class RelayConfig:
     """What a relay does to the requests it forwards and the replies it relays."""
 
     name: str  # how its messages name it: "gateway", "proxy"
-    # set: agents must call this model name, which becomes the upstream's own (read from its
-    # /v1/models) and is written back into replies; None: the agent's model passes
+    # set: agents must call this model name (or one of model_names; ``*``: any name), which becomes
+    # the upstream's own (read from its /v1/models); replies carry the name the agent asked for.
+    # None: the agent's model passes (``upstream_model`` aside)
     served_model_name: str | None = None
+    model_names: tuple[str, ...] = ()  # with a served name: the other names it answers to
     upstream_model: str | None = None  # without a served name: every request's model becomes this
     # ask every request for the engine's token ids and logprobs (vLLM's fields); False: vLLM-only
     # fields an agent sent are removed instead (hosted APIs refuse fields they do not know)
@@ -42,7 +45,16 @@ class RelayConfig:
     record_text: bool = False  # its spans carry the request's messages and the reply's text
     prompts: str | None = None  # a file of prompt candidates (``prompt_resources``)
 
+    @property
+    def names(self) -> ServedModelNames | None:
+        """The names a relay with a served name answers to (None: it passes any name on)."""
+        if self.served_model_name is None:
+            return None
+        return ServedModelNames.of((self.served_model_name, *self.model_names), self.served_model_name)
+
     def __post_init__(self) -> None:
+        if not isinstance(self.model_names, tuple):
+            object.__setattr__(self, "model_names", tuple(self.model_names))
         if self.temperature is not None and self.temperature < 0:
             raise SettingError(f"{self.name} temperature {self.temperature} must be >= 0 (or unset)")
         if self.validation_temperature is not None and self.validation_temperature < 0:

@@ -24,7 +24,7 @@ import logging
 from spanrl.trainer_bridge.prompt_resources import PromptResources
 from spanrl.trainer_bridge.relay.app import create_relay_app
 from spanrl.trainer_bridge.relay.config import RelayConfig
-from spanrl.trainer_bridge.relay.proxy_cli import ProxySettings
+from spanrl.trainer_bridge.relay.proxy_settings import ProxySettings
 from spanrl.trainer_bridge.relay.server_thread import RelayServer
 from spanrl.trainer_bridge.relay.state import RelayState
 from spanrl.trainer_bridge.relay.upstreams import display_url, normalize_base_url

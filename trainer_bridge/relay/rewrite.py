@@ -4,11 +4,14 @@ Used by ``app.py`` and ``forwarding.py``, as ``RelayConfig`` says. On the way in
 (``rewrite_request``): the agent's model name becomes the upstream's (the gateway) or a fixed one
 (a proxy's ``upstream_model``); the temperature is pinned when the relay is told to (the trainer
 recomputes log-probs at that temperature); and either ``return_token_ids`` and logprobs are asked
-for (``enable_response_messages`` on ``/v1/responses``), so every span carries the engine's token
-ids whatever the agent asked, or, for an upstream that does not speak vLLM's dialect (a hosted
-API), those vLLM-only fields are removed. On the way out (``rewrite_reply``,
-``rewrite_sse_event``): the model name goes back to the one the agent used and the top-level
-``policy_version`` is set, as spanrl's embedded server writes them.
+for (``enable_response_messages`` on ``/v1/responses``; logprobs not for a grammar-constrained
+request: ``constrains_output``), so every span carries the engine's token ids whatever the agent
+asked, or, for an upstream that does not speak vLLM's dialect (a hosted API), those vLLM-only
+fields are removed. On the way out (``rewrite_reply``, ``rewrite_sse_event``): the model name goes
+back to the one the agent used (``answer_as``, set per request: a relay may answer any name) and
+the top-level ``policy_version`` is set, as spanrl's embedded server writes them. Structured-output
+fields (``response_format``, ``text.format``, ``tools``' ``strict``, ``tool_choice``) pass
+unchanged: the upstream (vLLM) enforces them itself.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+from contextvars import ContextVar
 from typing import Any
 
 from spanrl.bridge_protocol import is_validation_rollout
@@ -50,6 +54,15 @@ class _OnceFlag:
 
 
 _TEMPERATURE_OVERRIDE_WARNING = _OnceFlag()
+# the model name the current request asked for; its reply (each stream event too) carries it back
+_answered_name: ContextVar[str | None] = ContextVar("spanrl_relay_model_name", default=None)
+
+
+def answer_as(name: str) -> None:
+    """The current request's replies carry ``name`` as their ``model``; it also goes on the
+    request's span (``gen_ai.request.model``)."""
+    _answered_name.set(name)
+    spans.note_request_model(name)
 
 
 def rewrite_request(body: dict[str, Any], path: str, config: RelayConfig, upstream_model: str | None,
@@ -75,7 +88,7 @@ def rewrite_request(body: dict[str, Any], path: str, config: RelayConfig, upstre
             payload.pop(name, None)
     elif path == CHAT_PATH:
         payload[semconv.REQUEST_RETURN_TOKEN_IDS] = True
-        if not payload.get("logprobs"):
+        if not payload.get("logprobs") and not constrains_output(body):
             payload["logprobs"] = True
     elif path == COMPLETIONS_PATH:
         payload[semconv.REQUEST_RETURN_TOKEN_IDS] = True
@@ -86,11 +99,25 @@ def rewrite_request(body: dict[str, Any], path: str, config: RelayConfig, upstre
     return payload
 
 
+def constrains_output(body: dict[str, Any]) -> bool:
+    """Whether vLLM decodes this chat request under a grammar (``response_format`` JSON, a forced
+    tool call, vLLM's ``structured_outputs``). vLLM's logprobs of such a request are of the
+    masked logits (renormalized over the allowed tokens), not the policy's: the relay does not
+    ask for them, so the update recomputes the old log-probs with verl's actor (docs/policy.md)."""
+    response_format = body.get("response_format")
+    if isinstance(response_format, dict) and response_format.get("type") in ("json_object", "json_schema"):
+        return True
+    tool_choice = body.get("tool_choice")
+    return tool_choice == "required" or isinstance(tool_choice, dict) or bool(body.get("structured_outputs"))
+
+
 def rewrite_reply(data: Any, served_model: str | None, version: int | None) -> Any:
-    """A successful JSON reply as the agent gets it: its model name, the policy version."""
+    """A successful JSON reply as the agent gets it: its model name (the one its request asked
+    for, when the relay changed it), the policy version."""
     if isinstance(data, dict) and not data.get("error"):  # Responses bodies carry "error": null
-        if served_model is not None and "model" in data:
-            data["model"] = served_model
+        answered = _answered_name.get() or served_model
+        if answered is not None and "model" in data:
+            data["model"] = answered
         if version is not None:
             data[semconv.RESPONSE_POLICY_VERSION] = version
         spans.observe_reply(data)  # the relay's own LLM span reads what the agent gets
@@ -115,6 +142,10 @@ def rewrite_sse_event(lines: list[str], served_model: str | None, version: int |
         except json.JSONDecodeError:
             data = None
         if isinstance(data, dict):
+            response = data.get("response")  # a Responses stream event carries its response object
+            answered = _answered_name.get() or served_model
+            if answered is not None and isinstance(response, dict) and "model" in response:
+                response["model"] = answered
             payload = json.dumps(rewrite_reply(data, served_model, version), separators=(",", ":"))
     return "".join(f"{line}\n" for line in [*other, f"data: {payload}"]).encode() + b"\n"
 
@@ -130,5 +161,6 @@ def sse_error_event(body: dict[str, Any]) -> bytes:
     return f"data: {json.dumps(body, separators=(',', ':'))}\n\n".encode()
 
 
-__all__ = ["CHAT_PATH", "COMPLETIONS_PATH", "GENERATION_PATHS", "RESPONSES_PATH", "VLLM_ONLY_FIELDS", "encode_json",
-           "error_body", "rewrite_reply", "rewrite_request", "rewrite_sse_event", "sse_error_event"]
+__all__ = ["CHAT_PATH", "COMPLETIONS_PATH", "GENERATION_PATHS", "RESPONSES_PATH", "VLLM_ONLY_FIELDS", "answer_as",
+           "constrains_output", "encode_json", "error_body", "rewrite_reply", "rewrite_request", "rewrite_sse_event",
+           "sse_error_event"]

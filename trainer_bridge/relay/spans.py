@@ -30,6 +30,13 @@ def observe_reply(data: Any) -> None:
         call.replies.append(data)
 
 
+def note_request_model(name: str) -> None:
+    """The model name the current call asked for (``gen_ai.request.model`` on its span)."""
+    call = serving_call()
+    if call is not None:
+        call.request_model = name
+
+
 def observe_request(payload: dict[str, Any]) -> None:
     """The body the current call sent upstream (kept for the span's text when the relay records it)."""
     call = serving_call()
@@ -79,4 +86,4 @@ class RelaySpanMiddleware:
                 self.spans.submit(call)
 
 
-__all__ = ["RelaySpanMiddleware", "observe_failure", "observe_reply", "observe_request"]
+__all__ = ["RelaySpanMiddleware", "note_request_model", "observe_failure", "observe_reply", "observe_request"]
