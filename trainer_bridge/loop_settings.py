@@ -113,6 +113,9 @@ class LoopSettings:
         metadata={"help": "bearer token agents must send to the policy endpoint (their OPENAI_API_KEY); "
                   "none = no check", "secret": True},
     )
+    prompts: str = field(default="", metadata={
+        "help": "a YAML/JSON file of prompt candidates the policy endpoint serves in place of the agents' "
+        "instructions (docs/proxy.md, \"Prompt resources\")"})
     bridge_host: str = field(default="127.0.0.1", metadata={"help": "task API host for runners"})
     bridge_port: int = field(default=8100, metadata={"help": "task API port for runners"})
     bridge_token: str | None = field(
@@ -229,7 +232,7 @@ class LoopSettings:
         """The policy endpoint agents call, as every backend serves it."""
         return EndpointConfig(host=self.policy_host, port=self.policy_port, model_name=self.policy_model_name,
                               model_names=tuple(self.policy_model_names), token=self.policy_token,
-                              validation_temperature=self.val_temperature)
+                              validation_temperature=self.val_temperature, prompts=self.prompts or None)
 
     def _check_async(self) -> None:
         if self.max_staleness < 0:
