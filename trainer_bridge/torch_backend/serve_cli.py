@@ -27,9 +27,21 @@ def _setting(default: Any, help_text: str, **more: Any) -> Any:
 class ServeSettings:
     model_dir: str = field(metadata={
         "help": "Hugging Face model directory (e.g. from `spanrl model init`)", "positional": True})
-    host: str = _setting("127.0.0.1", "bind address")
+    host: str = _setting("127.0.0.1", "bind address (another address: give a token and TLS too)")
     port: int = _setting(8000, "port")
-    token: str | None = _setting(None, "require 'Authorization: Bearer TOKEN'", secret=True)
+    token: str | None = _setting(None, "require 'Authorization: Bearer TOKEN' (the agents' OPENAI_API_KEY)",
+                                 secret=True)
+    admin_token: str | None = _setting(
+        None, "the trainer's bearer token for POST /spanrl/v1/weights (never give it to agents; must differ from "
+        "token); none = the route is off", secret=True)
+    weights_dir: str | None = _setting(
+        None, "POST /spanrl/v1/weights loads only model directories under this folder (the training run's "
+        "output folder); required with admin_token")
+    tls_cert: str | None = _setting(None, "PEM certificate (chain) file: serve HTTPS only (with tls_key)")
+    tls_key: str | None = _setting(None, "PEM private key file of tls_cert")
+    max_concurrency: int = _setting(2048, "connections and requests served at once; more get 503 at once")
+    max_queued_requests: int = _setting(
+        1024, "requests waiting for the engine (not decoding yet); more get 503 with Retry-After")
     device: str = _setting("auto", "auto | cpu | cuda | cuda:N")
     dtype: str = _setting("auto", "auto | float32 | bfloat16 | float16 (auto: float32 on CPU)")
     max_batch_size: int = _setting(64, "most sequences decoded together in one batch")
@@ -52,6 +64,25 @@ class ServeSettings:
 SETTINGS = CommandSettings("serve", ServeSettings, "SERVE")
 
 
+def weights_admin_of(settings: ServeSettings) -> Any:
+    """The ``WeightsAdmin`` of ``admin_token`` and ``weights_dir`` (None when the route is off);
+    ``SettingError`` when only one is given or the admin token is the agents' token."""
+    from spanrl.errors import SettingError
+    from spanrl.trainer_bridge.torch_backend.server.policy import WeightsAdmin
+
+    if settings.admin_token is None and settings.weights_dir is None:
+        return None
+    if not settings.admin_token or not settings.weights_dir:
+        raise SettingError("loading weights over HTTP needs both admin_token and weights_dir (the folder the "
+                           "trainer writes model directories to); give both or neither")
+    if settings.admin_token == settings.token:
+        raise SettingError("admin_token must differ from token: agents hold the token, only the trainer may "
+                           "hold the admin token")
+    if not os.path.isdir(settings.weights_dir):
+        raise SettingError(f"weights_dir {settings.weights_dir!r} is not a folder")
+    return WeightsAdmin(settings.admin_token, settings.weights_dir)
+
+
 def add_parser(subparsers) -> None:
     parser = subparsers.add_parser("serve", help="serve a model directory as an OpenAI-compatible endpoint")
     SETTINGS.add_to(parser)
@@ -61,6 +92,13 @@ def add_parser(subparsers) -> None:
 def _serve(settings: ServeSettings) -> int:
     ensure_model_dir(settings.model_dir, "model_dir")
     ensure_port_free(settings.host, settings.port, "port", "cannot serve on")
+    weights_admin = weights_admin_of(settings)
+    from spanrl.server_security import TlsSetupError, check_tls_pair
+
+    try:  # before the model loads; the server warns when it is exposed (app.check_server_security)
+        tls = check_tls_pair(settings.tls_cert, settings.tls_key, "tls_cert/tls_key")
+    except TlsSetupError as exc:
+        raise UserError(f"cannot serve over TLS: {exc}") from exc
     import torch
     import uvicorn
 
@@ -72,25 +110,32 @@ def _serve(settings: ServeSettings) -> int:
         os.environ[SPANS_ENDPOINT_ENV] = settings.spans_endpoint
 
     from spanrl.trainer_bridge.torch_backend.engine.policy_engine import PolicyEngine
-    from spanrl.trainer_bridge.torch_backend.server.app import create_app
+    from spanrl.trainer_bridge.torch_backend.server.app import check_server_security, create_app
 
     engine = PolicyEngine.from_pretrained(
         settings.model_dir, device=settings.device, dtype=settings.dtype,
         model_name=settings.served_model_name, version=settings.policy_version,
         max_batch_size=settings.max_batch_size, batch_wait_s=settings.batch_wait_ms / 1000.0,
+        max_queued_requests=settings.max_queued_requests,
     ).start()
     if settings.single_process:
-        print(f"serving model {engine.model_name!r} on http://{settings.host}:{settings.port}/v1")
+        check_server_security(settings.host, settings.token, settings.tls_cert, settings.tls_key)
+        print(f"serving model {engine.model_name!r} on {'https' if tls else 'http'}://{settings.host}:"
+              f"{settings.port}/v1")
         try:
-            uvicorn.run(create_app(engine, settings.token), host=settings.host, port=settings.port,
-                        log_level="info", access_log=False)
+            uvicorn.run(create_app(engine, settings.token, weights_admin=weights_admin), host=settings.host,
+                        port=settings.port, log_level="info", access_log=False,
+                        limit_concurrency=settings.max_concurrency, ssl_certfile=settings.tls_cert,
+                        ssl_keyfile=settings.tls_key)
         finally:
             engine.stop()
         return 0
     from spanrl.trainer_bridge.torch_backend.server.api_process import serve_in_process
 
     try:
-        handle = serve_in_process(engine, settings.host, settings.port, settings.token, log_level="info")
+        handle = serve_in_process(engine, settings.host, settings.port, settings.token, log_level="info",
+                                  weights_admin=weights_admin, tls_cert=settings.tls_cert, tls_key=settings.tls_key,
+                                  max_concurrency=settings.max_concurrency)
     except OSError as exc:  # the address is taken: a setting the user can change
         engine.stop()
         raise UserError(f"cannot serve on {settings.host}:{settings.port}: {exc}") from exc
