@@ -202,7 +202,10 @@ class VerlBackend:
     def save_checkpoint(self, root: str) -> str:
         """verl's checkpoint of the actor (model, optimizer, RNG; resumable) under
         ``root/step-N/actor``; returns the Hugging Face model verl writes inside it."""
+        from spanrl.trainer_bridge.torch_backend.checkpoints import make_owner_only_dir
+
         path = os.path.join(os.path.abspath(root), f"step-{self.step:06d}")
+        make_owner_only_dir(path)  # verl writes inside: weights and optimizer state stay the user's
         keep = self.settings.trainer.keep_checkpoints or None
         self.workers.actor.save_checkpoint(os.path.join(path, "actor"), None, self.step, keep)
         with open(os.path.join(path, VERSION_FILE), "w") as f:
@@ -299,7 +302,9 @@ def start_verl_backend(settings: TrainSettings, checkpoint_dir: str) -> VerlBack
         gateway = start_gateway(
             GatewayConfig(host=settings.policy_host, port=settings.policy_port,
                           served_model_name=settings.policy_model_name, temperature=settings.verl.temperature,
-                          validation_temperature=settings.val_temperature, pause_wait_s=settings.verl.pause_wait_s),
+                          validation_temperature=settings.val_temperature, pause_wait_s=settings.verl.pause_wait_s,
+                          api_token=settings.policy_token, upstream_api_key=workers.replica_api_key,
+                          tls_cert=settings.tls_cert, tls_key=settings.tls_key),
             workers.server_urls,
         )
     except BaseException:

@@ -21,9 +21,13 @@ recomputes log-probs at that temperature; an agent's other value is logged once 
 503's ``Retry-After``; the ``openai`` client retries by itself), ``request_timeout_s`` (a
 non-streamed request's whole time; for a stream, its wait for each next event),
 ``health_check_interval_s`` (how often an upstream out of rotation is probed), ``api_token``
-(when set, agents must send ``Authorization: Bearer <token>``), ``spans_endpoint`` (where the
-gateway's own LLM span per request goes over OTLP, ``trainer_bridge/endpoint_spans.py``; None:
-``OTEL_SPANRL_SERVE_SPANS_ENDPOINT`` / ``OTEL_EXPORTER_OTLP_*`` as for ``spanrl serve``; ``off``: none).
+(when set, agents must send ``Authorization: Bearer <token>``), ``upstream_api_key`` (sent to
+the upstreams as their bearer token: verl's vLLM replicas require one), ``spans_endpoint`` (where
+the gateway's own LLM span per request goes over OTLP, ``trainer_bridge/endpoint_spans.py``; None:
+``OTEL_SPANRL_SERVE_SPANS_ENDPOINT`` / ``OTEL_EXPORTER_OTLP_*`` as for ``spanrl serve``; ``off``:
+none), ``tls_cert``/``tls_key`` (PEM files: HTTPS only), ``max_body_bytes`` (a larger request
+body gets 413), ``max_concurrency`` (connections and requests at once; more get 503 at once).
+Bound beyond loopback without a token, or with a token but no TLS, it logs one warning.
 
 What passes through (``gateway_app.py`` routes, ``gateway_relay.py``, ``gateway_rewrite.py``,
 ``gateway_upstreams.py``, ``gateway_state.py``):
@@ -50,6 +54,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from spanrl.errors import SettingError, UserError
+from spanrl.server_security import check_tls_pair, warn_if_exposed
 from spanrl.trainer_bridge.verl_backend.gateway_app import create_app
 from spanrl.trainer_bridge.verl_backend.gateway_relay import watch_upstreams
 from spanrl.trainer_bridge.verl_backend.gateway_state import GatewayState, GatewayStats
@@ -74,8 +79,13 @@ class GatewayConfig:
     request_timeout_s: float = 600.0
     health_check_interval_s: float = 2.0
     api_token: str | None = None
+    upstream_api_key: str | None = None  # the upstreams' bearer token (verl's replicas: VLLM_API_KEY)
     log_level: str = "warning"  # uvicorn's
     spans_endpoint: str | None = None  # OTLP endpoint of its LLM spans; None: the environment's; "off": none
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    max_body_bytes: int = 32 * 1024 * 1024  # as the embedded policy server's
+    max_concurrency: int = 2048
 
     def __post_init__(self) -> None:
         if not self.served_model_name:
@@ -88,7 +98,8 @@ class GatewayConfig:
             raise SettingError(f"gateway validation_temperature {self.validation_temperature} must be >= 0")
         if self.pause_wait_s < 0:
             raise SettingError(f"gateway pause_wait_s must be >= 0, got {self.pause_wait_s}")
-        for name in ("retry_after_s", "request_timeout_s", "health_check_interval_s"):
+        for name in ("retry_after_s", "request_timeout_s", "health_check_interval_s", "max_body_bytes",
+                     "max_concurrency"):
             if getattr(self, name) <= 0:
                 raise SettingError(f"gateway {name} must be positive, got {getattr(self, name)}")
 
@@ -98,6 +109,7 @@ class GatewayHandle:
 
     def __init__(self, config: GatewayConfig, upstreams: list[str]):
         self.config = config
+        self.tls = check_tls_pair(config.tls_cert, config.tls_key, "the gateway")  # before binding
         self._upstreams = list(upstreams)
         self._socket = _listening_socket(config.host, config.port)
         self.port: int = self._socket.getsockname()[1]
@@ -111,8 +123,8 @@ class GatewayHandle:
 
     @property
     def url(self) -> str:
-        """The agents' OpenAI ``base_url``: ``http://host:port/v1``."""
-        return f"http://{_url_host(self.host)}:{self.port}/v1"
+        """The agents' OpenAI ``base_url``: ``http(s)://host:port/v1``."""
+        return f"{'https' if self.tls else 'http'}://{_url_host(self.host)}:{self.port}/v1"
 
     @property
     def policy_version(self) -> int:
@@ -161,6 +173,8 @@ class GatewayHandle:
     # --- the serving thread ---------------------------------------------------------------------------------
 
     def _start(self, startup_timeout_s: float) -> None:
+        warn_if_exposed("the gateway", self.host, bool(self.config.api_token), self.tls, logger,
+                        "policy_token, tls_cert/tls_key")
         self._thread.start()
         if not self._ready.wait(startup_timeout_s) or self._failure is not None:
             self.stop()
@@ -186,7 +200,9 @@ class GatewayHandle:
         state = self._state = GatewayState(self.config, self._upstreams)
         app = create_app(state)
         config = uvicorn.Config(app, log_level=self.config.log_level, access_log=False,
-                                lifespan="off", timeout_graceful_shutdown=5)
+                                lifespan="off", timeout_graceful_shutdown=5,
+                                limit_concurrency=self.config.max_concurrency, ssl_certfile=self.config.tls_cert,
+                                ssl_keyfile=self.config.tls_key)
         self._server = server = uvicorn.Server(config)
         watcher = asyncio.create_task(watch_upstreams(state, self.config.health_check_interval_s))
         ready = asyncio.create_task(self._signal_ready(server))

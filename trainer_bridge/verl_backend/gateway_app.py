@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import secrets
 from typing import Any
 
 import httpx
@@ -25,6 +24,7 @@ from starlette.routing import Route
 
 from spanrl.bridge_protocol import is_validation_rollout
 from spanrl.instrumentation import semconv
+from spanrl.server_security import bearer_token_matches
 from spanrl.trainer_bridge.endpoint_spans import EndpointSpans
 from spanrl.trainer_bridge.verl_backend.gateway_relay import (
     RelayedStream,
@@ -48,15 +48,36 @@ ROUTES = ("POST /v1/chat/completions", "POST /v1/completions", "POST /v1/respons
 
 def authorize(state: GatewayState, request: Request) -> None:
     token = state.config.api_token
-    if token and not secrets.compare_digest(request.headers.get("authorization", ""), f"Bearer {token}"):
+    if token and not bearer_token_matches(request.headers.get("authorization"), token):
         raise GatewayError(401, "missing or wrong bearer token", "invalid_api_key", "authentication_error")
 
 
+async def read_limited_body(request: Request, limit: int) -> bytes:
+    """The request body, or a 413 as soon as it is known to exceed ``limit`` bytes (declared in
+    ``Content-Length`` or while a chunked body streams in)."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise GatewayError(413, f"request body of {declared} bytes exceeds the limit of {limit} bytes",
+                           "request_too_large", "invalid_request_error")
+    parts, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise GatewayError(413, f"request body of {size} bytes or more exceeds the limit of {limit} bytes",
+                               "request_too_large", "invalid_request_error")
+        parts.append(chunk)
+    return b"".join(parts)
+
+
 async def read_json_object(request: Request) -> dict[str, Any]:
+    raw = await read_limited_body(request, GatewayState.of(request).config.max_body_bytes)
     try:
-        body = json.loads(await request.body())
+        body = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise GatewayError(400, f"the request body is not valid JSON: {exc}", "invalid_json",
+                           "invalid_request_error") from exc
+    except RecursionError as exc:  # nested deeper than Python recurses
+        raise GatewayError(400, "the request body is nested too deeply", "invalid_json",
                            "invalid_request_error") from exc
     if not isinstance(body, dict):
         raise GatewayError(400, "the request body must be a JSON object", "invalid_json", "invalid_request_error")
@@ -142,9 +163,11 @@ async def handle_error(request: Request, exc: Exception) -> Response:
                              "method_not_allowed", "invalid_request_error")
     elif isinstance(exc, GatewayError):
         error = exc
-    else:
+    elif isinstance(exc, RecursionError):  # a body nested deeply enough to break re-encoding it
+        error = GatewayError(400, "the request body is nested too deeply", "invalid_json", "invalid_request_error")
+    else:  # its text stays in the log: no exception text in a response body
         logger.error("gateway: unexpected error", exc_info=exc)
-        error = GatewayError(500, f"internal gateway error: {type(exc).__name__}: {exc}", "internal_error")
+        error = GatewayError(500, "internal gateway error (its details are in the gateway's log)", "internal_error")
     headers = {}
     if error.retry_after_s is not None:
         headers["retry-after"] = str(max(1, math.ceil(error.retry_after_s)))

@@ -11,6 +11,7 @@ said 503); its 4xx (the agent's request at fault) pass through as they are.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -28,11 +29,14 @@ from spanrl.trainer_bridge.verl_backend.gateway_rewrite import (
 from spanrl.trainer_bridge.verl_backend.gateway_state import GatewayError, GatewayState, Lease
 from spanrl.trainer_bridge.verl_backend.gateway_upstreams import NoUpstreamError, Upstream
 
+logger = logging.getLogger(__name__)
+
 
 def unreachable(upstream: Upstream, exc: BaseException) -> GatewayError:
-    reason = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-    return GatewayError(502, f"the upstream {upstream.url} cannot be reached ({reason}); it is out of rotation "
-                             "until its /health answers", "upstream_unreachable")
+    # the exception's text goes to the log, not to the agent: only its kind is said
+    logger.warning("gateway: the upstream %s cannot be reached: %s: %s", upstream.url, type(exc).__name__, exc)
+    return GatewayError(502, f"the upstream {upstream.url} cannot be reached ({type(exc).__name__}); it is out of "
+                             "rotation until its /health answers", "upstream_unreachable")
 
 
 def timed_out(state: GatewayState, upstream: Upstream) -> GatewayError:

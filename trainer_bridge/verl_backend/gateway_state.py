@@ -115,7 +115,11 @@ class GatewayState:
         self.probe_timeout_s = min(PROBE_TIMEOUT_S, config.request_timeout_s)
         timeout = httpx.Timeout(config.request_timeout_s, connect=min(config.request_timeout_s, 10.0))
         limits = httpx.Limits(max_connections=None, max_keepalive_connections=256)
-        self.client = httpx.AsyncClient(timeout=timeout, limits=limits)
+        # the replicas' API key goes on every call to them (relayed requests and probes); the
+        # agents' own headers are never relayed
+        upstream_key = config.upstream_api_key
+        headers = {"Authorization": f"Bearer {upstream_key}"} if upstream_key else None
+        self.client = httpx.AsyncClient(timeout=timeout, limits=limits, headers=headers)
 
     @staticmethod
     def of(request: Request) -> GatewayState:
