@@ -118,6 +118,12 @@ class TrainSettings:
         default=None,
         metadata={"help": "bearer token runners must send to the task API; none = no check", "secret": True},
     )
+    tls_cert: str | None = field(
+        default=None,
+        metadata={"help": "PEM certificate (chain) file: the policy endpoint (or verl's gateway) and the task API "
+                  "serve HTTPS only (with tls_key); none = plain HTTP"},
+    )
+    tls_key: str | None = field(default=None, metadata={"help": "PEM private key file of tls_cert"})
     max_empty_steps: int = field(
         default=3,
         metadata={"help": "stop with an error after this many steps in a row trained on nothing (0 = never)"},

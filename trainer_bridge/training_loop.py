@@ -342,6 +342,7 @@ def run_training(settings: TrainSettings, show_progress: bool = True) -> dict:
         api = BridgeAPI(
             loop.dispatcher, PolicyInfo(backend.endpoint_url, settings.policy_model_name),
             lambda: backend.policy_version, settings.bridge_host, settings.bridge_port, settings.bridge_token,
+            tls_cert=settings.tls_cert, tls_key=settings.tls_key,
         ).start()
         cleanup.callback(api.stop)
         # let runners hear "training finished" (410) before the API goes away

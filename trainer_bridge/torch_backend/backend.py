@@ -90,7 +90,8 @@ def start_torch_backend(settings: TrainSettings, checkpoint_dir: str) -> TorchBa
     # HTTP in its own process: agents' requests are not held up by this process's training steps
     try:
         server = serve_in_process(engine, settings.policy_host, settings.policy_port, settings.policy_token,
-                                  validation_temperature=settings.val_temperature)
+                                  validation_temperature=settings.val_temperature, tls_cert=settings.tls_cert,
+                                  tls_key=settings.tls_key)
     except OSError as exc:  # a setting the user can change: said in one line by `spanrl train`
         engine.stop()
         raise UserError(f"the policy server cannot listen on {settings.policy_host}:"
