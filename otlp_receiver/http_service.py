@@ -22,6 +22,7 @@ import ssl
 import sys
 import threading
 import zlib
+from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import unquote
 
@@ -69,6 +70,20 @@ class _Handler(BaseHTTPRequestHandler):
 
     def log_message(self, format: str, *args) -> None:  # route the access log to logging
         logger.debug("%s " + format, self.address_string(), *args)
+
+    def __getattr__(self, name: str):
+        if name.startswith("do_"):  # any other method (PUT, PATCH, made-up ones): 405, not the stdlib's 501
+            return self._method_not_allowed
+        raise AttributeError(name)
+
+    def _method_not_allowed(self) -> None:
+        self.send_error(405, f"{self.command} is not served here: POST /v1/traces (OTLP/HTTP) and spanrl's routes")
+
+    def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+        """The stdlib's own refusals (a malformed request line, headers too long) and 405, as a
+        google.rpc.Status in JSON (not the stdlib's HTML page); the connection closes."""
+        self.close_connection = True
+        self._send_error(code, message or HTTPStatus(code).phrase, json_encoding=True)
 
     def do_GET(self) -> None:
         if self.path == "/spanrl/v1/health":
@@ -214,7 +229,7 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 def _rpc_code(http_status: int) -> int:
-    return {400: 3, 401: 16, 404: 5, 413: 8, 415: 3, 503: 14}.get(http_status, 13)
+    return {400: 3, 401: 16, 404: 5, 405: 12, 413: 8, 414: 3, 415: 3, 431: 3, 503: 14}.get(http_status, 13)
 
 
 class _Server(ThreadingHTTPServer):

@@ -18,7 +18,9 @@ import sys
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
+from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 
 from spanrl import bridge_protocol as protocol
 from spanrl.bridge_protocol import BridgeInfo, ClaimedAttempt, ClaimRequest, FinishRequest
@@ -63,6 +65,28 @@ class _Handler(BaseHTTPRequestHandler):
 
     def log_message(self, format: str, *args) -> None:  # noqa: A002 - stdlib signature
         logger.debug("bridge api: " + format, *args)
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("do_"):  # any other method (PUT, PATCH, made-up ones): 405, not the stdlib's 501
+            return self._method_not_allowed
+        raise AttributeError(name)
+
+    def _method_not_allowed(self) -> None:
+        self.send_error(405, f"{self.command} is not served here: GET {protocol.INFO_PATH}, POST "
+                             f"{protocol.CLAIM_PATH} or {protocol.FINISH_PATH}")
+
+    def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+        """The stdlib's own refusals (a malformed request line, headers too long) and 405, as the
+        protocol's JSON error body (not the stdlib's HTML page); the connection closes."""
+        self.close_connection = True
+        data = json.dumps(protocol.error_body(message or HTTPStatus(code).phrase)).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.send_header("Connection", "close")
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(data)
 
     def do_GET(self) -> None:  # noqa: N802 - stdlib name
         self._dispatch({protocol.INFO_PATH: self.server.api.info})

@@ -163,3 +163,18 @@ def test_spanrl_trains_own_server_refuses_its_agents_and_still_swaps_itself(tiny
         assert stats.policy_version == 1 and serving_version(server) == 1
     finally:
         backend.close()
+
+
+def test_spanrl_serve_refuses_half_an_admin_and_an_admin_token_agents_hold(tmp_path):
+    from spanrl.errors import SettingError
+    from spanrl.trainer_bridge.torch_backend.serve_cli import ServeSettings, weights_admin_of
+
+    assert weights_admin_of(ServeSettings(model_dir="m")) is None  # the route is off
+    with pytest.raises(SettingError, match="both admin_token and weights_dir"):
+        weights_admin_of(ServeSettings(model_dir="m", admin_token="a"))
+    with pytest.raises(SettingError, match="must differ from token"):
+        weights_admin_of(ServeSettings(model_dir="m", token="same", admin_token="same", weights_dir=str(tmp_path)))
+    with pytest.raises(SettingError, match="is not a folder"):
+        weights_admin_of(ServeSettings(model_dir="m", admin_token="a", weights_dir=str(tmp_path / "missing")))
+    admin = weights_admin_of(ServeSettings(model_dir="m", token="t", admin_token="a", weights_dir=str(tmp_path)))
+    assert admin.token == "a" and admin.root == os.path.realpath(tmp_path)

@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
 
@@ -60,12 +60,16 @@ async def read_limited_body(request: Request, limit: int) -> bytes:
         raise GatewayError(413, f"request body of {declared} bytes exceeds the limit of {limit} bytes",
                            "request_too_large", "invalid_request_error")
     parts, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise GatewayError(413, f"request body of {size} bytes or more exceeds the limit of {limit} bytes",
-                               "request_too_large", "invalid_request_error")
-        parts.append(chunk)
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise GatewayError(413, f"request body of {size} bytes or more exceeds the limit of {limit} bytes",
+                                   "request_too_large", "invalid_request_error")
+            parts.append(chunk)
+    except ClientDisconnect as exc:  # the client left mid-body: its doing, not a gateway error
+        raise GatewayError(400, "the client went away before its request body arrived", "client_disconnected",
+                           "invalid_request_error") from exc
     return b"".join(parts)
 
 

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel
+from starlette.requests import ClientDisconnect
 
 from spanrl.bridge_protocol import is_validation_rollout
 from spanrl.instrumentation import semconv
@@ -118,7 +119,11 @@ class ServerState:
 async def read_body(request: Request, body_type: type[BodyT]) -> BodyT:
     """The request's JSON body validated as ``body_type`` (400 for bad JSON, 422 for a body
     that does not fit); its ignored fields are logged once."""
-    raw = await request.body()
+    try:
+        raw = await request.body()
+    except ClientDisconnect as exc:  # the client's doing (it left mid-body): no server error, no traceback
+        raise InvalidRequestError("the client went away before its request body arrived",
+                                  code="client_disconnected") from exc
     try:
         data = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
