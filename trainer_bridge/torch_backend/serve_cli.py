@@ -100,7 +100,6 @@ def _serve(settings: ServeSettings) -> int:
     except TlsSetupError as exc:
         raise UserError(f"cannot serve over TLS: {exc}") from exc
     import torch
-    import uvicorn
 
     if settings.threads > 0:
         torch.set_num_threads(settings.threads)
@@ -110,7 +109,6 @@ def _serve(settings: ServeSettings) -> int:
         os.environ[SPANS_ENDPOINT_ENV] = settings.spans_endpoint
 
     from spanrl.trainer_bridge.torch_backend.engine.policy_engine import PolicyEngine
-    from spanrl.trainer_bridge.torch_backend.server.app import check_server_security, create_app
 
     engine = PolicyEngine.from_pretrained(
         settings.model_dir, device=settings.device, dtype=settings.dtype,
@@ -119,17 +117,7 @@ def _serve(settings: ServeSettings) -> int:
         max_queued_requests=settings.max_queued_requests,
     ).start()
     if settings.single_process:
-        check_server_security(settings.host, settings.token, settings.tls_cert, settings.tls_key)
-        print(f"serving model {engine.model_name!r} on {'https' if tls else 'http'}://{settings.host}:"
-              f"{settings.port}/v1")
-        try:
-            uvicorn.run(create_app(engine, settings.token, weights_admin=weights_admin), host=settings.host,
-                        port=settings.port, log_level="info", access_log=False,
-                        limit_concurrency=settings.max_concurrency, ssl_certfile=settings.tls_cert,
-                        ssl_keyfile=settings.tls_key)
-        finally:
-            engine.stop()
-        return 0
+        return _serve_in_this_process(settings, engine, weights_admin, tls)
     from spanrl.trainer_bridge.torch_backend.server.api_process import serve_in_process
 
     try:
@@ -151,3 +139,20 @@ def _serve(settings: ServeSettings) -> int:
         handle.stop()
         engine.stop()
     return 0 if status in (0, -2, 130) else 1
+
+
+def _serve_in_this_process(settings: ServeSettings, engine: Any, weights_admin: Any, tls: bool) -> int:
+    """``--single-process``: uvicorn in this process, over the engine's own thread."""
+    import uvicorn
+
+    from spanrl.trainer_bridge.torch_backend.server.app import check_server_security, create_app
+
+    check_server_security(settings.host, settings.token, settings.tls_cert, settings.tls_key)
+    print(f"serving model {engine.model_name!r} on {'https' if tls else 'http'}://{settings.host}:{settings.port}/v1")
+    try:
+        uvicorn.run(create_app(engine, settings.token, weights_admin=weights_admin), host=settings.host,
+                    port=settings.port, log_level="info", access_log=False, limit_concurrency=settings.max_concurrency,
+                    ssl_certfile=settings.tls_cert, ssl_keyfile=settings.tls_key)
+    finally:
+        engine.stop()
+    return 0

@@ -113,17 +113,7 @@ def serve_in_process(engine: PolicyEngine, host: str = "127.0.0.1", port: int = 
     ours, theirs = socket.socketpair()
     owns_engine = not engine.is_running
     engine.start()
-    env = dict(os.environ)
-    # the child finds spanrl where this process does, also on a path added at run time
-    # (sys.path already holds this process's PYTHONPATH)
-    env["PYTHONPATH"] = os.pathsep.join(entry for entry in sys.path if entry)
-    for name, secret in ((TOKEN_ENV, api_token), (ADMIN_TOKEN_ENV, weights_admin and weights_admin.token)):
-        env.pop(name, None)
-        if secret:
-            env[name] = secret
-    env.pop(VALIDATION_TEMPERATURE_ENV, None)
-    if validation_temperature is not None:
-        env[VALIDATION_TEMPERATURE_ENV] = repr(float(validation_temperature))
+    env = _front_end_environment(api_token, weights_admin.token if weights_admin else None, validation_temperature)
     command = [sys.executable, "-m", MODULE, "--engine-fd", str(theirs.fileno()),
                "--listen-fd", str(listener.fileno()), "--log-level", log_level,
                "--max-concurrency", str(max_concurrency)]
@@ -148,6 +138,22 @@ def serve_in_process(engine: PolicyEngine, host: str = "127.0.0.1", port: int = 
     logger.info("policy server listening on %s (model %s, version %d; HTTP in process %d)",
                 handle.url, engine.model_name, engine.version, process.pid)
     return handle
+
+
+def _front_end_environment(api_token: str | None, admin_token: str | None,
+                           validation_temperature: float | None) -> dict[str, str]:
+    """This process's environment for the child, with its tokens (never in its argv) and settings."""
+    env = dict(os.environ)
+    # the child finds spanrl where this process does, also on a path added at run time
+    # (sys.path already holds this process's PYTHONPATH)
+    env["PYTHONPATH"] = os.pathsep.join(entry for entry in sys.path if entry)
+    temperature = None if validation_temperature is None else repr(float(validation_temperature))
+    for name, value in ((TOKEN_ENV, api_token), (ADMIN_TOKEN_ENV, admin_token),
+                        (VALIDATION_TEMPERATURE_ENV, temperature)):
+        env.pop(name, None)
+        if value:
+            env[name] = value
+    return env
 
 
 def _run_front_end(engine_fd: int, listen_fd: int, args: argparse.Namespace) -> int:
