@@ -23,10 +23,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from spanrl import bridge_protocol as protocol
-from spanrl.bridge_protocol import BridgeInfo, ClaimedAttempt, ClaimRequest, FinishRequest
+from spanrl.bridge_protocol import BridgeInfo, ClaimedAttempt, ClaimRequest, FinishRequest, TrainingFinished
 from spanrl.server_security import bearer_token_matches, server_ssl_context, warn_if_exposed
 
-from .task_dispatch import TaskDispatcher, TrainingFinished
+from .task_dispatch import TaskDispatcher
 
 logger = logging.getLogger(__name__)
 

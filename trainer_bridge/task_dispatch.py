@@ -12,12 +12,18 @@ from __future__ import annotations
 import logging
 import threading
 import time
-import uuid
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from spanrl.bridge_protocol import REPORTABLE_STATUSES, TRAINING_ROLLOUT_PREFIX, Attempt
+from spanrl.bridge_protocol import (
+    REPORTABLE_STATUSES,
+    TRAINING_ROLLOUT_PREFIX,
+    Attempt,
+    TrainingFinished,
+    new_rollout_id,
+)
+from spanrl.schema.tasks import Task
 
 logger = logging.getLogger(__name__)
 
@@ -26,11 +32,7 @@ logger = logging.getLogger(__name__)
 STATUS_LOST = "lost"
 OUTCOMES = (*REPORTABLE_STATUSES, STATUS_LOST)
 
-__all__ = ["OUTCOMES", "STATUS_LOST", "Attempt", "Outcome", "TaskDispatcher", "TrainingFinished", "task_id_of"]
-
-
-class TrainingFinished(Exception):
-    """Raised to runners that claim work after training ended."""
+__all__ = ["OUTCOMES", "STATUS_LOST", "Attempt", "Outcome", "TaskDispatcher", "TrainingFinished"]
 
 
 @dataclass(frozen=True)
@@ -51,10 +53,6 @@ class _Round:
     outcomes: dict[str, Outcome] = field(default_factory=dict)
 
 
-def task_id_of(task: dict, index: int) -> str:
-    return str(task.get("id", task.get("task_id", index)))
-
-
 class TaskDispatcher:
     """Thread-safe queue of attempts; one round open at a time."""
 
@@ -65,14 +63,14 @@ class TaskDispatcher:
         self._finished = False
         self._last_claim_at: float | None = None  # any round: runners were there then
 
-    def open_round(self, step: int, tasks: list[tuple[str, dict]], group_size: int,
+    def open_round(self, step: int, tasks: Sequence[Task], group_size: int,
                    prefix: str = TRAINING_ROLLOUT_PREFIX) -> list[Attempt]:
         """Queue ``group_size`` attempts of each ``(task_id, task)``; returns them. Their rollout
         ids start with ``prefix`` and the step (``v`` marks validation rounds)."""
         attempts = {}
         for task_id, task in tasks:
             for attempt in range(group_size):
-                rollout_id = f"{prefix}{step}-{task_id}-a{attempt}-{uuid.uuid4().hex[:8]}"
+                rollout_id = new_rollout_id(prefix, step, task_id, attempt)
                 attempts[rollout_id] = Attempt(rollout_id, task_id, attempt, task, step)
         with self._lock:
             self._round = _Round(step, attempts, unclaimed=deque(attempts))

@@ -56,7 +56,7 @@ def test_agent_rewards_count_only_when_trusted(tmp_path):
     failing, clean = _rollout(tool_fails=True), _rollout(tool_fails=False)
     assert failing.total_reward == 4.9  # 5.0 from the agent, -0.1 from the AIR rule tool_error
     trusting, distrusting = _loop(tmp_path, True), _loop(tmp_path, False)
-    assert trusting.score(ATTEMPT, failing) == 4.9
-    assert distrusting.score(ATTEMPT, failing) == -0.1  # only the rule's reward
-    assert trusting.score(ATTEMPT, clean) == 5.0
-    assert distrusting.score(ATTEMPT, clean) is None  # nothing trustworthy: left out as no_reward
+    assert trusting.scorer.score(ATTEMPT, failing) == 4.9
+    assert distrusting.scorer.score(ATTEMPT, failing) == -0.1  # only the rule's reward
+    assert trusting.scorer.score(ATTEMPT, clean) == 5.0
+    assert distrusting.scorer.score(ATTEMPT, clean) is None  # nothing trustworthy: left out as no_reward

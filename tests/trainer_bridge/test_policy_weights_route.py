@@ -144,13 +144,13 @@ def test_spanrl_trains_own_server_refuses_its_agents_and_still_swaps_itself(tiny
     """`spanrl train` (torch backend): the policy token its runners hand to agents gets 403 on the
     weights route, and the trainer's own update still reaches the endpoint."""
     from spanrl.trainer_bridge.backend import TrainingSample
-    from spanrl.trainer_bridge.torch_backend.backend import start_torch_backend
+    from spanrl.trainer_bridge.torch_backend.backend import start_backend
     from spanrl.trainer_bridge.train_settings import TrainSettings
 
     settings = TrainSettings(tasks=str(tmp_path / "unused.jsonl"), model=str(tiny_model_dir), device="cpu",
                              policy_port=0, checkpoint_every=0, learning_rate=1e-3, policy_token=AGENT_TOKEN,
                              output_dir=str(tmp_path / "run"))
-    backend = start_torch_backend(settings, str(tmp_path / "run" / "checkpoints"))
+    backend = start_backend(settings.backend_run())
     try:
         server = backend.server
         target = perturbed_model_dir(tiny_model_dir, tmp_path / "run" / "v7", seed=6)

@@ -21,6 +21,7 @@ import torch
 
 from spanrl.trainer_bridge.torch_backend.devices import resolve_device, resolve_dtype
 from spanrl.trainer_bridge.torch_backend.engine.detokenize import Detokenizer, end_of_sequence_ids
+from spanrl.trainer_bridge.torch_backend.engine.grammar import Grammars
 from spanrl.trainer_bridge.torch_backend.engine.kv_cache import AttentionMasks
 from spanrl.trainer_bridge.torch_backend.engine.requests import (
     ChoiceResult,
@@ -69,7 +70,7 @@ class PolicyEngine:
             model, self._detokenizer, Sampler(self.device), self._masks,
             pad_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0,
             version=version, max_batch_size=max_batch_size, batch_wait_s=batch_wait_s,
-            max_queued=max_queued_requests)
+            grammars=Grammars(tokenizer, self._detokenizer), max_queued=max_queued_requests)
         self.stats: EngineStats = self._scheduler.stats
         self._directory_load = threading.Lock()  # one HTTP weight load at a time: its version check holds
 

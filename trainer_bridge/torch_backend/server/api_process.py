@@ -21,6 +21,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -87,7 +88,7 @@ def serve_in_process(engine: PolicyEngine, host: str = "127.0.0.1", port: int = 
                      log_level: str = "warning", startup_timeout: float = 60.0,
                      validation_temperature: float | None = None, weights_admin: WeightsAdmin | None = None,
                      tls_cert: str | None = None, tls_key: str | None = None,
-                     max_concurrency: int | None = None) -> ProcessServerHandle:
+                     max_concurrency: int | None = None, model_names: Sequence[str] = ()) -> ProcessServerHandle:
     """Serve ``engine`` over HTTP from a child process; ``port=0`` picks a free one.
 
     Starts the engine if it is not running (and then stops it in ``handle.stop()``). Raises
@@ -106,7 +107,8 @@ def serve_in_process(engine: PolicyEngine, host: str = "127.0.0.1", port: int = 
         # a thread's handle: the same url, base_url and stop(), but no process to wait() for
         return serve_in_thread(engine, host, port, api_token, log_level,  # type: ignore[return-value]
                                validation_temperature=validation_temperature, weights_admin=weights_admin,
-                               tls_cert=tls_cert, tls_key=tls_key, max_concurrency=max_concurrency)
+                               tls_cert=tls_cert, tls_key=tls_key, max_concurrency=max_concurrency,
+                               model_names=model_names)
     tls = check_server_security(host, api_token, tls_cert, tls_key)
     listener = socket.create_server((host, port), backlog=1024)
     bound_port = listener.getsockname()[1]
@@ -121,6 +123,8 @@ def serve_in_process(engine: PolicyEngine, host: str = "127.0.0.1", port: int = 
         command += ["--weights-dir", weights_admin.root]
     if tls_cert and tls_key:
         command += ["--tls-cert", tls_cert, "--tls-key", tls_key]
+    for name in model_names:
+        command += ["--model-name", name]
     try:
         process = subprocess.Popen(command, pass_fds=(theirs.fileno(), listener.fileno()), env=env)
     finally:
@@ -169,7 +173,8 @@ def _run_front_end(engine_fd: int, listen_fd: int, args: argparse.Namespace) -> 
     admin_token = os.environ.get(ADMIN_TOKEN_ENV)
     admin = WeightsAdmin(admin_token, args.weights_dir) if admin_token and args.weights_dir else None
     app = create_app(engine, os.environ.get(TOKEN_ENV) or None, weights_admin=admin,
-                     validation_temperature=None if validation_temperature is None else float(validation_temperature))
+                     validation_temperature=None if validation_temperature is None else float(validation_temperature),
+                     model_names=args.model_name)
     config = uvicorn.Config(app, log_level=args.log_level, access_log=False, lifespan="off",
                             limit_concurrency=args.max_concurrency, ssl_certfile=args.tls_cert,
                             ssl_keyfile=args.tls_key)
@@ -196,6 +201,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--weights-dir", default=None, help="POST /spanrl/v1/weights loads only under it")
     parser.add_argument("--tls-cert", default=None, help="PEM certificate: serve HTTPS")
     parser.add_argument("--tls-key", default=None, help="PEM key of --tls-cert")
+    parser.add_argument("--model-name", action="append", default=[], help="a name the server answers to ('*': any)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     return _run_front_end(args.engine_fd, args.listen_fd, args)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -23,6 +24,7 @@ from fastapi import Depends, FastAPI, Request
 from spanrl.instrumentation import semconv
 from spanrl.server_security import bearer_token_matches, check_tls_pair, warn_if_exposed
 from spanrl.trainer_bridge.endpoint_spans import EndpointSpans
+from spanrl.trainer_bridge.model_names import ServedModelNames
 from spanrl.trainer_bridge.torch_backend.server import chat_completions, completions, models, policy, responses
 from spanrl.trainer_bridge.torch_backend.server.call_spans import CallSpanMiddleware
 from spanrl.trainer_bridge.torch_backend.server.errors import (
@@ -55,13 +57,15 @@ SPANS_FROM_ENVIRONMENT = "environment"  # create_app's default: EndpointSpans.fr
 
 def create_app(engine: ServedEngine, api_token: str | None = None,
                spans: EndpointSpans | None | str = SPANS_FROM_ENVIRONMENT,
-               validation_temperature: float | None = None, weights_admin: WeightsAdmin | None = None) -> FastAPI:
+               validation_temperature: float | None = None, weights_admin: WeightsAdmin | None = None,
+               model_names: Sequence[str] = ()) -> FastAPI:
     """A FastAPI app serving ``engine``; requires ``Authorization: Bearer <api_token>`` if set.
 
     ``spans``: where its LLM span per generation request goes (``trainer_bridge/endpoint_spans.py``):
     by default as the environment says (off when it names no OTLP endpoint), None for none.
     ``validation_temperature``: what validation rollouts are sampled at (``serving.ServerState``).
-    ``weights_admin``: who may call ``POST /spanrl/v1/weights`` (``policy.py``); None: nobody."""
+    ``weights_admin``: who may call ``POST /spanrl/v1/weights`` (``policy.py``); None: nobody.
+    ``model_names``: the names it answers to (``*``: any; none: only the engine's own name)."""
     # a dependency rather than an HTTP middleware: Starlette's BaseHTTPMiddleware costs every
     # request an extra task and stream, which shows at small models' request rates; and only
     # when a token is set, since solving a dependency costs each request too
@@ -70,7 +74,8 @@ def create_app(engine: ServedEngine, api_token: str | None = None,
     if weights_admin is not None and api_token is not None and weights_admin.token == api_token:
         raise ValueError("the admin token must differ from the agents' token")
     app.state.server = ServerState(engine, validation_temperature=validation_temperature, api_token=api_token,
-                                   weights_admin=weights_admin)
+                                   weights_admin=weights_admin,
+                                   model_names=ServedModelNames.of(model_names, engine.model_name))
     install_error_handlers(app)
     app.add_middleware(_BodyLimit, max_bytes=MAX_BODY_BYTES)
     if spans == SPANS_FROM_ENVIRONMENT:
@@ -168,7 +173,8 @@ def serve_in_thread(engine: PolicyEngine, host: str = "127.0.0.1", port: int = 0
                     api_token: str | None = None, log_level: str = "warning",
                     startup_timeout: float = 30.0, validation_temperature: float | None = None,
                     weights_admin: WeightsAdmin | None = None, tls_cert: str | None = None,
-                    tls_key: str | None = None, max_concurrency: int = MAX_CONCURRENCY) -> ServerHandle:
+                    tls_key: str | None = None, max_concurrency: int = MAX_CONCURRENCY,
+                    model_names: Sequence[str] = ()) -> ServerHandle:
     """Run the server for ``engine`` in a daemon thread of this process; ``port=0`` picks a free one.
 
     Starts the engine if it is not running (and then stops it in ``handle.stop()``). With
@@ -179,7 +185,8 @@ def serve_in_thread(engine: PolicyEngine, host: str = "127.0.0.1", port: int = 0
     tls = check_server_security(host, api_token, tls_cert, tls_key)
     owns_engine = not engine.is_running
     engine.start()
-    app = create_app(engine, api_token, validation_temperature=validation_temperature, weights_admin=weights_admin)
+    app = create_app(engine, api_token, validation_temperature=validation_temperature, weights_admin=weights_admin,
+                     model_names=model_names)
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False, lifespan="off",
                             limit_concurrency=max_concurrency, ssl_certfile=tls_cert, ssl_keyfile=tls_key)
     server = uvicorn.Server(config)

@@ -24,6 +24,7 @@ from starlette.requests import ClientDisconnect
 
 from spanrl.bridge_protocol import is_validation_rollout
 from spanrl.instrumentation import semconv
+from spanrl.trainer_bridge.model_names import ServedModelNames
 from spanrl.trainer_bridge.torch_backend.engine.requests import (
     EngineLimits,
     GenerationRequest,
@@ -110,6 +111,10 @@ class ServerState:
     validation_temperature: float | None = None
     api_token: str | None = None  # the agents' bearer token (None: no check)
     weights_admin: WeightsAdmin | None = None  # who may load weights (policy.py); None: the route is off
+    model_names: ServedModelNames | None = None  # None: only the engine's own name
+
+    def served_names(self) -> ServedModelNames:
+        return self.model_names or ServedModelNames((self.engine.model_name,))
 
     @staticmethod
     def of(request: Request) -> ServerState:
@@ -152,10 +157,12 @@ def pin_validation_temperature(request: Request, body: Any) -> None:
         body.temperature = temperature
 
 
-def check_model(engine: ServedEngine, name: str) -> None:
-    if name != engine.model_name:
-        raise NotFoundError(f"the model {name!r} does not exist; this server serves {engine.model_name!r}",
-                            param="model", code="model_not_found")
+def check_model(state: ServerState, name: str) -> None:
+    """404 for a model name the server does not answer to; the name goes on the call's span."""
+    names = state.served_names()
+    if not names.accepts(name):
+        raise NotFoundError(names.not_found(name), param="model", code="model_not_found")
+    call_spans.note_request_model(name)
 
 
 def version_headers(version: int) -> dict[str, str]:
