@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from spanrl.trainer_bridge.backend import CHECKPOINT_DIR_MODE, make_owner_only_dir
 from spanrl.trainer_bridge.torch_backend.config import TrainerConfig
 
 if TYPE_CHECKING:
@@ -32,18 +33,6 @@ STATE_FILE = "trainer_state.json"
 OPTIMIZER_FILE = "optimizer.pt"
 ADAPTER_DIR = "adapter"
 CHECKPOINT_PREFIX = "step-"
-CHECKPOINT_DIR_MODE = 0o700  # checkpoint folders are their owner's only
-
-
-def make_owner_only_dir(path: str | Path) -> Path:
-    """``path`` (and missing parents) created for its owner only; a folder this run creates for
-    checkpoints is narrowed to the owner too (weights and optimizer state are the user's)."""
-    path = Path(path)
-    existed = path.exists()
-    path.mkdir(parents=True, exist_ok=True, mode=CHECKPOINT_DIR_MODE)
-    if not existed:
-        path.chmod(CHECKPOINT_DIR_MODE)  # mkdir's mode is filtered by the umask
-    return path
 
 
 def checkpoint_name(step: int) -> str:

@@ -25,7 +25,13 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from spanrl.errors import UserError
-from spanrl.trainer_bridge.backend import BackendRun, BackendUnavailable, TrainingSample, UpdateStats
+from spanrl.trainer_bridge.backend import (
+    BackendRun,
+    BackendUnavailable,
+    TrainingSample,
+    UpdateStats,
+    make_owner_only_dir,
+)
 
 from .metrics import flatten_metrics
 
@@ -206,8 +212,6 @@ class VerlBackend:
     def save_checkpoint(self, root: str) -> str:
         """verl's checkpoint of the actor (model, optimizer, RNG; resumable) under
         ``root/step-N/actor``; returns the Hugging Face model verl writes inside it."""
-        from spanrl.trainer_bridge.torch_backend.checkpoints import make_owner_only_dir
-
         path = os.path.join(os.path.abspath(root), f"step-{self.step:06d}")
         make_owner_only_dir(path)  # verl writes inside: weights and optimizer state stay the user's
         keep = self.verl.keep_checkpoints or None
