@@ -15,9 +15,10 @@
     python bench/reliability.py --short    # small numbers (CI: tests/reliability/test_bench_short.py)
 
 Time: the full fuzz section (95,800 cases over nine targets) ran in 1,473 s on a shared, busy
-2-core machine (`--only fuzz`); the other sections take a few minutes. Exits 1 when anything was lost, crashed or not survived. The scenarios live in tests/reliability/
-(``reliability_*.py``), shared with the test suite; this needs the dev extra (hypothesis) and,
-for the Node.js agents, ``npm install`` in tests/node.
+2-core machine (`--only fuzz`); the other sections take a few minutes. Exits 1 when anything was
+lost, crashed or not survived. The scenarios live in tests/reliability/ (``reliability_*.py``),
+shared with the test suite; this needs the dev extra (hypothesis) and, for the Node.js agents,
+``npm install`` in tests/node.
 """
 
 from __future__ import annotations
