@@ -5,19 +5,20 @@
 - faults injected / survived: kill -9 of the receiver mid-stream, the store's disk full, the
   receiver down for a while, the bridge restarted under running runners, kill -9 of the trainer
   mid-step;
-- cases fuzzed / crashes: OTLP protobuf and JSON into the receiver, the bridge API, the policy
-  server's API;
+- cases fuzzed / 5xx answered / crashes, per server: OTLP protobuf and JSON into the receiver,
+  the bridge API, the policy server's API with the agents' token, its weights route, the verl
+  gateway in front of a policy server, and slow clients of the receiver, the bridge and the
+  policy server (docs/reliability.md has the figures);
 - rollouts lost between runner and bridge at 1, 32 and 256 concurrent agents.
 
     python bench/reliability.py            # the full run (>= 10^5 fuzz cases; see the time below)
     python bench/reliability.py --short    # small numbers (CI: tests/reliability/test_bench_short.py)
 
-Time: the fuzzers ran about 70 cases/s (1,700 in 25 s, `--short --only fuzz --fuzz-cases 2000`,
-on a shared, busy 2-core machine), so the full run's 10^5 cases alone take roughly 25 min there
-(an extrapolation; the policy server's cases generate tokens and are slower); the other sections
-take a few minutes. Exits 1 when anything was lost, crashed or not survived. The scenarios live in tests/reliability/
-(``reliability_*.py``), shared with the test suite; this needs the dev extra (hypothesis) and,
-for the Node.js agents, ``npm install`` in tests/node.
+Time: the full fuzz section (95,800 cases over nine targets) ran in 1,473 s on a shared, busy
+2-core machine (`--only fuzz`); the other sections take a few minutes. Exits 1 when anything was
+lost, crashed or not survived. The scenarios live in tests/reliability/ (``reliability_*.py``),
+shared with the test suite; this needs the dev extra (hypothesis) and, for the Node.js agents,
+``npm install`` in tests/node.
 """
 
 from __future__ import annotations
@@ -37,15 +38,20 @@ sys.path.insert(0, str(REPO / "tests" / "reliability"))
 
 import reliability_faults as faults  # noqa: E402
 import reliability_fuzz as fuzz  # noqa: E402
+import reliability_fuzz_http as fuzz_http  # noqa: E402
 import reliability_overload as overload  # noqa: E402
 from reliability_harness import ReceiverProcess  # noqa: E402
 
 MAX_RSS_GROWTH_MIB = 200  # the receiver's memory under overload: bounded by --max-pending-mb, not by load
-FULL = {"fuzz_protobuf": 40_000, "fuzz_json": 30_000, "fuzz_bridge": 15_000, "fuzz_policy": 15_000,
+FUZZ_SHARES = {"fuzz_protobuf": 30, "fuzz_json": 20, "fuzz_bridge": 12, "fuzz_policy": 12, "fuzz_weights": 8,
+               "fuzz_gateway": 12, "fuzz_slow": 6}  # percent of --fuzz-cases per target
+FULL = {"fuzz_protobuf": 30_000, "fuzz_json": 20_000, "fuzz_bridge": 12_000, "fuzz_policy": 12_000,
+        "fuzz_weights": 8_000, "fuzz_gateway": 12_000, "fuzz_slow": 600,
         "overload_s": 20.0, "python_agents": 4, "node_agents": 4, "receiver_kills": 5, "disk_full": 2,
         "receiver_down": 2, "bridge_restarts": 3, "trainer_kills": 3, "agents": (1, 32, 256),
         "max_pending_mb": "1", "capacity_s": 3.0, "form": "full"}
-SHORT = {"fuzz_protobuf": 40, "fuzz_json": 40, "fuzz_bridge": 40, "fuzz_policy": 0,
+SHORT = {"fuzz_protobuf": 40, "fuzz_json": 40, "fuzz_bridge": 40, "fuzz_policy": 0, "fuzz_weights": 0,
+         "fuzz_gateway": 0, "fuzz_slow": 16,
          "overload_s": 1.5, "python_agents": 2, "node_agents": 2, "receiver_kills": 1, "disk_full": 1,
          "receiver_down": 1, "bridge_restarts": 1, "trainer_kills": 0, "agents": (1, 32, 256),
          "max_pending_mb": "0.05", "capacity_s": 1.0, "form": "short"}
@@ -133,49 +139,82 @@ def run_fuzz(figures: Figures, folder: Path, plan: dict) -> None:
 
     reports = []
     settings = ReceiverSettings(grpc_port=0, http_port=0, db=str(folder / "fuzz.db"), sync="normal", grace_s=0.0,
-                                poll_s=0.2, idle_timeout_s=0)
+                                poll_s=0.2, idle_timeout_s=0, read_timeout_s=SLOW_CLIENT_TIMEOUT_S)
     with ReceiverServer(settings) as receiver:
         reports.append(fuzz.fuzz_otlp(receiver, plan["fuzz_protobuf"], "protobuf"))
         reports.append(fuzz.fuzz_otlp(receiver, plan["fuzz_json"], "json"))
-    reports.append(_fuzz_bridge(plan["fuzz_bridge"]))
+        if plan["fuzz_slow"]:
+            health = fuzz_http.still_answers(f"http://127.0.0.1:{receiver.http_port}/spanrl/v1/health", {})
+            reports.append(fuzz_http.fuzz_slow_clients("receiver", receiver.http_port, plan["fuzz_slow"], "/v1/traces",
+                                                       "Bearer x", health, True, SLOW_CLIENT_TIMEOUT_S))
+    reports += _fuzz_bridge(plan)
     if plan["fuzz_policy"]:
-        reports.append(_fuzz_policy(folder, plan["fuzz_policy"]))
+        reports += _fuzz_policy(folder, plan)
     cases = sum(r.cases for r in reports)
+    server_errors = sum(r.server_errors for r in reports)
     crashes = sum(len(r.crashes) for r in reports)
-    figures.line(f"fuzz: cases {cases} / crashes {crashes}", bad=crashes != 0)
+    figures.line(f"fuzz: cases {cases} / 5xx {server_errors} / crashes {crashes}", bad=crashes + server_errors != 0)
     for report in reports:
-        figures.line(f"  {report.target}: cases {report.cases} / crashes {len(report.crashes)}")
+        figures.line(f"  {report.target}: cases {report.cases} / 5xx {report.server_errors} / crashes "
+                     f"{len(report.crashes)}")
         for crash in report.crashes[:5]:
             figures.line(f"    {crash}")
 
 
-def _fuzz_bridge(cases: int):
+SLOW_CLIENT_TIMEOUT_S = 0.5  # the stdlib servers' read timeout in the fuzz (30 s by default)
+
+
+def _fuzz_bridge(plan: dict) -> list:
     from spanrl.trainer_bridge.bridge_api import BridgeAPI, PolicyInfo
     from spanrl.trainer_bridge.task_dispatch import TaskDispatcher
 
     dispatcher = TaskDispatcher(rollout_timeout_s=30.0)
     dispatcher.open_round(0, [(f"t{i}", {"q": i}) for i in range(50)], group_size=2)
     api = BridgeAPI(dispatcher, PolicyInfo("http://127.0.0.1:9/v1", "policy"), lambda: 1, port=0,
-                    token="fuzz-token").start()
+                    token="fuzz-token", read_timeout_s=SLOW_CLIENT_TIMEOUT_S).start()
     try:
-        return fuzz.fuzz_bridge(api, "fuzz-token", cases)
+        reports = [fuzz_http.fuzz_bridge(api, "fuzz-token", plan["fuzz_bridge"])]
+        if plan["fuzz_slow"]:
+            auth = {"Authorization": "Bearer fuzz-token"}
+            info = fuzz_http.still_answers(f"{api.url}/v1/info", auth)
+            reports.append(fuzz_http.fuzz_slow_clients("bridge", int(api.url.rsplit(":", 1)[1]), plan["fuzz_slow"],
+                                                       "/v1/claim", auth["Authorization"], info, True,
+                                                       SLOW_CLIENT_TIMEOUT_S))
+        return reports
     finally:
         dispatcher.close()
         api.stop()
 
 
-def _fuzz_policy(folder: Path, cases: int):
+def _fuzz_policy(folder: Path, plan: dict) -> list:
+    """The policy server with the agents' token and an admin, its weights route, the gateway in
+    front of it, and its slow clients."""
     import torch
 
     from spanrl.trainer_bridge.torch_backend.engine.policy_engine import PolicyEngine
     from spanrl.trainer_bridge.torch_backend.server.app import serve_in_thread
+    from spanrl.trainer_bridge.torch_backend.server.policy import WeightsAdmin
+    from spanrl.trainer_bridge.verl_backend.gateway import GatewayConfig, start_gateway
 
     torch.set_num_threads(1)
     model_dir = faults.tiny_model_dir(_fresh(folder, "policy-model"))
+    weights_dir = str(_fresh(folder, "weights"))  # no model in it: no fuzz case loads weights
     engine = PolicyEngine.from_pretrained(model_dir, device="cpu", dtype="float32").start()
-    handle = serve_in_thread(engine, "127.0.0.1", 0)
+    handle = serve_in_thread(engine, "127.0.0.1", 0, api_token="agent-token", log_level="error",
+                             weights_admin=WeightsAdmin("admin-token", weights_dir))
     try:
-        return fuzz.fuzz_policy_server(handle.port, engine.model_name, cases)
+        reports = [fuzz_http.fuzz_policy_server(handle.port, engine.model_name, plan["fuzz_policy"], "agent-token"),
+                   fuzz_http.fuzz_weights_route(handle.port, plan["fuzz_weights"], "admin-token", "agent-token",
+                                                weights_dir)]
+        config = GatewayConfig(served_model_name="policy", api_token="gateway-token", upstream_api_key="agent-token",
+                               log_level="error")  # uvicorn's line per request its parser refuses
+        with start_gateway(config, [handle.url]) as gateway:
+            reports.append(fuzz_http.fuzz_gateway(gateway.port, plan["fuzz_gateway"], "gateway-token"))
+        auth = {"Authorization": "Bearer agent-token"}
+        models = fuzz_http.still_answers(f"{handle.url}/v1/models", auth)
+        reports.append(fuzz_http.fuzz_slow_clients("policy-server", handle.port, plan["fuzz_slow"],
+                                                   "/v1/chat/completions", auth["Authorization"], models, False, 0.0))
+        return reports
     finally:
         handle.stop()
         engine.stop()
@@ -193,15 +232,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--short", action="store_true", help="small numbers (CI)")
     parser.add_argument("--fuzz-cases", type=int, default=None,
-                        help="total fuzz cases, split 40/30/15/15 over protobuf/JSON/bridge/policy server")
+                        help="total fuzz cases, split over the targets as FUZZ_SHARES says")
     parser.add_argument("--only", choices=("spans", "faults", "fuzz", "bridge"), action="append",
                         help="run only these sections (repeatable)")
     args = parser.parse_args(argv)
     plan = dict(SHORT if args.short else FULL)
     if args.fuzz_cases is not None:
-        total = args.fuzz_cases
-        plan.update(fuzz_protobuf=total * 40 // 100, fuzz_json=total * 30 // 100, fuzz_bridge=total * 15 // 100,
-                    fuzz_policy=total * 15 // 100 if plan["fuzz_policy"] else 0)
+        for key, share in FUZZ_SHARES.items():
+            plan[key] = args.fuzz_cases * share // 100 if plan[key] else 0
     logging.basicConfig(level=logging.ERROR)  # exporters' retry warnings are expected here
     figures = Figures()
     sections = set(args.only or ("spans", "faults", "fuzz", "bridge"))

@@ -19,7 +19,10 @@ file are relative to the file's folder, and that folder itself is added, so a co
 beside its reward or agent module finds it from any working directory),
 ``secret`` (printed as ``***``), ``deprecated_env`` (an old variable name still read, with a
 warning). Values of dict settings whose key looks like a key, token, secret or password are
-printed as ``***`` too. Bad values raise ``SettingError`` naming where they came from.
+printed as ``***`` too, and so are credentials inside any printed text (``mask_credentials``):
+the password of a URL (``https://user:***@host``), secret-looking URL parameters (``?token=***``)
+and the value of secret-looking command arguments (``--api-key=***``, ``--api-key ***``). Bad
+values raise ``SettingError`` naming where they came from.
 Stdlib + PyYAML; imports nothing heavy, so ``spanrl --help`` stays fast.
 """
 
@@ -46,6 +49,13 @@ S = TypeVar("S")
 
 MASK = "***"
 SECRET_KEY = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|CREDENTIAL", re.IGNORECASE)
+# a name with a part (between -, _ or .) that says it holds a secret: api-key, auth_token, apikey
+# (but not max-tokens or author)
+_SECRET_WORD = r"[\w.-]*?(?<![a-z0-9])(?:api)?(?:key|token|secret|password|passwd|credentials?|auth)(?![a-z0-9])[\w.-]*"
+URL_PASSWORD = re.compile(r"(\b[a-z][a-z0-9+.-]*://[^/@:\s]*:)[^/@\s]+(@)", re.IGNORECASE)
+URL_SECRET_PARAMETER = re.compile(rf"([?&]{_SECRET_WORD}=)[^&#\s]+", re.IGNORECASE)
+SECRET_ARGUMENT = re.compile(rf"((?:^|\s)--?{_SECRET_WORD}(?:=|\s+))(?!-)\S+", re.IGNORECASE)
+SECRET_FLAG = re.compile(rf"--?{_SECRET_WORD}", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -274,12 +284,34 @@ def load_settings(cls: type[S], prefix: str, config_path: str | None = None,
                   f"config file {config_path}", config_dir=config_dir)
 
 
+def mask_credentials(text: str) -> str:
+    """``text`` with the credentials it may carry replaced by ``***``: a URL's password, URL
+    parameters and command arguments whose names say key, token, secret or password."""
+    text = URL_PASSWORD.sub(rf"\1{MASK}\2", text)
+    text = URL_SECRET_PARAMETER.sub(rf"\1{MASK}", text)
+    return SECRET_ARGUMENT.sub(rf"\1{MASK}", text)
+
+
+def _masked(value: Any) -> Any:
+    """``value`` as printed: text masked (``mask_credentials``), in lists the argument after a
+    secret flag too (``["--api-key", "sk-..."]``), in dicts the values of secret-looking keys."""
+    if isinstance(value, str):
+        return mask_credentials(value)
+    if isinstance(value, (list, tuple)):
+        shown: list[Any] = []
+        for item in value:
+            after_flag = bool(shown) and isinstance(shown[-1], str) and SECRET_FLAG.fullmatch(shown[-1]) is not None
+            shown.append(MASK if after_flag and isinstance(item, str) else _masked(item))
+        return type(value)(shown)
+    if isinstance(value, dict):
+        return {k: MASK if SECRET_KEY.search(str(k)) and v not in (None, "") else _masked(v) for k, v in value.items()}
+    return value
+
+
 def _shown(field: dataclasses.Field, value: Any) -> Any:
     if field.metadata.get("secret") and value not in (None, ""):
         return MASK
-    if isinstance(value, dict):
-        return {k: MASK if SECRET_KEY.search(str(k)) and v not in (None, "") else v for k, v in value.items()}
-    return value
+    return _masked(value)
 
 
 def settings_lines(settings: Any, prefix: str, path: str = "", exclude: tuple = ()) -> list[str]:

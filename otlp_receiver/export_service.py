@@ -9,7 +9,6 @@ maps our exceptions to gRPC status codes and HTTP statuses.
 
 from __future__ import annotations
 
-import hmac
 import logging
 import threading
 from typing import Any
@@ -34,6 +33,7 @@ from spanrl.otlp_receiver.otlp_decode import (
     parse_json_request,
 )
 from spanrl.otlp_receiver.store import StoreError
+from spanrl.server_security import bearer_token_matches
 
 logger = logging.getLogger(__name__)
 
@@ -80,8 +80,7 @@ class ExportService:
     def check_authorization(self, header: str | None) -> None:
         if not self.token:
             return
-        expected = f"Bearer {self.token}"
-        if header is None or not hmac.compare_digest(header.strip().encode(), expected.encode()):
+        if not bearer_token_matches(header, self.token):
             raise Unauthenticated(
                 "missing or wrong bearer token: send 'Authorization: Bearer <token>'"
                 " (OTEL_EXPORTER_OTLP_HEADERS=Authorization=Bearer%20<token>)"

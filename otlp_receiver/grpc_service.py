@@ -3,7 +3,9 @@
 Started by ``server.py``. Requests arrive as raw bytes (no generated stub deserializer) so
 garbage is answered INVALID_ARGUMENT by us rather than a generic INTERNAL by gRPC. gzip is
 handled by grpcio; messages over the limit are refused by grpcio with RESOURCE_EXHAUSTED.
-With server credentials (``tls.py``) the port speaks TLS only.
+With server credentials (``tls.py``) the port speaks TLS only. At most ``max_concurrent_rpcs``
+calls run or wait at once; grpcio refuses more with RESOURCE_EXHAUSTED, which exporters retry.
+A failure of ours is logged; its text never reaches the client.
 Overload answers UNAVAILABLE with the retry delay in both trailer forms clients read:
 ``grpc-status-details-bin`` (a google.rpc.Status with a RetryInfo detail; Go and Java
 exporters) and ``google.rpc.retryinfo-bin`` (a bare RetryInfo; the OTel Python exporter).
@@ -58,10 +60,11 @@ class GrpcExportServer:
     """A grpc.Server with the three OTLP Export methods bound to an ``ExportService``."""
 
     def __init__(self, service: ExportService, host: str, port: int, workers: int, max_message_bytes: int,
-                 credentials: grpc.ServerCredentials | None = None) -> None:
+                 credentials: grpc.ServerCredentials | None = None, max_concurrent_rpcs: int | None = None) -> None:
         self.service = service
         self.server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="spanrl-grpc"),
+            maximum_concurrent_rpcs=max_concurrent_rpcs,
             options=[
                 ("grpc.max_receive_message_length", max_message_bytes),
                 ("grpc.max_send_message_length", 4 * 1024 * 1024),
@@ -113,7 +116,7 @@ class GrpcExportServer:
             mapped = protocol_error(exc)
             if mapped is None:
                 logger.exception("unexpected error in Export")
-                context.abort(grpc.StatusCode.INTERNAL, f"internal error: {exc}")
+                context.abort(grpc.StatusCode.INTERNAL, "internal error of the receiver (its details are in its log)")
             assert mapped is not None  # context.abort raised
             code, _ = mapped
             if isinstance(exc, Overloaded):

@@ -6,7 +6,10 @@ Started by ``server.py`` on a stdlib ``ThreadingHTTPServer`` (no extra dependenc
 per connection, keep-alive). Follows the OTLP/HTTP spec: the response has the request's
 content type; errors carry a google.rpc.Status body; overload answers 503 with Retry-After;
 gzip request bodies are accepted (and bounded by the message limit after decompression).
-With an SSL context (``tls.py``) the port speaks HTTPS only.
+With an SSL context (``tls.py``) the port speaks HTTPS only. A client silent for
+``read_timeout_s`` (mid-request, or between keep-alive requests) loses its connection, so a slow
+client cannot hold a thread forever. A failure of ours is logged; its text never reaches a
+response.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import ssl
 import sys
 import threading
 import zlib
+from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import unquote
 
@@ -61,11 +65,25 @@ class _Handler(BaseHTTPRequestHandler):
             # where one slow or plaintext client would stall every other); bounded in time.
             self.request.settimeout(TLS_HANDSHAKE_TIMEOUT_S)
             self.request.do_handshake()
-            self.request.settimeout(None)
         super().setup()
+        self.request.settimeout(self.server.read_timeout_s)  # bounds every read of the request
 
     def log_message(self, format: str, *args) -> None:  # route the access log to logging
         logger.debug("%s " + format, self.address_string(), *args)
+
+    def __getattr__(self, name: str):
+        if name.startswith("do_"):  # any other method (PUT, PATCH, made-up ones): 405, not the stdlib's 501
+            return self._method_not_allowed
+        raise AttributeError(name)
+
+    def _method_not_allowed(self) -> None:
+        self.send_error(405, f"{self.command} is not served here: POST /v1/traces (OTLP/HTTP) and spanrl's routes")
+
+    def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+        """The stdlib's own refusals (a malformed request line, headers too long) and 405, as a
+        google.rpc.Status in JSON (not the stdlib's HTML page); the connection closes."""
+        self.close_connection = True
+        self._send_error(code, message or HTTPStatus(code).phrase, json_encoding=True)
 
     def do_GET(self) -> None:
         if self.path == "/spanrl/v1/health":
@@ -118,11 +136,13 @@ class _Handler(BaseHTTPRequestHandler):
         except UnsupportedMediaType as exc:
             self.close_connection = True  # the body was not read
             self._send_error(415, str(exc), json_encoding)
+        except TimeoutError:  # the body did not arrive within read_timeout_s: drop the connection
+            self.close_connection = True
         except Exception as exc:
             mapped = protocol_error(exc)
             if mapped is None:
                 logger.exception("unexpected error in %s", path)
-                self._send_error(500, f"internal error: {exc}", json_encoding)
+                self._send_error(500, "internal error of the receiver (its details are in its log)", json_encoding)
                 return
             _, status = mapped
             headers = {}
@@ -209,7 +229,7 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 def _rpc_code(http_status: int) -> int:
-    return {400: 3, 401: 16, 404: 5, 413: 8, 415: 3, 503: 14}.get(http_status, 13)
+    return {400: 3, 401: 16, 404: 5, 405: 12, 413: 8, 414: 3, 415: 3, 431: 3, 503: 14}.get(http_status, 13)
 
 
 class _Server(ThreadingHTTPServer):
@@ -219,10 +239,11 @@ class _Server(ThreadingHTTPServer):
     request_queue_size = 4096  # capped by the kernel's net.core.somaxconn
 
     def __init__(self, address, export: ExportService, store: SpanStore, max_message_bytes: int,
-                 ssl_context: ssl.SSLContext | None = None) -> None:
+                 ssl_context: ssl.SSLContext | None = None, read_timeout_s: float = 30.0) -> None:
         self.export = export
         self.store = store
         self.max_message_bytes = max_message_bytes
+        self.read_timeout_s = read_timeout_s
         super().__init__(address, _Handler)
         if ssl_context is not None:
             self.socket = ssl_context.wrap_socket(self.socket, server_side=True, do_handshake_on_connect=False)
@@ -238,9 +259,9 @@ class _Server(ThreadingHTTPServer):
 
 class HttpExportServer:
     def __init__(self, export: ExportService, store: SpanStore, host: str, port: int, max_message_bytes: int,
-                 ssl_context: ssl.SSLContext | None = None) -> None:
+                 ssl_context: ssl.SSLContext | None = None, read_timeout_s: float = 30.0) -> None:
         try:
-            self.server = _Server((host, port), export, store, max_message_bytes, ssl_context)
+            self.server = _Server((host, port), export, store, max_message_bytes, ssl_context, read_timeout_s)
         except OSError as exc:
             raise OSError(f"cannot bind OTLP/HTTP on {host}:{port}: {exc.strerror or exc}") from exc
         self.port = self.server.server_address[1]

@@ -130,6 +130,8 @@ def parse_json_request(body: bytes, message_type=ExportTraceServiceRequest):
         data = json.loads(body)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise PayloadError(f"body is not valid JSON: {exc}") from exc
+    except RecursionError as exc:  # nested deeper than Python recurses: the client's doing, a 400
+        raise PayloadError("body is nested too deeply to be an OTLP request") from exc
     if not isinstance(data, dict):
         raise PayloadError("body must be a JSON object (an OTLP Export request)")
     if message_type is ExportTraceServiceRequest:

@@ -3,7 +3,8 @@
 Called by ``assembly.py`` only when the user names a tokenizer (``--retokenize-with DIR``).
 Ids rebuilt from text may differ from what the engine sampled, so every such transition is
 flagged ``retokenized``. Uses the ``tokenizers`` library and the tokenizer's own chat template
-(rendered with jinja2), both imported lazily, so the receiver never imports torch.
+(rendered in jinja2's immutable sandbox, as transformers renders them), both imported lazily, so
+the receiver never imports torch.
 
 The text comes from OpenInference attributes: ``llm.input_messages.<i>.message.role/content``
 and ``llm.output_messages.0.message.content``, else ``input.value`` / ``output.value``.
@@ -57,16 +58,22 @@ class Retokenizer:
     def render_prompt(self, messages: list[dict[str, str]]) -> str:
         if not self._chat_template:
             return "".join(m["content"] for m in messages)
-        import jinja2
+        from jinja2 import TemplateError
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
 
         def raise_exception(message: str):
             raise RetokenizeError(f"chat template error: {message}")
 
-        env = jinja2.Environment(trim_blocks=True, lstrip_blocks=True)
+        # the template comes from a file the user named, but it renders text that agents wrote:
+        # the sandbox keeps it from reaching Python internals or changing the messages it reads
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
         env.globals["raise_exception"] = raise_exception
         env.filters["tojson"] = lambda value, **kw: json.dumps(value)
-        template = env.from_string(self._chat_template)
-        return template.render(messages=messages, add_generation_prompt=True, **self._special)
+        try:
+            template = env.from_string(self._chat_template)
+            return template.render(messages=messages, add_generation_prompt=True, **self._special)
+        except TemplateError as exc:  # a broken template, or one the sandbox stopped (SecurityError)
+            raise RetokenizeError(f"chat template error: {type(exc).__name__}: {exc}") from exc
 
     def retokenize(self, attributes: dict[str, Any]) -> tuple[list[int], list[int]]:
         """(prompt ids, response ids) of one LLM span from its text attributes."""

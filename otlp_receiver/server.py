@@ -31,6 +31,7 @@ from spanrl.otlp_receiver.store import SpanStore, StoredSpan, StoreError
 from spanrl.otlp_receiver.store_lock import ReceiverLock
 from spanrl.otlp_receiver.tls import grpc_server_credentials, http_ssl_context
 from spanrl.schema.rollouts import AssembledRollout
+from spanrl.server_security import warn_if_exposed
 
 logger = logging.getLogger(__name__)
 
@@ -162,9 +163,9 @@ class ReceiverServer:
             ssl_context = http_ssl_context(s.tls_cert, s.tls_key) if s.tls_cert and s.tls_key else None
             credentials = grpc_server_credentials(s.tls_cert, s.tls_key) if s.tls_cert and s.tls_key else None
             self.grpc = GrpcExportServer(self.export, s.host, s.grpc_port, s.workers, s.max_message_bytes,
-                                         credentials)
+                                         credentials, s.max_concurrent_rpcs)
             self.http = HttpExportServer(self.export, self.read_store, s.host, s.http_port, s.max_message_bytes,
-                                         ssl_context)
+                                         ssl_context, s.read_timeout_s)
         except Exception:
             if self.grpc is not None:
                 self.grpc.stop(0)
@@ -177,6 +178,7 @@ class ReceiverServer:
         self.http.start()
         self.assembler.start()
         self._started = True
+        warn_if_exposed("the receiver", s.host, bool(s.token), s.tls, logger, "--token, --tls-cert/--tls-key")
         logger.info(
             "spanrl receiver: OTLP/gRPC on %s:%d%s, OTLP/HTTP on %s://%s:%d, store %s",
             s.host, self.grpc.port, " (TLS)" if s.tls else "", "https" if s.tls else "http", s.host,

@@ -45,6 +45,10 @@ class ReceiverSettings:
         None, "PEM certificate (chain) file: serve both ports over TLS (with --tls-key); none = plaintext")
     tls_key: str | None = setting(None, "PEM private key file of --tls-cert")
     workers: int = setting(16, "gRPC worker threads")
+    max_concurrent_rpcs: int = setting(
+        1024, "gRPC calls running or waiting at once; more are refused with RESOURCE_EXHAUSTED (exporters retry)")
+    read_timeout_s: float = setting(
+        30.0, "OTLP/HTTP: a client silent this long mid-request or between requests loses its connection, seconds")
     poll_s: float = setting(0.2, "how often the assembler looks for ended rollouts, seconds")
 
     def __post_init__(self) -> None:
@@ -69,7 +73,7 @@ class ReceiverSettings:
             raise SettingError(f"credit must be identical or discounted, got {self.credit!r}")
         if (self.tls_cert is None) != (self.tls_key is None):
             raise SettingError("TLS needs both tls_cert and tls_key (PEM files); give both or neither")
-        for name in ("max_message_mb", "max_pending_mb", "workers", "poll_s"):
+        for name in ("max_message_mb", "max_pending_mb", "workers", "poll_s", "max_concurrent_rpcs", "read_timeout_s"):
             if getattr(self, name) <= 0:
                 raise SettingError(f"{name} must be positive, got {getattr(self, name)!r}")
         return self

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sqlite3
 import threading
 import time
@@ -48,6 +49,9 @@ SYNC_MODES = ("full", "normal", "extra")
 # An explicit completion for a rollout none of whose spans arrived yet is kept this long for
 # them (the agent's exporter may still be flushing); it never creates an empty rollout.
 PENDING_COMPLETION_TTL_S = 3600.0
+# ... and at most this many are kept (clients choose the ids): past it, the oldest are dropped
+MAX_PENDING_COMPLETIONS = 10_000
+STORE_FILE_MODE = 0o600  # spans hold prompts and answers: only the owner reads the store
 COMPLETION_REQUESTED = "requested"
 COMPLETION_PENDING = "pending"
 COMPLETION_ALREADY_ASSEMBLED = "already_assembled"
@@ -87,6 +91,7 @@ CREATE TABLE IF NOT EXISTS pending_completions (
     rollout_id   TEXT PRIMARY KEY,
     requested_at REAL NOT NULL
 );
+CREATE INDEX IF NOT EXISTS pending_completions_by_time ON pending_completions (requested_at);
 CREATE INDEX IF NOT EXISTS rollouts_by_state ON rollouts (state);
 CREATE TABLE IF NOT EXISTS assembled (
     sequence     INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -139,8 +144,17 @@ class StoredSpan:
     body: bytes
 
 
+def _create_owner_only(path: Path) -> None:
+    """Create the store file readable by its owner only (an empty file is an empty SQLite
+    database); SQLite gives its -wal and -shm files the database file's permissions. An
+    existing store keeps the permissions its owner gave it."""
+    if path.exists() or str(path) == ":memory:":
+        return
+    os.close(os.open(path, os.O_RDWR | os.O_CREAT, STORE_FILE_MODE))
+
+
 class SpanStore:
-    """Spans, rollouts and assembled transitions in one SQLite file. Thread-safe."""
+    """Spans, rollouts and assembled transitions in one SQLite file (created owner-only). Thread-safe."""
 
     def __init__(self, path: str | Path = "spanrl.db", sync: str = "full") -> None:
         if sync not in SYNC_MODES:
@@ -149,6 +163,7 @@ class SpanStore:
         self._lock = threading.RLock()
         self.new_spans = 0  # spans this connection added (a retried span already stored is not counted)
         try:
+            _create_owner_only(self.path)
             self._db = sqlite3.connect(
                 str(self.path), timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None,
                 check_same_thread=False,
@@ -156,7 +171,7 @@ class SpanStore:
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute(f"PRAGMA synchronous={sync.upper()}")
             self._db.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
-        except sqlite3.Error as exc:
+        except (sqlite3.Error, OSError) as exc:
             raise StoreError(f"cannot open span store {self.path}: {exc}") from exc
         self._create_schema()
 
@@ -263,6 +278,9 @@ class SpanStore:
                                (now - PENDING_COMPLETION_TTL_S,))
                     db.execute("INSERT OR IGNORE INTO pending_completions (rollout_id, requested_at)"
                                " VALUES (?, ?)", (rollout_id, now))
+                    db.execute("DELETE FROM pending_completions WHERE rollout_id IN (SELECT rollout_id FROM"
+                               " pending_completions ORDER BY requested_at DESC LIMIT -1 OFFSET ?)",
+                               (MAX_PENDING_COMPLETIONS,))
                     return COMPLETION_PENDING
                 if row[0] == "assembled":
                     return COMPLETION_ALREADY_ASSEMBLED

@@ -48,7 +48,7 @@ class ReceiverLock:
         if fcntl is None:
             return self
         try:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
         except OSError as exc:
             raise StoreError(f"cannot create the lock file {self.path}: {exc.strerror}") from exc
         deadline = time.monotonic() + ACQUIRE_WAIT_S

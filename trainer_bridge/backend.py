@@ -19,6 +19,7 @@ from __future__ import annotations
 import importlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import ModuleType
 from typing import Any, Protocol, runtime_checkable
 
@@ -33,6 +34,7 @@ BACKENDS: dict[str, str] = {
 }
 # the backend whose fine_tune runs the warm start (spanrl sft, warm_start:), whatever trains after it
 FINE_TUNING_BACKEND = "torch"
+CHECKPOINT_DIR_MODE = 0o700  # checkpoint folders are their owner's only (every backend's)
 
 
 @dataclass(frozen=True)
@@ -46,6 +48,8 @@ class EndpointConfig:
     token: str | None = None  # bearer token agents must send; None = no check
     validation_temperature: float | None = None  # pinned temperature of validation rollouts' requests
     prompts: str | None = None  # a file of prompt candidates it serves in place of agents' instructions
+    tls_cert: str | None = None  # PEM files: the endpoint serves HTTPS only; None = plain HTTP
+    tls_key: str | None = None
 
 
 @dataclass(frozen=True)
@@ -232,6 +236,17 @@ def make_backend(name: str, run: BackendRun) -> PolicyBackend:
     its policy at its ``endpoint_url``."""
     backend: PolicyBackend = backend_module(name).start_backend(run)
     return backend
+
+
+def make_owner_only_dir(path: str | Path) -> Path:
+    """``path`` (and missing parents) created for its owner only; a folder this run creates for
+    checkpoints is narrowed to the owner too (weights and optimizer state are the user's)."""
+    path = Path(path)
+    existed = path.exists()
+    path.mkdir(parents=True, exist_ok=True, mode=CHECKPOINT_DIR_MODE)
+    if not existed:
+        path.chmod(CHECKPOINT_DIR_MODE)  # mkdir's mode is filtered by the umask
+    return path
 
 
 def fine_tune(request: FineTuneRequest) -> dict[str, Any]:

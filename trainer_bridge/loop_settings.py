@@ -122,6 +122,12 @@ class LoopSettings:
         default=None,
         metadata={"help": "bearer token runners must send to the task API; none = no check", "secret": True},
     )
+    tls_cert: str | None = field(
+        default=None,
+        metadata={"help": "PEM certificate (chain) file: the policy endpoint (or verl's gateway) and the task API "
+                  "serve HTTPS only (with tls_key); none = plain HTTP"},
+    )
+    tls_key: str | None = field(default=None, metadata={"help": "PEM private key file of tls_cert"})
     max_empty_steps: int = field(
         default=3,
         metadata={"help": "stop with an error after this many steps in a row trained on nothing (0 = never)"},
@@ -232,7 +238,8 @@ class LoopSettings:
         """The policy endpoint agents call, as every backend serves it."""
         return EndpointConfig(host=self.policy_host, port=self.policy_port, model_name=self.policy_model_name,
                               model_names=tuple(self.policy_model_names), token=self.policy_token,
-                              validation_temperature=self.val_temperature, prompts=self.prompts or None)
+                              validation_temperature=self.val_temperature, prompts=self.prompts or None,
+                              tls_cert=self.tls_cert, tls_key=self.tls_key)
 
     def _check_async(self) -> None:
         if self.max_staleness < 0:

@@ -57,6 +57,7 @@ def start_session(settings: TrainSettings, loop: TrainingLoop, cleanup: ExitStac
     api = BridgeAPI(
         loop.dispatcher, PolicyInfo(backend.endpoint_url, settings.policy_model_name),
         lambda: backend.policy_version, settings.bridge_host, settings.bridge_port, settings.bridge_token,
+        tls_cert=settings.tls_cert, tls_key=settings.tls_key,
     ).start()
     cleanup.callback(api.stop)
     cleanup.callback(time.sleep, 1.0)  # runners hear "training finished" (410) before the API goes away

@@ -1,7 +1,8 @@
 """Checks ``spanrl train`` makes at start, so a user's mistake is one line naming the fix.
 
 Called by ``training_loop.run_training``: ``check_before_start`` before the model loads (a
-missing model directory, a taken policy or task-API port), ``wait_for_receiver`` next (no
+missing model directory, a taken policy or task-API port, TLS files that do not load),
+``wait_for_receiver`` next (no
 ``spanrl receive`` writing the store means no rollout would ever assemble).
 Both raise ``spanrl.errors.UserError`` subclasses.
 """
@@ -23,6 +24,12 @@ def check_before_start(settings: LoopSettings) -> None:
     ensure_port_free(settings.policy_host, settings.policy_port, "policy_port", "the policy server cannot listen on")
     ensure_port_free(settings.bridge_host, settings.bridge_port, "bridge_port",
                      "the task API for runners cannot listen on")
+    from spanrl.server_security import TlsSetupError, check_tls_pair
+
+    try:  # the policy endpoint and the task API serve HTTPS from these (bridge_api.py, the backends)
+        check_tls_pair(settings.tls_cert, settings.tls_key, "tls_cert/tls_key")
+    except TlsSetupError as exc:
+        raise UserError(str(exc)) from exc
 
 
 def wait_for_receiver(store: str, wait_s: float) -> None:

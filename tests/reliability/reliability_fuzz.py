@@ -1,12 +1,15 @@
 """The fuzzers of the reliability suite (hypothesis): OTLP protobuf and JSON payloads against the
-receiver, the bridge API, and the policy server's API, each over its real server.
+receiver over its real server; what every fuzzer shares (``FuzzReport``, ``run_cases``, the JSON
+strategies). The HTTP JSON servers (bridge, policy server, weights route, gateway, slow clients)
+are fuzzed in ``reliability_fuzz_http.py``.
 
 Loaded by path by ``test_fuzz.py`` (short runs in CI) and by ``bench/reliability.py`` (the full
 run: ``--fuzz-cases``). Each ``fuzz_*`` function runs ``cases`` generated cases and returns a
-``FuzzReport``: how many ran and every crash (an answer that is not the documented one for a
-bad case: a 5xx, a retryable status for a request that can never pass, an error without a
-message, an exception other than the documented ones, a case slower than ``HANG_S``). Crashes
-are collected, not raised, so a run counts them all.
+``FuzzReport``: how many ran, how many were answered with a server error (HTTP 5xx, gRPC
+INTERNAL/UNKNOWN), and every crash (an answer that is not the documented one for a bad case: a
+5xx, a retryable status for a request that can never pass, an error without a message, an
+exception other than the documented ones, a case slower than ``HANG_S``). Crashes are
+collected, not raised, so a run counts them all.
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ class FuzzReport:
     target: str
     cases: int = 0
     crashes: list[str] = field(default_factory=list)
+    server_errors: int = 0  # cases answered 5xx (HTTP) or INTERNAL/UNKNOWN (gRPC): each is a crash too
 
     def crash(self, case: Any, problem: str) -> None:
         if len(self.crashes) < 50:  # enough to debug; the count is what the figures need
@@ -51,7 +55,7 @@ class FuzzReport:
             self.crashes.append(problem[:80])
 
 
-def _run(cases: int, strategy: st.SearchStrategy, check: Callable[[Any], None], run_seed: int = 0) -> None:
+def run_cases(cases: int, strategy: st.SearchStrategy, check: Callable[[Any], None], run_seed: int = 0) -> None:
     @seed(run_seed)  # reproducible runs
     @settings(max_examples=cases, deadline=None, database=None, derandomize=False, print_blob=False,
               suppress_health_check=list(HealthCheck))
@@ -149,7 +153,21 @@ def protobuf_bodies(seeds: list[bytes]) -> st.SearchStrategy[bytes]:
     edits = st.lists(st.tuples(st.integers(0, 10**6), st.integers(0, 3), st.integers(0, 255)), min_size=1,
                      max_size=4)
     mutated = st.tuples(st.sampled_from(seeds), edits).map(lambda pair: _mutate_bytes(*pair))
-    return st.one_of(mutated, _WIRE_TREE, st.binary(max_size=200))
+    return st.one_of(mutated, _WIRE_TREE, st.binary(max_size=200), st.integers(50, 3000).map(_deep_message))
+
+
+def _deep_message(depth: int) -> bytes:
+    """A message nested ``depth`` times in field 1 (OTLP's resource_spans, scope_spans, spans...)."""
+    body = b""
+    for _ in range(depth):
+        body = _encode_fields([(1, (2, body))])
+    return body
+
+
+def deep_json(depth: int, document: bool) -> bytes:
+    """JSON nested ``depth`` levels: bare lists, or inside an object as a field's value."""
+    nested = b"[" * depth + b"]" * depth
+    return b'{"resourceSpans": ' + nested + b"}" if document else nested
 
 
 JSON_VALUES = st.recursive(
@@ -195,8 +213,9 @@ def json_bodies(seeds: list[Any]) -> st.SearchStrategy[bytes]:
     text_edits = st.tuples(st.sampled_from([json.dumps(s).encode() for s in seeds]),
                            st.lists(st.tuples(st.integers(0, 10**6), st.integers(0, 3), st.integers(32, 126)),
                                     min_size=1, max_size=3)).map(lambda pair: _mutate_bytes(*pair))
+    deep = st.builds(deep_json, st.integers(100, 100_000), st.booleans())  # past the recursion limit, or not
     return st.one_of(mutated_json(seeds).map(lambda d: json.dumps(d).encode()), text_edits,
-                     JSON_VALUES.map(lambda d: json.dumps(d).encode()))
+                     JSON_VALUES.map(lambda d: json.dumps(d).encode()), deep)
 
 
 def _check_export_response(response: ExportTraceServiceResponse) -> str | None:
@@ -240,7 +259,7 @@ def fuzz_otlp(receiver, cases: int, encoding: str, transport_every: int = 10) ->
             report.crash(body, f"hang: {time.monotonic() - started:.1f}s")
 
     try:
-        _run(cases, strategy, check)
+        run_cases(cases, strategy, check)
     finally:
         channel.close()
     return report
@@ -260,6 +279,8 @@ def _check_http(port: int, body: bytes, json_encoding: bool, report: FuzzReport)
         connection.close()
     if answer.status == 200:
         return
+    if answer.status >= 500:
+        report.server_errors += 1
     if answer.status != 400:
         report.crash(body, f"HTTP {answer.status} (expected 200 or 400)")
         return
@@ -277,123 +298,7 @@ def _check_grpc(export, body: bytes, report: FuzzReport) -> None:
         if problem:
             report.crash(body, f"gRPC: {problem}")
     except grpc.RpcError as exc:
+        if exc.code() in (grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN):
+            report.server_errors += 1
         if exc.code() != grpc.StatusCode.INVALID_ARGUMENT or not exc.details():
             report.crash(body, f"gRPC {exc.code().name}: {exc.details()}")
-
-
-# --- HTTP JSON APIs (bridge, policy server) ----------------------------------------------------
-
-@dataclass(frozen=True)
-class HttpCase:
-    method: str
-    path: str
-    headers: dict
-    body: bytes
-
-
-def http_cases(paths: list[str], seeds: list[dict], auth: str | None,
-               adjust: Callable[[Any], Any] = lambda body: body) -> st.SearchStrategy[HttpCase]:
-    """Requests to an HTTP JSON API: known and unknown paths, mutated and random bodies."""
-    bodies = st.one_of(
-        mutated_json(seeds).map(lambda d: json.dumps(adjust(d)).encode()),
-        st.sampled_from([json.dumps(adjust(json.loads(json.dumps(s)))).encode() for s in seeds]),
-        JSON_VALUES.map(lambda d: json.dumps(d).encode()),
-        st.binary(max_size=64),
-    )
-    headers = st.fixed_dictionaries({"Content-Type": st.sampled_from(["application/json", "text/plain", ""])},
-                                    optional={"Authorization": st.sampled_from([auth or "", "Bearer wrong", "x"])})
-    if auth:  # most cases carry the right token, so the routes behind the check are reached
-        headers = st.one_of(headers, headers.map(lambda h: {**h, "Authorization": auth}),
-                            headers.map(lambda h: {**h, "Authorization": auth}))
-    return st.builds(HttpCase, st.sampled_from(["POST", "POST", "POST", "GET", "PUT", "DELETE"]),
-                     st.one_of(st.sampled_from(paths), st.text(alphabet="/abcv1?=%.-", max_size=20).map(
-                         lambda p: "/" + p)), headers, bodies)
-
-
-def send(port: int, case: HttpCase) -> tuple[int, dict, bytes]:
-    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=HANG_S)
-    try:
-        connection.request(case.method, case.path, body=case.body, headers=case.headers)
-        answer = connection.getresponse()
-        return answer.status, {k.lower(): v for k, v in answer.getheaders()}, answer.read()
-    finally:
-        connection.close()
-
-
-def fuzz_http_api(name: str, port: int, cases: int, strategy: st.SearchStrategy[HttpCase],
-                  expected: Callable[[HttpCase, int], bool], message_of: Callable[[bytes], str | None]) -> FuzzReport:
-    """Send each case; a 5xx, an unexpected status or an error answer without a message is a crash."""
-    report = FuzzReport(name)
-
-    def check(case: HttpCase) -> None:
-        report.cases += 1
-        started = time.monotonic()
-        try:
-            status, _, data = send(port, case)
-        except Exception as exc:  # noqa: BLE001
-            report.crash(case, f"no answer: {exc!r}")
-            return
-        if status >= 500 and status != 501 or not expected(case, status):
-            report.crash(case, f"status {status}: {data[:200]!r}")
-        elif status >= 400 and not message_of(data):
-            report.crash(case, f"status {status} without a message: {data[:200]!r}")
-        if time.monotonic() - started > HANG_S:
-            report.crash(case, f"hang: {time.monotonic() - started:.1f}s")
-
-    _run(cases, strategy, check)
-    return report
-
-
-def bridge_message(data: bytes) -> str | None:
-    try:
-        return json.loads(data).get("error")
-    except Exception:  # noqa: BLE001
-        return "html" if b"Error code" in data else None  # the stdlib's 501 page for other methods
-
-
-def openai_message(data: bytes) -> str | None:
-    try:
-        return json.loads(data)["error"]["message"]
-    except Exception:  # noqa: BLE001
-        return None
-
-
-def fuzz_bridge(api, token: str, cases: int) -> FuzzReport:
-    """The bridge API (``BridgeAPI`` with an open round) under ``cases`` requests."""
-    from spanrl import bridge_protocol as protocol
-
-    seeds = [{"claim_id": "c-1"}, {}, {"rollout_id": "r", "status": "ok"},
-             {"rollout_id": "r", "status": "failed", "error": "boom"}]
-    strategy = http_cases([protocol.INFO_PATH, protocol.CLAIM_PATH, protocol.FINISH_PATH], seeds,
-                          f"Bearer {token}")
-    allowed = {200, 204, 400, 401, 404, 410, 501}
-    return fuzz_http_api("bridge", int(api.url.rsplit(":", 1)[1]), cases, strategy,
-                         lambda case, status: status in allowed, bridge_message)
-
-
-def _small_generation(body: Any) -> Any:
-    """Keep generation short (tiny model, thousands of cases): cap token counts and n."""
-    if isinstance(body, dict):
-        for key in ("max_tokens", "max_completion_tokens", "max_output_tokens"):
-            if not isinstance(body.get(key), int) or body[key] > 2:
-                body[key] = 2
-        if isinstance(body.get("n"), int) and body["n"] > 2:
-            body["n"] = 2
-    return body
-
-
-def fuzz_policy_server(port: int, model: str, cases: int) -> FuzzReport:
-    """The policy server's OpenAI-compatible routes (a tiny real model behind them)."""
-    seeds = [
-        {"model": model, "messages": [{"role": "user", "content": "1+1?"}], "max_tokens": 2, "logprobs": True},
-        {"model": model, "messages": [{"role": "system", "content": "x"}, {"role": "user", "content": [
-            {"type": "text", "text": "hi"}]}], "max_tokens": 2, "stream": True, "n": 2, "temperature": 0.5},
-        {"model": model, "prompt": "CALC 1", "max_tokens": 2, "logprobs": 1, "stop": ["\n"], "seed": 3},
-        {"model": model, "input": "hi", "max_output_tokens": 2, "instructions": "be brief"},
-        {"model": model, "input": [{"role": "user", "content": "hi"}], "max_output_tokens": 2},
-    ]
-    paths = ["/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/models", "/health",
-             "/spanrl/v1/policy", "/v1/responses/resp_x"]
-    strategy = http_cases(paths, seeds, None, _small_generation)
-    return fuzz_http_api("policy-server", port, cases, strategy, lambda case, status: status < 500,
-                         openai_message)

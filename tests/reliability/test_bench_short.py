@@ -24,8 +24,10 @@ def test_the_short_form_loses_nothing_and_crashes_nothing(node):
     assert sent >= acked > 0 and stored > 0 and lost == 0
     injected, survived = map(int, re.search(r"^faults: injected (\d+) / survived (\d+)$", output, re.M).groups())
     assert injected == survived >= 4
-    cases, crashes = map(int, re.search(r"^fuzz: cases (\d+) / crashes (\d+)$", output, re.M).groups())
-    assert cases >= 100 and crashes == 0
+    cases, server_errors, crashes = map(int, re.search(r"^fuzz: cases (\d+) / 5xx (\d+) / crashes (\d+)$", output,
+                                                       re.M).groups())
+    assert cases >= 100 and server_errors == 0 and crashes == 0
+    assert re.search(r"^  bridge-slow-clients: cases \d+ / 5xx 0 / crashes 0$", output, re.M), output
     losses = re.findall(r"^runner<->bridge at (\d+) concurrent agents: rollouts lost (\d+) of (\d+)", output, re.M)
     assert [(int(a), int(lost), int(of)) for a, lost, of in losses] == [(1, 0, 1), (32, 0, 32), (256, 0, 256)]
     assert "node-grpc" in output and "node-http-json" in output  # the Node.js agents took part

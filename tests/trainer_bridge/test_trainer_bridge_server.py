@@ -195,26 +195,6 @@ def test_bearer_token(engine, mode):
         handle.stop()
 
 
-def test_weights_endpoint_loads_a_directory(server, engine, tmp_path):
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(engine.model.name_or_path)
-    with torch.no_grad():
-        for parameter in model.parameters():
-            parameter.add_(0.05 * torch.randn_like(parameter))
-    model.save_pretrained(tmp_path / "v5")
-    policy = httpx.get(f"{server.url}/spanrl/v1/policy").json()
-    assert (policy["version"], policy["model"]) == (0, engine.model_name)
-    response = httpx.post(f"{server.url}/spanrl/v1/weights", json={"path": str(tmp_path / "v5"), "version": 5},
-                          timeout=60)
-    assert response.status_code == 200 and response.json()["version"] == 5
-    assert response.headers["x-spanrl-policy-version"] == "5"
-    assert torch.equal(engine.model.model.embed_tokens.weight.cpu(), model.model.embed_tokens.weight)
-    bad = httpx.post(f"{server.url}/spanrl/v1/weights", json={"path": str(tmp_path / "nothing"), "version": 6})
-    assert bad.status_code == 400 and "config.json" in bad.json()["error"]["message"]
-    assert httpx.get(f"{server.url}/spanrl/v1/policy").json()["version"] == 5
-
-
 def test_every_route_answers_typed_bodies_the_openai_client_parses(server, engine):
     """Each route's body parses into the openai client's own types; vLLM's extras appear only
     when asked for (``return_token_ids``), spanrl's ``policy_version`` always."""

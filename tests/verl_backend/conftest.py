@@ -36,3 +36,40 @@ def tiny_models(tmp_path_factory):
     model.save_pretrained(untied)
     AutoTokenizer.from_pretrained(tied).save_pretrained(untied)
     return {"tied": tied, "untied": untied}
+
+
+def _is_loopback(address: str) -> bool:
+    import ipaddress
+
+    ip = ipaddress.ip_address(address.split("%")[0])
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:  # ::ffff:127.0.0.1
+        ip = ip.ipv4_mapped
+    return ip.is_loopback
+
+
+@pytest.fixture(scope="session")
+def exposed_sockets():
+    """A function listing every socket of this process and all its descendants (Ray's GCS,
+    raylet, agents and workers, verl's workers, vLLM's processes) that listens (TCP) or is
+    bound without a peer (UDP) on an address other than loopback, read from the processes
+    themselves (psutil: /proc/net and /proc/PID/fd)."""
+    import socket
+
+    import psutil
+
+    def exposed() -> list[str]:
+        found = []
+        me = psutil.Process()
+        for process in [me, *me.children(recursive=True)]:
+            try:
+                name, connections = process.name(), process.net_connections(kind="inet")
+            except psutil.NoSuchProcess:  # ended while we looked
+                continue
+            for sock in connections:
+                listening = (sock.type == socket.SOCK_STREAM and sock.status == psutil.CONN_LISTEN) or (
+                    sock.type == socket.SOCK_DGRAM and not sock.raddr)
+                if listening and not _is_loopback(sock.laddr.ip):
+                    found.append(f"{name} (pid {process.pid}) on {sock.laddr.ip}:{sock.laddr.port}")
+        return found
+
+    return exposed

@@ -1,7 +1,8 @@
 """One update through the verl backend on CPU, for real: verl's FSDP2 worker vs the embedded
 trainer on the same samples, and the vLLM endpoint (behind the gateway) serving exactly the
 trained weights, for a model with tied embeddings (what `spanrl model init` writes) and an
-untied one."""
+untied one. And what the run exposes: no socket of any of its processes (Ray, verl, vLLM, the
+gateway) listens beyond loopback, the gateway takes the agents' token, the replicas their own key."""
 
 from __future__ import annotations
 
@@ -19,6 +20,8 @@ from spanrl.trainer_bridge.train_settings import TrainSettings
 from spanrl.trainer_bridge.verl_backend.config import VerlConfig
 
 LEARNING_RATE = 1e-3
+POLICY_TOKEN = "agents-token"
+AUTH = {"Authorization": f"Bearer {POLICY_TOKEN}"}
 
 
 def random_samples(count: int = 6, seed: int = 0, vocab: int = 300) -> list[TrainingSample]:
@@ -57,7 +60,7 @@ def endpoint_logprobs(base_url: str, model: str, samples) -> tuple[list[list[flo
     out, versions = [], set()
     for sample in samples:
         ids = list(sample.prompt_token_ids) + list(sample.response_token_ids)
-        reply = httpx.post(f"{base_url}/completions", timeout=120, json={
+        reply = httpx.post(f"{base_url}/completions", timeout=120, headers=AUTH, json={
             "model": model, "prompt": ids, "max_tokens": 1, "prompt_logprobs": 0})
         assert reply.status_code == 200, reply.text
         versions.add(reply.headers["x-spanrl-policy-version"])
@@ -73,14 +76,15 @@ def max_difference(a: list[list[float]], b: list[list[float]]) -> float:
 
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("embeddings", ["tied", "untied"])
-def test_verl_update_equals_embedded_trainer_and_the_endpoint_serves_it(embeddings, tiny_models, tmp_path):
+def test_verl_update_equals_embedded_trainer_and_the_endpoint_serves_it(embeddings, tiny_models, tmp_path,
+                                                                       exposed_sockets):
     from spanrl.trainer_bridge.verl_backend.backend import VerlWorkerFailed, start_backend
 
     model_dir = tiny_models[embeddings]
     samples = random_samples()
     settings = TrainSettings(tasks="unused.jsonl", model=model_dir, backend="verl", learning_rate=LEARNING_RATE,
                              output_dir=str(tmp_path / "run"), policy_port=free_port(), policy_model_name="policy",
-                             checkpoint_every=0, verl=VerlConfig(cpu_mode="on"))
+                             checkpoint_every=0, verl=VerlConfig(cpu_mode="on"), policy_token=POLICY_TOKEN)
 
     # the embedded trainer's update on the same samples (old log-probs recomputed on both sides)
     embedded = TorchTrainer(model_dir, dataclasses.replace(settings.trainer, device="cpu"))
@@ -91,6 +95,11 @@ def test_verl_update_equals_embedded_trainer_and_the_endpoint_serves_it(embeddin
     try:
         url = backend.endpoint_url
         assert url == f"http://127.0.0.1:{settings.policy_port}/v1"
+        assert exposed_sockets() == []  # Ray, verl's workers, vLLM, the gateway: loopback only
+        prompt = {"model": "policy", "prompt": [5, 6], "max_tokens": 1}
+        assert httpx.post(f"{url}/completions", json=prompt, timeout=120).status_code == 401  # the agents' token
+        for replica in backend.workers.server_urls:  # only the gateway holds the replicas' key
+            assert httpx.post(f"{replica}/v1/completions", json=prompt, timeout=120).status_code == 401
         served_before, versions = endpoint_logprobs(url, "policy", samples)
         assert versions == {"0"}
         initial = hf_logprobs(model_dir, samples)
@@ -123,8 +132,7 @@ def test_verl_update_equals_embedded_trainer_and_the_endpoint_serves_it(embeddin
 
         for server in backend.workers.llm_servers.get_replicas()[0].servers:
             ray.kill(server)
-        reply = httpx.post(f"{url}/completions", timeout=120,
-                           json={"model": "policy", "prompt": [5, 6], "max_tokens": 1})
+        reply = httpx.post(f"{url}/completions", timeout=120, headers=AUTH, json=prompt)
         assert reply.status_code in (502, 503) and "upstream" in reply.text.lower(), reply.text
         with pytest.raises(VerlWorkerFailed, match="vLLM replica failed during update 2"):
             backend.update(samples)

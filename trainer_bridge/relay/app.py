@@ -23,7 +23,7 @@ from typing import Any
 import httpx
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
@@ -51,11 +51,36 @@ HEALTH_PATH = "/health"
 MODELS_PATH = "/v1/models"
 
 
-async def read_json_object(request: Request) -> dict[str, Any]:
+async def read_limited_body(request: Request, limit: int) -> bytes:
+    """The request body, or a 413 as soon as it is known to exceed ``limit`` bytes (declared in
+    ``Content-Length`` or while a chunked body streams in)."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise RelayError(413, f"request body of {declared} bytes exceeds the limit of {limit} bytes",
+                         "request_too_large", "invalid_request_error")
+    parts, size = [], 0
     try:
-        body = json.loads(await request.body())
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise RelayError(413, f"request body of {size} bytes or more exceeds the limit of {limit} bytes",
+                                 "request_too_large", "invalid_request_error")
+            parts.append(chunk)
+    except ClientDisconnect as exc:  # the client left mid-body: its doing, not the relay's error
+        raise RelayError(400, "the client went away before its request body arrived", "client_disconnected",
+                         "invalid_request_error") from exc
+    return b"".join(parts)
+
+
+async def read_json_object(request: Request) -> dict[str, Any]:
+    raw = await read_limited_body(request, RelayState.of(request).config.max_body_bytes)
+    try:
+        body = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise RelayError(400, f"the request body is not valid JSON: {exc}", "invalid_json",
+                         "invalid_request_error") from exc
+    except RecursionError as exc:  # nested deeper than Python recurses
+        raise RelayError(400, "the request body is nested too deeply", "invalid_json",
                          "invalid_request_error") from exc
     if not isinstance(body, dict):
         raise RelayError(400, "the request body must be a JSON object", "invalid_json", "invalid_request_error")
@@ -148,9 +173,11 @@ async def handle_error(request: Request, exc: Exception) -> Response:
                            "invalid_request_error")
     elif isinstance(exc, RelayError):
         error = exc
-    else:
+    elif isinstance(exc, RecursionError):  # a body nested deeply enough to break re-encoding it
+        error = RelayError(400, "the request body is nested too deeply", "invalid_json", "invalid_request_error")
+    else:  # its text stays in the log: no exception text in a response body
         logger.error("%s: unexpected error", name, exc_info=exc)
-        error = RelayError(500, f"internal {name} error: {type(exc).__name__}: {exc}", "internal_error")
+        error = RelayError(500, f"internal {name} error (its details are in the {name}'s log)", "internal_error")
     if error.upstream_failure:
         spans.observe_failure(error.message)
     headers = {}

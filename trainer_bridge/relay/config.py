@@ -44,6 +44,10 @@ class RelayConfig:
     spans_endpoint: str | None = None  # where its LLM spans go (None: the environment's; "off": none)
     record_text: bool = False  # its spans carry the request's messages and the reply's text
     prompts: str | None = None  # a file of prompt candidates (``prompt_resources``)
+    tls_cert: str | None = None  # PEM files: the relay serves HTTPS only; None: plain HTTP
+    tls_key: str | None = None
+    max_body_bytes: int = 32 * 1024 * 1024  # a larger request body gets 413 (as the policy server's)
+    max_concurrency: int = 2048  # connections and requests at once; more get 503 at once
 
     @property
     def names(self) -> ServedModelNames | None:
@@ -59,7 +63,8 @@ class RelayConfig:
             raise SettingError(f"{self.name} temperature {self.temperature} must be >= 0 (or unset)")
         if self.validation_temperature is not None and self.validation_temperature < 0:
             raise SettingError(f"{self.name} validation_temperature {self.validation_temperature} must be >= 0")
-        for name in ("retry_after_s", "request_timeout_s", "health_check_interval_s"):
+        for name in ("retry_after_s", "request_timeout_s", "health_check_interval_s", "max_body_bytes",
+                     "max_concurrency"):
             if getattr(self, name) <= 0:
                 raise SettingError(f"{self.name} {name} must be positive, got {getattr(self, name)}")
 

@@ -12,6 +12,7 @@ pass through as they are, with the headers that tell a client when to retry.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -25,13 +26,18 @@ from spanrl.trainer_bridge.relay.rewrite import encode_json, rewrite_reply, rewr
 from spanrl.trainer_bridge.relay.state import Lease, RelayError, RelayState
 from spanrl.trainer_bridge.relay.upstreams import NoUpstreamError, Upstream, display_url
 
+logger = logging.getLogger(__name__)
+
 # headers of an upstream's 4xx that a client acts on (when to retry, which request it was)
 PASSED_ERROR_HEADERS = ("retry-after", "retry-after-ms", "x-request-id")
 PASSED_ERROR_HEADER_PREFIX = "x-ratelimit-"
 
 
 def unreachable(state: RelayState, upstream: Upstream, exc: BaseException) -> RelayError:
-    reason = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    # the exception's text goes to the log, not to the agent: only its kind is said
+    logger.warning("%s: the upstream %s cannot be reached: %s: %s", state.config.name, display_url(upstream.url),
+                   type(exc).__name__, exc)
+    reason = type(exc).__name__
     after = "; it is out of rotation until its /health answers" if state.config.rotate_out_on_failure else ""
     return RelayError(502, f"the upstream {display_url(upstream.url)} cannot be reached ({reason}){after}",
                       "upstream_unreachable", upstream_failure=True)

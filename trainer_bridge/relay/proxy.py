@@ -52,7 +52,8 @@ class ProxyHandle:
         self.prompts = PromptResources.from_file(settings.prompts) if settings.prompts else PromptResources()
         self._server = RelayServer("proxy", settings.host, settings.port,
                                    lambda: RelayState(config, [settings.upstream], base_urls=True),
-                                   lambda state: create_relay_app(state, prompts=self.prompts), settings.log_level)
+                                   lambda state: create_relay_app(state, prompts=self.prompts), config,
+                                   settings.log_level, exposure_hint="--token, --tls-cert/--tls-key")
         self.port = self._server.port
 
     @property

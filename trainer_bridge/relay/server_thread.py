@@ -18,6 +18,8 @@ from typing import Any, TypeVar
 from starlette.applications import Starlette
 
 from spanrl.errors import UserError
+from spanrl.server_security import check_tls_pair, warn_if_exposed
+from spanrl.trainer_bridge.relay.config import RelayConfig
 from spanrl.trainer_bridge.relay.forwarding import watch_upstreams
 from spanrl.trainer_bridge.relay.state import RelayState
 
@@ -27,12 +29,17 @@ T = TypeVar("T")
 
 
 class RelayServer:
-    """The relay ``make_app(make_state())`` serving on ``host:port`` (0: a free port) once ``start``ed."""
+    """The relay ``make_app(make_state())`` serving on ``host:port`` (0: a free port) once ``start``ed,
+    over HTTPS when ``config`` names a TLS pair (checked here, before binding); ``exposure_hint``:
+    the settings a warning about an exposed relay names."""
 
     def __init__(self, name: str, host: str, port: int, make_state: Callable[[], RelayState],
-                 make_app: Callable[[RelayState], Starlette], log_level: str = "warning"):
+                 make_app: Callable[[RelayState], Starlette], config: RelayConfig, log_level: str = "warning",
+                 exposure_hint: str = "token, tls_cert/tls_key"):
         self.name = name
         self.host = host
+        self.config, self._exposure_hint = config, exposure_hint
+        self.tls = check_tls_pair(config.tls_cert, config.tls_key, f"the {name}")
         self._make_state, self._make_app, self._log_level = make_state, make_app, log_level
         self._socket = listening_socket(name, host, port)
         self.port: int = self._socket.getsockname()[1]
@@ -45,8 +52,8 @@ class RelayServer:
 
     @property
     def url(self) -> str:
-        """The agents' OpenAI ``base_url``: ``http://host:port/v1``."""
-        return f"http://{url_host(self.host)}:{self.port}/v1"
+        """The agents' OpenAI ``base_url``: ``http(s)://host:port/v1``."""
+        return f"{'https' if self.tls else 'http'}://{url_host(self.host)}:{self.port}/v1"
 
     @property
     def state(self) -> RelayState:
@@ -59,6 +66,8 @@ class RelayServer:
         return self._thread
 
     def start(self, startup_timeout_s: float = 30.0) -> None:
+        warn_if_exposed(f"the {self.name}", self.host, bool(self.config.api_token), self.tls, logger,
+                        self._exposure_hint)
         self._thread.start()
         if not self._ready.wait(startup_timeout_s) or self._failure is not None:
             self.stop()
@@ -110,7 +119,8 @@ class RelayServer:
         state = self._state = self._make_state()
         app = self._make_app(state)
         config = uvicorn.Config(app, log_level=self._log_level, access_log=False, lifespan="off",
-                                timeout_graceful_shutdown=5)
+                                timeout_graceful_shutdown=5, limit_concurrency=self.config.max_concurrency,
+                                ssl_certfile=self.config.tls_cert, ssl_keyfile=self.config.tls_key)
         self._server = server = uvicorn.Server(config)
         watcher = None
         if state.config.rotate_out_on_failure:

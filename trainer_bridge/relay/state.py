@@ -8,13 +8,13 @@ and ``forwarding.py`` (talking to upstreams) as ``app.state.relay``.
 
 from __future__ import annotations
 
-import secrets
 from collections.abc import Callable, Iterable
 from typing import Any
 
 import httpx
 from starlette.requests import Request
 
+from spanrl.server_security import bearer_token_matches
 from spanrl.trainer_bridge.relay.config import RelayConfig
 from spanrl.trainer_bridge.relay.rewrite import error_body
 from spanrl.trainer_bridge.relay.upstreams import Upstream, UpstreamPool
@@ -85,7 +85,7 @@ class RelayState:
 
     def authorize(self, request: Request) -> None:
         token = self.config.api_token
-        if token and not secrets.compare_digest(request.headers.get("authorization", ""), f"Bearer {token}"):
+        if token and not bearer_token_matches(request.headers.get("authorization"), token):
             raise RelayError(401, "missing or wrong bearer token", "invalid_api_key", "authentication_error")
 
     def upstream_headers(self, request: Request | None) -> dict[str, str]:

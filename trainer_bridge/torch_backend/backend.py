@@ -100,7 +100,8 @@ def start_backend(run: BackendRun) -> TorchBackend:
     try:
         server = serve_in_process(engine, endpoint.host, endpoint.port, endpoint.token,
                                   validation_temperature=endpoint.validation_temperature,
-                                  model_names=[endpoint.model_name, *endpoint.model_names], prompts=endpoint.prompts)
+                                  model_names=[endpoint.model_name, *endpoint.model_names], prompts=endpoint.prompts,
+                                  tls_cert=endpoint.tls_cert, tls_key=endpoint.tls_key)
     except OSError as exc:  # a setting the user can change: said in one line by `spanrl train`
         engine.stop()
         raise UserError(f"the policy server cannot listen on {endpoint.host}:"

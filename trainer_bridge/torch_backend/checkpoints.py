@@ -2,7 +2,8 @@
 
 A checkpoint is a Hugging Face model directory (``from_pretrained``-loadable, LoRA merged)
 plus the optimizer state (``optimizer.pt``) and ``trainer_state.json`` (step, policy version,
-base model, settings), written last so a directory without it is incomplete. Called by
+base model, settings), written last so a directory without it is incomplete; folders are
+created owner-only, and the optimizer state loads with ``weights_only``. Called by
 ``trainer.TorchTrainer`` (``save_checkpoint``, ``resume``, periodic checkpoints) and by the
 torch backend, which resumes the newest ``step-NNNNNN`` checkpoint of a run.
 """
@@ -20,6 +21,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from spanrl.trainer_bridge.backend import CHECKPOINT_DIR_MODE, make_owner_only_dir
 from spanrl.trainer_bridge.torch_backend.config import TrainerConfig
 
 if TYPE_CHECKING:
@@ -45,10 +47,10 @@ def save_checkpoint(trainer: TorchTrainer, out_dir: str | Path) -> Path:
     continues with the same step, policy version and optimizer state.
     """
     out = Path(out_dir)
-    out.parent.mkdir(parents=True, exist_ok=True)
+    make_owner_only_dir(out.parent)
     staging = out.parent / f".{out.name}.partial-{os.getpid()}"
     shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir()
+    staging.mkdir(mode=CHECKPOINT_DIR_MODE)
     if trainer.config.lora_rank:
         trainer.model.get_base_model().save_pretrained(staging, state_dict=trainer.policy_state_dict())
         trainer.model.save_pretrained(staging / ADAPTER_DIR)
@@ -101,7 +103,8 @@ def resume_trainer(trainer_class: type[TorchTrainer], checkpoint: str | Path,
     else:
         trainer = trainer_class(path, config, _reference_dir=state["base_model_dir"])
     trainer.base_model_dir = state["base_model_dir"]
-    saved_optim = torch.load(path / OPTIMIZER_FILE, map_location=trainer.device, weights_only=False)
+    # tensors, numbers and containers only: a crafted file cannot run code when loaded
+    saved_optim = torch.load(path / OPTIMIZER_FILE, map_location=trainer.device, weights_only=True)
     trainer.optimizer.load_state_dict(saved_optim["optimizer"])
     if saved_optim.get("sft_optimizer") is not None:
         trainer.sft_optimizer = trainer.new_optimizer(config.sft_learning_rate)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from typing import Any
 
 from spanrl.errors import UserError
 from spanrl.settings_loader import CommandSettings, setting
@@ -23,9 +24,21 @@ from spanrl.trainer_bridge.model_names import ANY_NAME
 class ServeSettings:
     model_dir: str = field(metadata={
         "help": "Hugging Face model directory (e.g. from `spanrl model init`)", "positional": True})
-    host: str = setting("127.0.0.1", "bind address")
+    host: str = setting("127.0.0.1", "bind address (another address: give a token and TLS too)")
     port: int = setting(8000, "port")
-    token: str | None = setting(None, "require 'Authorization: Bearer TOKEN'", secret=True)
+    token: str | None = setting(None, "require 'Authorization: Bearer TOKEN' (the agents' OPENAI_API_KEY)",
+                                secret=True)
+    admin_token: str | None = setting(
+        None, "the trainer's bearer token for POST /spanrl/v1/weights (never give it to agents; must differ from "
+        "token); none = the route is off", secret=True)
+    weights_dir: str | None = setting(
+        None, "POST /spanrl/v1/weights loads only model directories under this folder (the training run's "
+        "output folder); required with admin_token")
+    tls_cert: str | None = setting(None, "PEM certificate (chain) file: serve HTTPS only (with tls_key)")
+    tls_key: str | None = setting(None, "PEM private key file of tls_cert")
+    max_concurrency: int = setting(2048, "connections and requests served at once; more get 503 at once")
+    max_queued_requests: int = setting(
+        1024, "requests waiting for the engine (not decoding yet); more get 503 with Retry-After")
     device: str = setting("auto", "auto | cpu | cuda | cuda:N")
     dtype: str = setting("auto", "auto | float32 | bfloat16 | float16 (auto: float32 on CPU)")
     max_batch_size: int = setting(64, "most sequences decoded together in one batch")
@@ -52,6 +65,25 @@ class ServeSettings:
 SETTINGS = CommandSettings("serve", ServeSettings, "SERVE")
 
 
+def weights_admin_of(settings: ServeSettings) -> Any:
+    """The ``WeightsAdmin`` of ``admin_token`` and ``weights_dir`` (None when the route is off);
+    ``SettingError`` when only one is given or the admin token is the agents' token."""
+    from spanrl.errors import SettingError
+    from spanrl.trainer_bridge.torch_backend.server.policy import WeightsAdmin
+
+    if settings.admin_token is None and settings.weights_dir is None:
+        return None
+    if not settings.admin_token or not settings.weights_dir:
+        raise SettingError("loading weights over HTTP needs both admin_token and weights_dir (the folder the "
+                           "trainer writes model directories to); give both or neither")
+    if settings.admin_token == settings.token:
+        raise SettingError("admin_token must differ from token: agents hold the token, only the trainer may "
+                           "hold the admin token")
+    if not os.path.isdir(settings.weights_dir):
+        raise SettingError(f"weights_dir {settings.weights_dir!r} is not a folder")
+    return WeightsAdmin(settings.admin_token, settings.weights_dir)
+
+
 def add_parser(subparsers) -> None:
     parser = subparsers.add_parser("serve", help="serve a model directory as an OpenAI-compatible endpoint")
     SETTINGS.add_to(parser)
@@ -65,8 +97,14 @@ def _serve(settings: ServeSettings) -> int:
         from spanrl.trainer_bridge.prompt_resources import PromptResources
 
         PromptResources.from_file(settings.prompts)
+    weights_admin = weights_admin_of(settings)
+    from spanrl.server_security import TlsSetupError, check_tls_pair
+
+    try:  # before the model loads; the server warns when it is exposed (app.check_server_security)
+        tls = check_tls_pair(settings.tls_cert, settings.tls_key, "tls_cert/tls_key")
+    except TlsSetupError as exc:
+        raise UserError(f"cannot serve over TLS: {exc}") from exc
     import torch
-    import uvicorn
 
     if settings.threads > 0:
         torch.set_num_threads(settings.threads)
@@ -76,28 +114,23 @@ def _serve(settings: ServeSettings) -> int:
         os.environ[SPANS_ENDPOINT_ENV] = settings.spans_endpoint
 
     from spanrl.trainer_bridge.torch_backend.engine.policy_engine import PolicyEngine
-    from spanrl.trainer_bridge.torch_backend.server.app import create_app
 
     own_name = next((name for name in settings.served_model_name if name != ANY_NAME), None)
     engine = PolicyEngine.from_pretrained(
         settings.model_dir, device=settings.device, dtype=settings.dtype,
         model_name=own_name, version=settings.policy_version,
         max_batch_size=settings.max_batch_size, batch_wait_s=settings.batch_wait_ms / 1000.0,
+        max_queued_requests=settings.max_queued_requests,
     ).start()
     if settings.single_process:
-        print(f"serving model {engine.model_name!r} on http://{settings.host}:{settings.port}/v1")
-        try:
-            uvicorn.run(create_app(engine, settings.token, model_names=settings.served_model_name,
-                                   prompts=settings.prompts or None),
-                        host=settings.host, port=settings.port, log_level="info", access_log=False)
-        finally:
-            engine.stop()
-        return 0
+        return _serve_in_this_process(settings, engine, weights_admin, tls)
     from spanrl.trainer_bridge.torch_backend.server.api_process import serve_in_process
 
     try:
         handle = serve_in_process(engine, settings.host, settings.port, settings.token, log_level="info",
-                                  model_names=settings.served_model_name, prompts=settings.prompts or None)
+                                  weights_admin=weights_admin, tls_cert=settings.tls_cert, tls_key=settings.tls_key,
+                                  max_concurrency=settings.max_concurrency, model_names=settings.served_model_name,
+                                  prompts=settings.prompts or None)
     except OSError as exc:  # the address is taken: a setting the user can change
         engine.stop()
         raise UserError(f"cannot serve on {settings.host}:{settings.port}: {exc}") from exc
@@ -113,3 +146,22 @@ def _serve(settings: ServeSettings) -> int:
         handle.stop()
         engine.stop()
     return 0 if status in (0, -2, 130) else 1
+
+
+def _serve_in_this_process(settings: ServeSettings, engine: Any, weights_admin: Any, tls: bool) -> int:
+    """``--single-process``: uvicorn in this process, over the engine's own thread."""
+    import uvicorn
+
+    from spanrl.trainer_bridge.torch_backend.server.app import check_server_security, create_app
+
+    check_server_security(settings.host, settings.token, settings.tls_cert, settings.tls_key)
+    print(f"serving model {engine.model_name!r} on {'https' if tls else 'http'}://{settings.host}:{settings.port}/v1")
+    try:
+        uvicorn.run(create_app(engine, settings.token, weights_admin=weights_admin,
+                               model_names=settings.served_model_name, prompts=settings.prompts or None),
+                    host=settings.host,
+                    port=settings.port, log_level="info", access_log=False, limit_concurrency=settings.max_concurrency,
+                    ssl_certfile=settings.tls_cert, ssl_keyfile=settings.tls_key)
+    finally:
+        engine.stop()
+    return 0

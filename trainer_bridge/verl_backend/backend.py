@@ -25,7 +25,13 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from spanrl.errors import UserError
-from spanrl.trainer_bridge.backend import BackendRun, BackendUnavailable, TrainingSample, UpdateStats
+from spanrl.trainer_bridge.backend import (
+    BackendRun,
+    BackendUnavailable,
+    TrainingSample,
+    UpdateStats,
+    make_owner_only_dir,
+)
 
 from .metrics import flatten_metrics
 
@@ -208,6 +214,7 @@ class VerlBackend:
         """verl's checkpoint of the actor (model, optimizer, RNG; resumable) under
         ``root/step-N/actor``; returns the Hugging Face model verl writes inside it."""
         path = os.path.join(os.path.abspath(root), f"step-{self.step:06d}")
+        make_owner_only_dir(path)  # verl writes inside: weights and optimizer state stay the user's
         keep = self.verl.keep_checkpoints or None
         self.workers.actor.save_checkpoint(os.path.join(path, "actor"), None, self.step, keep)
         with open(os.path.join(path, VERSION_FILE), "w") as f:
@@ -263,17 +270,18 @@ def check_backend(run: BackendRun) -> bool:
     return cpu_mode
 
 
-def gateway_config(run: BackendRun) -> GatewayConfig:
+def gateway_config(run: BackendRun, upstream_api_key: str | None = None) -> GatewayConfig:
     """The gateway's settings for ``run``: the endpoint agents call (its names, its bearer token,
-    validation rollouts' temperature, prompt resources) and the ``verl:`` block's sampling
-    temperature and pause wait."""
+    validation rollouts' temperature, prompt resources, TLS) and the ``verl:`` block's sampling
+    temperature and pause wait; ``upstream_api_key``: the key verl's replicas require."""
     from .gateway import GatewayConfig
 
     verl, endpoint = run.options, run.endpoint
     return GatewayConfig(host=endpoint.host, port=endpoint.port, served_model_name=endpoint.model_name,
                          model_names=endpoint.model_names, api_token=endpoint.token, temperature=verl.temperature,
                          validation_temperature=endpoint.validation_temperature, pause_wait_s=verl.pause_wait_s,
-                         prompts=endpoint.prompts)
+                         prompts=endpoint.prompts, upstream_api_key=upstream_api_key, tls_cert=endpoint.tls_cert,
+                         tls_key=endpoint.tls_key)
 
 
 def start_backend(run: BackendRun) -> VerlBackend:
@@ -304,7 +312,7 @@ def start_backend(run: BackendRun) -> VerlBackend:
             workers.sync_weights(policy_version)
             logger.info("resumed from %s (policy version %d)", path, policy_version)
         gateway = start_gateway(
-            gateway_config(run),
+            gateway_config(run, upstream_api_key=workers.replica_api_key),
             workers.server_urls,
         )
     except BaseException:

@@ -23,9 +23,13 @@ recomputes log-probs at that temperature; an agent's other value is logged once 
 503's ``Retry-After``; the ``openai`` client retries by itself), ``request_timeout_s`` (a
 non-streamed request's whole time; for a stream, its wait for each next event),
 ``health_check_interval_s`` (how often an upstream out of rotation is probed), ``api_token``
-(when set, agents must send ``Authorization: Bearer <token>``), ``spans_endpoint`` (where the
-gateway's own LLM span per request goes over OTLP, ``trainer_bridge/endpoint_spans.py``; None:
-``OTEL_SPANRL_SERVE_SPANS_ENDPOINT`` / ``OTEL_EXPORTER_OTLP_*`` as for ``spanrl serve``; ``off``: none).
+(when set, agents must send ``Authorization: Bearer <token>``), ``upstream_api_key`` (sent to
+the upstreams as their bearer token: verl's vLLM replicas require one), ``spans_endpoint`` (where
+the gateway's own LLM span per request goes over OTLP, ``trainer_bridge/endpoint_spans.py``; None:
+``OTEL_SPANRL_SERVE_SPANS_ENDPOINT`` / ``OTEL_EXPORTER_OTLP_*`` as for ``spanrl serve``; ``off``:
+none), ``tls_cert``/``tls_key`` (PEM files: HTTPS only), ``max_body_bytes`` (a larger request
+body gets 413), ``max_concurrency`` (connections and requests at once; more get 503 at once).
+Bound beyond loopback without a token, or with a token but no TLS, it logs one warning.
 
 The gateway is the relay of ``trainer_bridge/relay/`` (the same code as ``spanrl proxy``) with
 the replicas as upstreams: ``relay_config()`` says how it treats requests; what is its own is the
@@ -75,9 +79,14 @@ class GatewayConfig:
     request_timeout_s: float = 600.0
     health_check_interval_s: float = 2.0
     api_token: str | None = None
+    upstream_api_key: str | None = None  # the upstreams' bearer token (verl's replicas: VLLM_API_KEY)
     log_level: str = "warning"  # uvicorn's
     spans_endpoint: str | None = None  # OTLP endpoint of its LLM spans; None: the environment's; "off": none
     prompts: str | None = None  # a file of prompt resources (trainer_bridge/prompt_resources.py)
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    max_body_bytes: int = 32 * 1024 * 1024  # as the embedded policy server's
+    max_concurrency: int = 2048
 
     @property
     def names(self) -> ServedModelNames:
@@ -96,7 +105,8 @@ class GatewayConfig:
             raise SettingError(f"gateway validation_temperature {self.validation_temperature} must be >= 0")
         if self.pause_wait_s < 0:
             raise SettingError(f"gateway pause_wait_s must be >= 0, got {self.pause_wait_s}")
-        for name in ("retry_after_s", "request_timeout_s", "health_check_interval_s"):
+        for name in ("retry_after_s", "request_timeout_s", "health_check_interval_s", "max_body_bytes",
+                     "max_concurrency"):
             if getattr(self, name) <= 0:
                 raise SettingError(f"gateway {name} must be positive, got {getattr(self, name)}")
 
@@ -107,8 +117,9 @@ class GatewayConfig:
             temperature=self.temperature, validation_temperature=self.validation_temperature,
             request_timeout_s=self.request_timeout_s, retry_after_s=self.retry_after_s,
             health_check_interval_s=self.health_check_interval_s, rotate_out_on_failure=True,
-            api_token=self.api_token, stamp_policy_version=True, spans_endpoint=self.spans_endpoint,
-            prompts=self.prompts)
+            api_token=self.api_token, upstream_api_key=self.upstream_api_key, stamp_policy_version=True,
+            spans_endpoint=self.spans_endpoint, prompts=self.prompts, tls_cert=self.tls_cert, tls_key=self.tls_key,
+            max_body_bytes=self.max_body_bytes, max_concurrency=self.max_concurrency)
 
 
 class GatewayHandle:
@@ -120,7 +131,9 @@ class GatewayHandle:
         self._upstreams = list(upstreams)
         self.prompts = PromptResources.from_file(config.prompts) if config.prompts else PromptResources()
         self._server = RelayServer("gateway", config.host, config.port, lambda: GatewayState(config, self._upstreams),
-                                   lambda state: create_app(state, self.prompts), config.log_level)
+                                   lambda state: create_app(state, self.prompts), config.relay_config(),
+                                   config.log_level, exposure_hint="policy_token, tls_cert/tls_key")
+        self.tls = self._server.tls
         self.port: int = self._server.port
         self.host = config.host
 

@@ -5,16 +5,33 @@ group, the vLLM rollout replicas and the checkpoint engine that syncs weights in
 the verl backend (``backend.py``) drives them one update at a time. This mirrors the setup part
 of verl's ``RayPPOTrainer.init_workers`` (actor + rollout only: spanrl brings its own rollouts,
 rewards and advantages, so verl's dataloader, reward loop and agent loop are not started).
+
+Nothing listens beyond loopback unless the user asks for a cluster: without ``ray_address``,
+Ray starts a local cluster whose node address is 127.0.0.1 (``bind_ray_to_loopback``), so its
+GCS, raylet, workers and agents and the vLLM replicas (which bind the node's address) listen on
+loopback only; verl's process group meets through a file instead of a TCP store (which would
+listen on every address) and gloo and vLLM use the loopback interface (``local_cluster_env``).
+The replicas also take an API key (``VLLM_API_KEY``, made per run, held by the gateway), so even
+on a cluster (``verl.ray_address``, docs/verl.md) only the gateway reaches them.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import secrets
+import socket
+import tempfile
 from dataclasses import dataclass
 from typing import Any
 
 logger = logging.getLogger(__name__)
+
+# Ray takes its node address from the route to other machines, turning even 127.0.0.1 given to
+# ray.init into that address; with this (read by ray._private.ray_constants) its node address is
+# 127.0.0.1, and every server of the cluster binds it. It also means "no other node can join".
+RAY_LOCAL_ONLY_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+REPLICA_KEY_ENV = "VLLM_API_KEY"  # vLLM's own: its OpenAI routes then require 'Bearer <key>'
 
 # environment every verl process needs in CPU mode (the driver sets it too, before importing verl)
 CPU_MODE_ENV = {
@@ -30,13 +47,16 @@ CPU_MODE_ENV = {
 @dataclass
 class VerlWorkers:
     """The running verl parts: ``actor`` (worker group), ``llm_servers`` (vLLM replicas' manager),
-    ``checkpoints`` (the checkpoint engine manager that pushes actor weights into vLLM)."""
+    ``checkpoints`` (the checkpoint engine manager that pushes actor weights into vLLM),
+    ``replica_api_key`` (the bearer token the replicas require; only the gateway holds it)."""
 
     config: Any
     actor: Any
     llm_servers: Any
     checkpoints: Any
     owns_ray: bool
+    replica_api_key: str | None = None
+    env: dict[str, str] | None = None  # what Ray's workers were started with (local_cluster_env)
 
     @property
     def server_urls(self) -> list[str]:
@@ -62,6 +82,9 @@ class VerlWorkers:
 
         if self.owns_ray and ray.is_initialized():
             ray.shutdown()
+        rendezvous = (self.env or {}).get("DIST_INIT_METHOD", "").removeprefix("file://")
+        if rendezvous and os.path.exists(rendezvous):  # torch removes it when every rank closed it cleanly
+            os.remove(rendezvous)
 
 
 def apply_cpu_mode_environment() -> None:
@@ -70,18 +93,44 @@ def apply_cpu_mode_environment() -> None:
         os.environ.setdefault(key, value)
 
 
-def _start_ray(cpu_mode: bool, ray_address: str, ray_num_cpus: int) -> bool:
-    """Start (or join) Ray with the environment verl's workers need; True if we started it."""
+def bind_ray_to_loopback() -> None:
+    """Make the local Ray cluster this process starts use 127.0.0.1 as its node address: in this
+    process (Ray reads the flag when it picks the address) and in the processes it starts."""
+    os.environ.update(RAY_LOCAL_ONLY_ENV)
+    from ray._private import ray_constants  # imported by ray itself: set what it already read
+
+    ray_constants.ENABLE_RAY_CLUSTER = False
+
+
+def local_cluster_env() -> dict[str, str]:
+    """What verl's workers need on a one-machine cluster so that none listens beyond loopback:
+    their process group meets through a file (``DIST_INIT_METHOD``, read by verl; torch's TCP
+    store would listen on every address), gloo pairs and vLLM's own groups on loopback."""
+    rendezvous = os.path.join(tempfile.gettempdir(), f"spanrl-verl-pg-{os.getpid()}-{secrets.token_hex(8)}")
+    env = {**RAY_LOCAL_ONLY_ENV, "DIST_INIT_METHOD": f"file://{rendezvous}", "VLLM_HOST_IP": "127.0.0.1"}
+    if "lo" in {name for _, name in socket.if_nameindex()}:  # Linux's loopback interface
+        env["GLOO_SOCKET_IFNAME"] = "lo"
+    return env
+
+
+def _start_ray(cpu_mode: bool, ray_address: str, ray_num_cpus: int, replica_api_key: str) -> dict[str, str] | None:
+    """Start (or join) Ray with the environment verl's workers need; returns that environment
+    if we started (or joined) it, None when Ray was already running in this process.
+
+    Without ``ray_address`` the cluster is local and bound to loopback; with one, the cluster
+    is the user's (its binding and access are set where it was started: ``ray start``)."""
     import ray
 
     if ray.is_initialized():
-        return False
-    env = {"TOKENIZERS_PARALLELISM": "false", "RAY_DEDUP_LOGS": "0"}
+        return None
+    env = {"TOKENIZERS_PARALLELISM": "false", "RAY_DEDUP_LOGS": "0", REPLICA_KEY_ENV: replica_api_key}
     if cpu_mode:
         env.update(CPU_MODE_ENV)
     if ray_address:
         ray.init(address=ray_address, runtime_env={"env_vars": env})
-        return True
+        return env
+    bind_ray_to_loopback()
+    env.update(local_cluster_env())
     options: dict[str, Any] = {"runtime_env": {"env_vars": env}, "include_dashboard": False}
     if cpu_mode:
         # verl places workers on Ray "GPU" resources; CPU mode offers one per actor rank (a
@@ -92,12 +141,13 @@ def _start_ray(cpu_mode: bool, ray_address: str, ray_num_cpus: int) -> bool:
     elif ray_num_cpus:
         options["num_cpus"] = ray_num_cpus
     ray.init(**options)
-    return True
+    return env
 
 
 def start_verl_workers(config: Any, cpu_mode: bool, ray_address: str = "", ray_num_cpus: int = 0) -> VerlWorkers:
     """Ray, the actor worker group (model loaded), the vLLM replicas (serving), weights synced."""
-    owns_ray = _start_ray(cpu_mode, ray_address, ray_num_cpus)
+    replica_api_key = secrets.token_urlsafe(32)
+    env = _start_ray(cpu_mode, ray_address, ray_num_cpus, replica_api_key)
     import ray
     from verl.checkpoint_engine import CheckpointEngineManager
     from verl.single_controller.ray import RayClassWithInitArgs, RayWorkerGroup
@@ -135,7 +185,8 @@ def start_verl_workers(config: Any, cpu_mode: bool, ray_address: str = "", ray_n
     engine_config = omega_conf_to_dataclass(config.actor_rollout_ref.rollout.checkpoint_engine)
     checkpoints = CheckpointEngineManager(config=engine_config, actor_wg=actor, replicas=llm_servers.get_replicas())
     workers = VerlWorkers(config=config, actor=actor, llm_servers=llm_servers, checkpoints=checkpoints,
-                          owns_ray=owns_ray)
+                          owns_ray=env is not None, replica_api_key=replica_api_key if env is not None else None,
+                          env=env)
     checkpoints.sleep_replicas()
     workers.sync_weights(0)
     logger.info("vLLM replicas serving at %s", ", ".join(workers.server_urls))

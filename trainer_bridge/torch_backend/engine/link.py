@@ -125,6 +125,8 @@ class EngineHost:
             self.engine.enqueue(job)
         except Exception as exc:
             self._jobs.pop(request_id, None)
+            if not isinstance(exc, EngineError):
+                logger.error("the engine refused a request", exc_info=exc)
             send(Done(request_id, None, ErrorInfo.of(exc)))
 
     def _start_call(self, message: Call) -> None:
@@ -137,6 +139,8 @@ class EngineHost:
         try:
             value = getattr(self.engine, message.name)(*message.args)
         except Exception as exc:
+            if not isinstance(exc, EngineError):  # a failure of ours: its text stays in this log
+                logger.error("the engine's %s failed", message.name, exc_info=exc)
             self.channel.send(Reply(message.call_id, None, ErrorInfo.of(exc)))
         else:
             self.channel.send(Reply(message.call_id, value, None))

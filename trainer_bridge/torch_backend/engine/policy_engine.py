@@ -11,6 +11,7 @@ requests and results are the torch-free types of ``requests.py``.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
@@ -33,6 +34,7 @@ from spanrl.trainer_bridge.torch_backend.engine.requests import (
     PromptTooLongError,
     SamplingParams,
     TokenEvent,
+    WeightsVersionError,
     check_request,
 )
 from spanrl.trainer_bridge.torch_backend.engine.sampling import Sampler
@@ -52,7 +54,8 @@ class PolicyEngine:
     """
 
     def __init__(self, model: Any, tokenizer: Any, model_name: str = "policy", version: int = 0,
-                 max_batch_size: int = 64, max_n: int = 64, batch_wait_s: float = 0.02):
+                 max_batch_size: int = 64, max_n: int = 64, batch_wait_s: float = 0.02,
+                 max_queued_requests: int = 1024):
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.model_name = model_name
@@ -67,8 +70,9 @@ class PolicyEngine:
             model, self._detokenizer, Sampler(self.device), self._masks,
             pad_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0,
             version=version, max_batch_size=max_batch_size, batch_wait_s=batch_wait_s,
-            grammars=Grammars(tokenizer, self._detokenizer))
+            grammars=Grammars(tokenizer, self._detokenizer), max_queued=max_queued_requests)
         self.stats: EngineStats = self._scheduler.stats
+        self._directory_load = threading.Lock()  # one HTTP weight load at a time: its version check holds
 
     # ------------------------------------------------------------------ construction
 
@@ -76,7 +80,7 @@ class PolicyEngine:
     def from_pretrained(cls, model_dir: str | Path, device: str | None = None,
                         dtype: str | None = None, model_name: str | None = None,
                         version: int = 0, max_batch_size: int = 64,
-                        batch_wait_s: float = 0.02) -> PolicyEngine:
+                        batch_wait_s: float = 0.02, max_queued_requests: int = 1024) -> PolicyEngine:
         """Load a Hugging Face model directory; ``device``/``dtype`` as ``devices.py`` reads them."""
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -86,7 +90,7 @@ class PolicyEngine:
         tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
         name = model_name or Path(str(model_dir)).resolve().name
         return cls(model, tokenizer, model_name=name, version=version, max_batch_size=max_batch_size,
-                   batch_wait_s=batch_wait_s)
+                   batch_wait_s=batch_wait_s, max_queued_requests=max_queued_requests)
 
     @classmethod
     def from_config(cls, model_dir: str | Path, config: EngineConfig, model_name: str | None = None,
@@ -224,14 +228,23 @@ class PolicyEngine:
         self._scheduler.swap_weights(state_dict, version, timeout)
 
     def load_weights_from_dir(self, model_dir: str | Path, version: int) -> None:
-        """Read an HF model directory's weights and swap them in (``POST /spanrl/v1/weights``)."""
+        """Read an HF model directory's weights and swap them in (``POST /spanrl/v1/weights``).
+
+        ``version`` must be above the serving version and any swap still pending
+        (``WeightsVersionError`` otherwise): an older directory never replaces newer weights."""
         from transformers import AutoModelForCausalLM
 
         path = Path(model_dir)
         if not (path / "config.json").is_file():
             raise EngineError(f"{str(path)!r} is not a Hugging Face model directory (no config.json)", "path")
-        loaded = AutoModelForCausalLM.from_pretrained(str(path), dtype=next(self.model.parameters()).dtype)
-        self.swap_weights(loaded.state_dict(), version)
+        with self._directory_load:
+            pending = self.pending_swap
+            newest = max(self.version, pending.version if pending is not None else self.version)
+            if int(version) <= newest:
+                raise WeightsVersionError(f"version {version} is not above the serving version {newest}",
+                                          "version")
+            loaded = AutoModelForCausalLM.from_pretrained(str(path), dtype=next(self.model.parameters()).dtype)
+            self.swap_weights(loaded.state_dict(), version)
 
 
 __all__ = ["PolicyEngine", "SamplingParams", "GenerationResult", "ChoiceResult", "TokenEvent",

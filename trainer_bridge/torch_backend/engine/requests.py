@@ -39,6 +39,20 @@ class EngineStoppedError(EngineError):
     error_type = "server_error"
 
 
+class EngineOverloadedError(EngineError):
+    """503: the engine's queue is full; the client may retry after ``retry_after_s``."""
+
+    status = 503
+    error_type = "server_error"
+    retry_after_s = 1.0
+
+
+class WeightsVersionError(EngineError):
+    """409: weights loaded over HTTP must carry a version above the serving (and pending) one."""
+
+    status = 409
+
+
 @dataclass
 class SamplingParams:
     """How to sample one request. ``top_k`` 0 or -1 and ``top_p`` 1.0 mean off. ``grammar``: an

@@ -33,6 +33,7 @@ from spanrl.trainer_bridge.torch_backend.engine.kv_cache import (
 )
 from spanrl.trainer_bridge.torch_backend.engine.requests import (
     EngineError,
+    EngineOverloadedError,
     EngineStats,
     EngineStoppedError,
     GenerationRequest,
@@ -69,7 +70,8 @@ class Scheduler:
     """
 
     def __init__(self, model: Any, detokenizer: Detokenizer, sampler: Sampler, masks: AttentionMasks, *,
-                 pad_id: int, version: int, max_batch_size: int, batch_wait_s: float, grammars: Grammars):
+                 pad_id: int, version: int, max_batch_size: int, batch_wait_s: float, grammars: Grammars,
+                 max_queued: int = 1024):
         self.model = model
         self.grammars = grammars
         self.detokenizer = detokenizer
@@ -81,6 +83,7 @@ class Scheduler:
         self.version_listeners: list[Callable[[int], None]] = []
         self.max_batch_size = max_batch_size
         self.batch_wait_s = batch_wait_s
+        self.max_queued = max_queued  # requests not decoding yet above this: EngineOverloadedError (a 503)
         # newcomers join a running batch once they are this share of it, or waited batch_wait_s
         # (_time_to_join); 0.25 measured best on the bench (0.125-0.5 within noise, 0 worse)
         self.join_fraction = 0.25
@@ -111,6 +114,10 @@ class Scheduler:
     def enqueue(self, request: GenerationRequest) -> None:
         if self.thread is None or self._stopping:
             raise EngineStoppedError("the policy engine is not running")
+        # requests not decoding yet (those handed over, and those waiting to join a batch; read
+        # without a lock: a bound, not an exact count)
+        if self._queue.qsize() + len(self._waiting) >= self.max_queued:
+            raise EngineOverloadedError(f"the policy engine has {self.max_queued} requests waiting; retry shortly")
         self._queue.put(request)
 
     def swap_weights(self, state_dict: dict, version: int, timeout: float | None) -> None:

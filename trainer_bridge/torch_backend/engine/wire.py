@@ -19,15 +19,18 @@ from typing import Any
 from spanrl.trainer_bridge.torch_backend.engine.requests import (
     EngineError,
     EngineLimits,
+    EngineOverloadedError,
     EngineStoppedError,
     GenerationResult,
     PromptTooLongError,
     SamplingParams,
     TokenEvent,
+    WeightsVersionError,
 )
 
 _HEADER_BYTES = 4
-_ERRORS = {cls.__name__: cls for cls in (EngineError, PromptTooLongError, EngineStoppedError)}
+_ERRORS = {cls.__name__: cls for cls in (EngineError, PromptTooLongError, EngineStoppedError, EngineOverloadedError,
+                                          WeightsVersionError)}
 
 
 class FrameChannel:
@@ -96,7 +99,8 @@ class ErrorInfo:
         known = _ERRORS.get(self.kind)
         if known is not None:
             return known(self.message, self.param)
-        error = EngineError(f"internal error: {self.message}", self.param)
+        # its text stays in the engine's log (EngineHost logs it): no exception text in a response
+        error = EngineError("internal error of the policy engine (its details are in the server's log)", self.param)
         error.status, error.error_type = 500, "server_error"
         return error
 

@@ -29,13 +29,14 @@ from spanrl.trainer_bridge.torch_backend.engine.link import EngineHost, FrameCha
 
 if TYPE_CHECKING:  # this module never imports torch at run time
     from spanrl.trainer_bridge.torch_backend.engine.policy_engine import PolicyEngine
+    from spanrl.trainer_bridge.torch_backend.server.policy import WeightsAdmin
 
 logger = logging.getLogger(__name__)
 
 MODULE = "spanrl.trainer_bridge.torch_backend.server.api_process"  # what the child runs
 TOKEN_ENV = "SPANRL_API_PROCESS_TOKEN"  # the bearer token reaches the child here, not in its argv
+ADMIN_TOKEN_ENV = "SPANRL_API_PROCESS_ADMIN_TOKEN"  # the weights route's token, likewise
 VALIDATION_TEMPERATURE_ENV = "SPANRL_API_PROCESS_VALIDATION_TEMPERATURE"
-PROMPTS_ENV = "SPANRL_API_PROCESS_PROMPTS"  # the prompts file the child serves prompt resources from
 
 
 @dataclass
@@ -85,51 +86,55 @@ class ProcessServerHandle:
 
 def serve_in_process(engine: PolicyEngine, host: str = "127.0.0.1", port: int = 0, api_token: str | None = None,
                      log_level: str = "warning", startup_timeout: float = 60.0,
-                     validation_temperature: float | None = None, model_names: Sequence[str] = (),
+                     validation_temperature: float | None = None, weights_admin: WeightsAdmin | None = None,
+                     tls_cert: str | None = None, tls_key: str | None = None,
+                     max_concurrency: int | None = None, model_names: Sequence[str] = (),
                      prompts: str | None = None) -> ProcessServerHandle:
     """Serve ``engine`` over HTTP from a child process; ``port=0`` picks a free one.
 
     Starts the engine if it is not running (and then stops it in ``handle.stop()``). Raises
-    ``OSError`` when the address cannot be bound, ``RuntimeError`` when the child fails to start.
-    Where there are no Unix sockets to hand over (Windows), serves from a thread instead.
+    ``OSError`` when the address cannot be bound or the TLS files do not load (``TlsSetupError``),
+    ``RuntimeError`` when the child fails to start. ``weights_admin``: who may load weights over
+    HTTP (``policy.py``); ``tls_cert``/``tls_key``: HTTPS only. Where there are no Unix sockets to
+    hand over (Windows), serves from a thread instead.
     """
+    from spanrl.trainer_bridge.torch_backend.server.app import MAX_CONCURRENCY, check_server_security, url_of
+
+    max_concurrency = max_concurrency or MAX_CONCURRENCY
     if os.name != "posix":
         from spanrl.trainer_bridge.torch_backend.server.app import serve_in_thread
 
         logger.warning("no Unix socketpair here: the policy server's HTTP runs in this process")
         # a thread's handle: the same url, base_url and stop(), but no process to wait() for
         return serve_in_thread(engine, host, port, api_token, log_level,  # type: ignore[return-value]
-                               validation_temperature=validation_temperature, model_names=model_names,
-                               prompts=prompts)
+                               validation_temperature=validation_temperature, weights_admin=weights_admin,
+                               tls_cert=tls_cert, tls_key=tls_key, max_concurrency=max_concurrency,
+                               model_names=model_names, prompts=prompts)
+    tls = check_server_security(host, api_token, tls_cert, tls_key)
     listener = socket.create_server((host, port), backlog=1024)
     bound_port = listener.getsockname()[1]
     ours, theirs = socket.socketpair()
     owns_engine = not engine.is_running
     engine.start()
-    env = dict(os.environ)
-    # the child finds spanrl where this process does, also on a path added at run time
-    # (sys.path already holds this process's PYTHONPATH)
-    env["PYTHONPATH"] = os.pathsep.join(entry for entry in sys.path if entry)
-    env.pop(TOKEN_ENV, None)
-    if api_token:
-        env[TOKEN_ENV] = api_token
-    env.pop(VALIDATION_TEMPERATURE_ENV, None)
-    if validation_temperature is not None:
-        env[VALIDATION_TEMPERATURE_ENV] = repr(float(validation_temperature))
-    env.pop(PROMPTS_ENV, None)
-    if prompts:
-        env[PROMPTS_ENV] = os.path.abspath(prompts)
+    env = _front_end_environment(api_token, weights_admin.token if weights_admin else None, validation_temperature)
     command = [sys.executable, "-m", MODULE, "--engine-fd", str(theirs.fileno()),
-               "--listen-fd", str(listener.fileno()), "--log-level", log_level]
+               "--listen-fd", str(listener.fileno()), "--log-level", log_level,
+               "--max-concurrency", str(max_concurrency)]
+    if weights_admin is not None:
+        command += ["--weights-dir", weights_admin.root]
+    if tls_cert and tls_key:
+        command += ["--tls-cert", tls_cert, "--tls-key", tls_key]
     for name in model_names:
         command += ["--model-name", name]
+    if prompts:
+        command += ["--prompts", os.path.abspath(prompts)]
     try:
         process = subprocess.Popen(command, pass_fds=(theirs.fileno(), listener.fileno()), env=env)
     finally:
         theirs.close()
         listener.close()  # the child holds its own copy: the port stays bound while it lives
     engine_host = EngineHost(engine, FrameChannel(ours)).start()
-    handle = ProcessServerHandle(f"http://{host}:{bound_port}", host, bound_port, process, engine_host, engine,
+    handle = ProcessServerHandle(url_of(host, bound_port, tls), host, bound_port, process, engine_host, engine,
                                  owns_engine)
     deadline = time.monotonic() + startup_timeout
     while not engine_host.ready.wait(0.05):
@@ -142,20 +147,40 @@ def serve_in_process(engine: PolicyEngine, host: str = "127.0.0.1", port: int = 
     return handle
 
 
-def _run_front_end(engine_fd: int, listen_fd: int, log_level: str, model_names: Sequence[str] = ()) -> int:
+def _front_end_environment(api_token: str | None, admin_token: str | None,
+                           validation_temperature: float | None) -> dict[str, str]:
+    """This process's environment for the child, with its tokens (never in its argv) and settings."""
+    env = dict(os.environ)
+    # the child finds spanrl where this process does, also on a path added at run time
+    # (sys.path already holds this process's PYTHONPATH)
+    env["PYTHONPATH"] = os.pathsep.join(entry for entry in sys.path if entry)
+    temperature = None if validation_temperature is None else repr(float(validation_temperature))
+    for name, value in ((TOKEN_ENV, api_token), (ADMIN_TOKEN_ENV, admin_token),
+                        (VALIDATION_TEMPERATURE_ENV, temperature)):
+        env.pop(name, None)
+        if value:
+            env[name] = value
+    return env
+
+
+def _run_front_end(engine_fd: int, listen_fd: int, args: argparse.Namespace) -> int:
     import uvicorn
 
     from spanrl.trainer_bridge.torch_backend.server.app import create_app
+    from spanrl.trainer_bridge.torch_backend.server.policy import WeightsAdmin
 
     channel = FrameChannel(socket.socket(fileno=engine_fd))
     engine = RemoteEngine(channel)
     listener = socket.socket(fileno=listen_fd)
     validation_temperature = os.environ.get(VALIDATION_TEMPERATURE_ENV)
-    app = create_app(engine, os.environ.get(TOKEN_ENV) or None,
+    admin_token = os.environ.get(ADMIN_TOKEN_ENV)
+    admin = WeightsAdmin(admin_token, args.weights_dir) if admin_token and args.weights_dir else None
+    app = create_app(engine, os.environ.get(TOKEN_ENV) or None, weights_admin=admin,
                      validation_temperature=None if validation_temperature is None else float(validation_temperature),
-                     model_names=model_names, prompts=os.environ.get(PROMPTS_ENV) or None)
-    config = uvicorn.Config(app, log_level=log_level,
-                            access_log=False, lifespan="off")
+                     model_names=args.model_name, prompts=args.prompts)
+    config = uvicorn.Config(app, log_level=args.log_level, access_log=False, lifespan="off",
+                            limit_concurrency=args.max_concurrency, ssl_certfile=args.tls_cert,
+                            ssl_keyfile=args.tls_key)
     server = uvicorn.Server(config)
 
     def engine_gone() -> None:
@@ -175,10 +200,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--engine-fd", type=int, required=True, help="socket to the engine's process")
     parser.add_argument("--listen-fd", type=int, required=True, help="bound, listening HTTP socket")
     parser.add_argument("--log-level", default="warning")
+    parser.add_argument("--max-concurrency", type=int, default=None, help="uvicorn's limit_concurrency")
+    parser.add_argument("--weights-dir", default=None, help="POST /spanrl/v1/weights loads only under it")
+    parser.add_argument("--tls-cert", default=None, help="PEM certificate: serve HTTPS")
+    parser.add_argument("--tls-key", default=None, help="PEM key of --tls-cert")
     parser.add_argument("--model-name", action="append", default=[], help="a name the server answers to ('*': any)")
+    parser.add_argument("--prompts", default=None, help="a prompts file: the prompt resources it serves")
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
-    return _run_front_end(args.engine_fd, args.listen_fd, args.log_level, args.model_name)
+    return _run_front_end(args.engine_fd, args.listen_fd, args)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,6 @@ replace agents' instructions before a route sees the request, and add ``/spanrl/
 from __future__ import annotations
 
 import logging
-import secrets
 import threading
 import time
 from collections.abc import Sequence
@@ -24,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from fastapi import Depends, FastAPI, Request
 
 from spanrl.instrumentation import semconv
+from spanrl.server_security import bearer_token_matches, check_tls_pair, warn_if_exposed
 from spanrl.trainer_bridge.endpoint_prompts import install_prompt_resources
 from spanrl.trainer_bridge.endpoint_spans import EndpointSpans
 from spanrl.trainer_bridge.model_names import ServedModelNames
@@ -36,6 +36,7 @@ from spanrl.trainer_bridge.torch_backend.server.errors import (
     error_response,
     install_error_handlers,
 )
+from spanrl.trainer_bridge.torch_backend.server.policy import WeightsAdmin
 from spanrl.trainer_bridge.torch_backend.server.serving import ServedEngine, ServerState
 
 if TYPE_CHECKING:  # this module runs in the torch-free API process too (api_process.py)
@@ -49,18 +50,24 @@ VERSION_HEADER = semconv.POLICY_VERSION_HEADER  # kept for importers of the old 
 ROUTERS = (chat_completions.router, completions.router, responses.router, models.router, policy.router)
 # Largest request body: far above any real prompt, far below what would strain memory.
 MAX_BODY_BYTES = 32 * 1024 * 1024
+# Connections and requests uvicorn serves at once; past it, new requests get a 503 at once
+# instead of piling up (the engine's own queue is bounded too: PolicyEngine's max_queued_requests).
+MAX_CONCURRENCY = 2048
+# routes that do not take the agents' token: the health probe, and the weights route (its own token)
+NO_AGENT_TOKEN_PATHS = (policy.HEALTH_PATH, policy.WEIGHTS_PATH)
 SPANS_FROM_ENVIRONMENT = "environment"  # create_app's default: EndpointSpans.from_environment()
 
 
 def create_app(engine: ServedEngine, api_token: str | None = None,
                spans: EndpointSpans | None | str = SPANS_FROM_ENVIRONMENT,
-               validation_temperature: float | None = None, model_names: Sequence[str] = (),
-               prompts: PromptResources | str | None = None) -> FastAPI:
+               validation_temperature: float | None = None, weights_admin: WeightsAdmin | None = None,
+               model_names: Sequence[str] = (), prompts: PromptResources | str | None = None) -> FastAPI:
     """A FastAPI app serving ``engine``; requires ``Authorization: Bearer <api_token>`` if set.
 
     ``spans``: where its LLM span per generation request goes (``trainer_bridge/endpoint_spans.py``):
     by default as the environment says (off when it names no OTLP endpoint), None for none.
     ``validation_temperature``: what validation rollouts are sampled at (``serving.ServerState``).
+    ``weights_admin``: who may call ``POST /spanrl/v1/weights`` (``policy.py``); None: nobody.
     ``model_names``: the names it answers to (``*``: any; none: only the engine's own name).
     ``prompts``: its prompt resources, or a prompts file to read them from (None: none until set
     by ``POST /spanrl/v1/prompts``)."""
@@ -69,7 +76,10 @@ def create_app(engine: ServedEngine, api_token: str | None = None,
     # when a token is set, since solving a dependency costs each request too
     dependencies = [Depends(_bearer_token_check(api_token))] if api_token else []
     app = FastAPI(title="spanrl policy server", docs_url=None, redoc_url=None, dependencies=dependencies)
-    app.state.server = ServerState(engine, validation_temperature=validation_temperature,
+    if weights_admin is not None and api_token is not None and weights_admin.token == api_token:
+        raise ValueError("the admin token must differ from the agents' token")
+    app.state.server = ServerState(engine, validation_temperature=validation_temperature, api_token=api_token,
+                                   weights_admin=weights_admin,
                                    model_names=ServedModelNames.of(model_names, engine.model_name))
     install_error_handlers(app)
     if not isinstance(prompts, PromptResources):
@@ -120,15 +130,27 @@ class _BodyLimit:
                                code="request_too_large")
 
 
-def _bearer_token_check(api_token: str | None) -> Any:
-    expected = f"Bearer {api_token}"
-
+def _bearer_token_check(api_token: str) -> Any:
     async def check_token(request: Request) -> None:
-        if request.url.path != policy.HEALTH_PATH:
-            if not secrets.compare_digest(request.headers.get("authorization", ""), expected):
+        if request.url.path not in NO_AGENT_TOKEN_PATHS:
+            if not bearer_token_matches(request.headers.get("authorization"), api_token):
                 raise AuthenticationError("missing or wrong bearer token", code="invalid_api_key")
 
     return check_token
+
+
+def check_server_security(host: str, api_token: str | None, tls_cert: str | None, tls_key: str | None) -> bool:
+    """Before the server starts: its TLS files load as a pair (``TlsSetupError`` otherwise), and
+    one warning if it is reachable beyond loopback without a token or TLS. Returns whether TLS is on."""
+    tls = check_tls_pair(tls_cert, tls_key, "the policy server")
+    warn_if_exposed("the policy server", host, bool(api_token), tls, logger, "token, tls_cert/tls_key")
+    return tls
+
+
+def url_of(host: str, port: int, tls: bool) -> str:
+    """``http(s)://host:port`` as a client on this machine writes it."""
+    shown = "127.0.0.1" if host in ("0.0.0.0", "", "::") else (f"[{host}]" if ":" in host else host)
+    return f"{'https' if tls else 'http'}://{shown}:{port}"
 
 
 @dataclass
@@ -158,19 +180,23 @@ class ServerHandle:
 def serve_in_thread(engine: PolicyEngine, host: str = "127.0.0.1", port: int = 0,
                     api_token: str | None = None, log_level: str = "warning",
                     startup_timeout: float = 30.0, validation_temperature: float | None = None,
+                    weights_admin: WeightsAdmin | None = None, tls_cert: str | None = None,
+                    tls_key: str | None = None, max_concurrency: int = MAX_CONCURRENCY,
                     model_names: Sequence[str] = (), prompts: PromptResources | str | None = None) -> ServerHandle:
     """Run the server for ``engine`` in a daemon thread of this process; ``port=0`` picks a free one.
 
-    Starts the engine if it is not running (and then stops it in ``handle.stop()``).
+    Starts the engine if it is not running (and then stops it in ``handle.stop()``). With
+    ``tls_cert``/``tls_key`` it speaks HTTPS only.
     """
     import uvicorn
 
+    tls = check_server_security(host, api_token, tls_cert, tls_key)
     owns_engine = not engine.is_running
     engine.start()
-    app = create_app(engine, api_token, validation_temperature=validation_temperature, model_names=model_names,
-                     prompts=prompts)
-    config = uvicorn.Config(app, host=host, port=port, log_level=log_level,
-                            access_log=False, lifespan="off")
+    app = create_app(engine, api_token, validation_temperature=validation_temperature, weights_admin=weights_admin,
+                     model_names=model_names, prompts=prompts)
+    config = uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False, lifespan="off",
+                            limit_concurrency=max_concurrency, ssl_certfile=tls_cert, ssl_keyfile=tls_key)
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, name="spanrl-policy-server", daemon=True)
     thread.start()
@@ -183,9 +209,10 @@ def serve_in_thread(engine: PolicyEngine, host: str = "127.0.0.1", port: int = 0
             raise RuntimeError(f"the policy server did not start on {host}:{port}")
         time.sleep(0.02)
     bound_port = server.servers[0].sockets[0].getsockname()[1]
-    url = f"http://{host}:{bound_port}"
+    url = url_of(host, bound_port, tls)
     logger.info("policy server listening on %s (model %s, version %d)", url, engine.model_name, engine.version)
     return ServerHandle(url, host, bound_port, server, thread, engine, owns_engine)
 
 
-__all__ = ["create_app", "serve_in_thread", "ServerHandle", "ROUTERS", "VERSION_HEADER"]
+__all__ = ["create_app", "check_server_security", "serve_in_thread", "url_of", "ServerHandle", "ROUTERS",
+           "VERSION_HEADER", "MAX_CONCURRENCY", "WeightsAdmin"]

@@ -2,22 +2,26 @@
 
 Routes raise ``APIError`` subclasses; the engine raises ``EngineError`` (``engine/requests.py``,
 which carries its own HTTP status); pydantic raises ``ValidationError`` for a body that does not
-fit its model; Starlette raises ``HTTPException`` for an unknown route. ``as_api_error`` turns
-each into an ``APIError``, ``error_response`` into ``{"error": {message, type, param, code}}``
-with its status, and ``install_error_handlers`` (called by ``app.create_app``) routes every
-exception of the app there. The streaming routes use ``error_body`` for an error mid-stream.
+fit its model; Starlette raises ``HTTPException`` for an unknown route; JSON nested past
+Python's recursion limit raises ``RecursionError`` (a 400). ``as_api_error`` turns each into an
+``APIError``, ``error_response`` into ``{"error": {message, type, param, code}}`` with its status
+(and ``Retry-After`` when the server is overloaded), and ``install_error_handlers`` (called by
+``app.create_app``) routes every exception of the app there. The streaming routes use
+``error_body`` for an error mid-stream. A failure of the server itself is logged with its
+traceback and answered with a fixed message: no exception text reaches a response body.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from spanrl.trainer_bridge.torch_backend.engine.requests import EngineError
+from spanrl.trainer_bridge.torch_backend.engine.requests import EngineError, EngineOverloadedError
 from spanrl.trainer_bridge.torch_backend.server.protocol import ErrorInfo, ErrorResponse
 
 logger = logging.getLogger(__name__)
@@ -29,6 +33,7 @@ class APIError(Exception):
 
     status = 400
     error_type = "invalid_request_error"
+    retry_after_s: float | None = None  # set: the response carries Retry-After (a 503 that may pass)
 
     def __init__(self, message: str, param: str | None = None, code: str | None = None,
                  status: int | None = None):
@@ -53,6 +58,19 @@ class AuthenticationError(APIError):
 
     status = 401
     error_type = "authentication_error"
+
+
+class PermissionDeniedError(APIError):
+    """403: a known caller asking for what it may not do (an agent's token loading weights)."""
+
+    status = 403
+    error_type = "permission_error"
+
+
+class ConflictError(APIError):
+    """409: a request that contradicts the server's state (weights not newer than the serving ones)."""
+
+    status = 409
 
 
 class NotFoundError(APIError):
@@ -81,7 +99,11 @@ def as_api_error(exc: BaseException) -> APIError:
     if isinstance(exc, EngineError):
         error = APIError(exc.message, exc.param, status=exc.status)
         error.error_type = exc.error_type
+        if isinstance(exc, EngineOverloadedError):
+            error.retry_after_s = exc.retry_after_s
         return error
+    if isinstance(exc, RecursionError):  # JSON nested deeper than Python recurses: the client's doing
+        return InvalidRequestError("the request body is nested too deeply", code="nested_too_deeply")
     if isinstance(exc, ValidationError):
         problems = exc.errors()
         described = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'body'}: {e['msg']}" for e in problems[:5])
@@ -90,7 +112,7 @@ def as_api_error(exc: BaseException) -> APIError:
     if isinstance(exc, StarletteHTTPException):  # unknown route, wrong method
         return APIError(str(exc.detail), status=exc.status_code)
     logger.error("unexpected server error", exc_info=exc)
-    return InternalServerError(f"internal error: {exc}")
+    return InternalServerError("internal error (its details are in the server's log)")
 
 
 def error_body(exc: BaseException) -> ErrorResponse:
@@ -101,7 +123,9 @@ def error_body(exc: BaseException) -> ErrorResponse:
 def error_response(exc: BaseException) -> Response:
     """The one place an exception becomes an HTTP response."""
     error = as_api_error(exc)
-    return Response(_body_of(error).to_json(), status_code=error.status, media_type="application/json")
+    headers = {} if error.retry_after_s is None else {"Retry-After": str(max(1, math.ceil(error.retry_after_s)))}
+    return Response(_body_of(error).to_json(), status_code=error.status, media_type="application/json",
+                    headers=headers)
 
 
 def _body_of(error: APIError) -> ErrorResponse:
@@ -119,6 +143,6 @@ def install_error_handlers(app: FastAPI) -> None:
         app.add_exception_handler(kind, handle)
 
 
-__all__ = ["APIError", "AuthenticationError", "InternalServerError", "InvalidRequestError", "NotFoundError",
-           "RequestTooLarge", "UnprocessableRequestError", "as_api_error", "error_body", "error_response",
-           "install_error_handlers"]
+__all__ = ["APIError", "AuthenticationError", "ConflictError", "InternalServerError", "InvalidRequestError",
+           "NotFoundError", "PermissionDeniedError", "RequestTooLarge", "UnprocessableRequestError", "as_api_error",
+           "error_body", "error_response", "install_error_handlers"]

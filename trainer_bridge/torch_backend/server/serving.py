@@ -15,11 +15,12 @@ import logging
 import threading
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel
+from starlette.requests import ClientDisconnect
 
 from spanrl.bridge_protocol import is_validation_rollout
 from spanrl.instrumentation import semconv
@@ -35,6 +36,9 @@ from spanrl.trainer_bridge.torch_backend.server import call_spans
 from spanrl.trainer_bridge.torch_backend.server.errors import InvalidRequestError, NotFoundError
 from spanrl.trainer_bridge.torch_backend.server.protocol import ResponseModel, SamplingRequest
 from spanrl.trainer_bridge.torch_backend.server.response_store import ResponseStore
+
+if TYPE_CHECKING:
+    from spanrl.trainer_bridge.torch_backend.server.policy import WeightsAdmin
 
 logger = logging.getLogger(__name__)
 
@@ -69,19 +73,30 @@ class ServedEngine(Protocol):
 
 class IgnoredFieldLog:
     """Logs a warning the first time a request carries a field this server ignores, once per
-    field name per server (so a tool-calling agent's ``tools`` is said once, not per call)."""
+    field name per server (so a tool-calling agent's ``tools`` is said once, not per call).
 
-    def __init__(self) -> None:
+    At most ``max_names`` names are remembered (clients choose the names: an unbounded set would
+    grow with every made-up field); past them, one line says more are ignored, then nothing."""
+
+    def __init__(self, max_names: int = 256) -> None:
+        self.max_names = max_names
         self._seen: set[str] = set()
+        self._said_more = False
         self._lock = threading.Lock()
 
     def note(self, route: str, names: Iterable[str]) -> None:
         with self._lock:
             new = [name for name in names if name not in self._seen]
+            room = max(self.max_names - len(self._seen), 0)
+            new, beyond = new[:room], len(new) > room
             self._seen.update(new)
+            say_more, self._said_more = beyond and not self._said_more, self._said_more or beyond
         for name in new:
             logger.warning("%s: the request field %r is not implemented by this server and is ignored "
                            "(said once; the supported fields are listed in GET /v1/models)", route, name)
+        if say_more:
+            logger.warning("%s: and more request fields are ignored (%d named above; further ones are not "
+                           "logged)", route, self.max_names)
 
 
 @dataclass
@@ -94,6 +109,8 @@ class ServerState:
     # the temperature validation rollouts are sampled at (``spanrl train``'s val_temperature; 0:
     # greedy), whatever the agent asked for; None: the agent's own
     validation_temperature: float | None = None
+    api_token: str | None = None  # the agents' bearer token (None: no check)
+    weights_admin: WeightsAdmin | None = None  # who may load weights (policy.py); None: the route is off
     model_names: ServedModelNames | None = None  # None: only the engine's own name
 
     def served_names(self) -> ServedModelNames:
@@ -107,12 +124,21 @@ class ServerState:
 async def read_body(request: Request, body_type: type[BodyT]) -> BodyT:
     """The request's JSON body validated as ``body_type`` (400 for bad JSON, 422 for a body
     that does not fit); its ignored fields are logged once."""
-    raw = await request.body()
+    try:
+        raw = await request.body()
+    except ClientDisconnect as exc:  # the client's doing (it left mid-body): no server error, no traceback
+        raise InvalidRequestError("the client went away before its request body arrived",
+                                  code="client_disconnected") from exc
     try:
         data = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise InvalidRequestError(f"the request body is not valid JSON: {exc}") from exc
-    body = body_type.model_validate(data)
+    except RecursionError as exc:  # nested deeper than Python recurses
+        raise InvalidRequestError("the request body is nested too deeply", code="nested_too_deeply") from exc
+    try:
+        body = body_type.model_validate(data)
+    except RecursionError as exc:
+        raise InvalidRequestError("the request body is nested too deeply", code="nested_too_deeply") from exc
     pin_validation_temperature(request, body)
     if isinstance(body, SamplingRequest):
         ignored = body.ignored_fields()
