@@ -23,7 +23,7 @@ import sqlite3
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from spanrl.errors import UserError
@@ -33,7 +33,7 @@ from .backend import PolicyBackend, TrainingSample, check_backend, make_backend
 from .empty_steps import NothingToTrain, empty_step_reason
 from .rejection_sampling import sft_samples, sft_update
 from .samples import trained_rollout, training_samples
-from .task_dispatch import Attempt, Outcome, TaskDispatcher, task_id_of
+from .task_dispatch import Attempt, Outcome, TaskDispatcher, check_hidden_task_fields, task_id_of
 from .train_settings import TrainSettings
 from .trajectory_merge import update_rows
 
@@ -88,6 +88,8 @@ class StepReport:
 
     scored: list[ScoredRollout]
     left_out: Counter
+    # what the receiver's checks counted in the step's rollouts (Rollout.counters summed)
+    receiver_counters: Counter = field(default_factory=Counter)
 
 
 class TrainingLoop:
@@ -101,7 +103,8 @@ class TrainingLoop:
             else load_reward_function(settings.reward, settings.python_path)
         )
         self.rng = random.Random(settings.seed)
-        self.dispatcher = TaskDispatcher(settings.rollout_timeout_s)
+        check_hidden_task_fields(settings.hidden_task_fields, self.tasks, settings.tasks)
+        self.dispatcher = TaskDispatcher(settings.rollout_timeout_s, tuple(settings.hidden_task_fields))
         self._task_order: list[int] = []
 
         from spanrl.otlp_receiver.store import SpanStore
@@ -143,8 +146,10 @@ class TrainingLoop:
         if waiting.keys() - found.keys():
             left_out["unassembled"] += len(waiting.keys() - found.keys())
         scored = []
+        receiver_counters: Counter = Counter()
         for rollout_id, rollout in found.items():
             attempt = waiting[rollout_id]
+            receiver_counters.update(rollout.counters)
             if rollout.status != "ok":
                 left_out["failed"] += 1
                 continue
@@ -168,7 +173,7 @@ class TrainingLoop:
                 left_out["no_reward"] += 1
                 continue
             scored.append(ScoredRollout(attempt, score, transitions, self.reward_source(rollout)))
-        return StepReport(scored, left_out)
+        return StepReport(scored, left_out, receiver_counters)
 
     def new_rollouts(self) -> list[Any]:
         """Rollouts the store completed since the last call."""
@@ -286,6 +291,7 @@ def _step_row(step: int, policy_version: int, attempts: list[Attempt], report: S
         "rollouts": len(attempts),
         "rollouts_used": len(report.scored) - dropped,
         "rollouts_left_out": dict(report.left_out),
+        "receiver_counters": dict(report.receiver_counters),  # rewards clipped, rejected, replayed, ...
         "groups_of_one_dropped": dropped,
         "rollouts_per_s": len(attempts) / max(rollout_seconds, 1e-9),
         "rollout_seconds": rollout_seconds,  # waiting for the step's rollouts
