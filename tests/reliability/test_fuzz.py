@@ -54,7 +54,8 @@ def test_bridge_api_answers_every_bad_request(fuzz):
 
 
 def test_policy_server_answers_every_bad_request(fuzz, tmp_path):
-    torch = pytest.importorskip("torch")
+    import torch
+
     from spanrl.trainer_bridge.torch_backend.engine.policy_engine import PolicyEngine
     from spanrl.trainer_bridge.torch_backend.model_init import create_model_dir
     from spanrl.trainer_bridge.torch_backend.server.app import serve_in_thread
