@@ -17,12 +17,12 @@ import argparse
 import json
 import os
 import shutil
-import subprocess
-import sys
 import time
 from dataclasses import replace
 
-from spanrl.demo import CALC_REWARD, DemoSettings, free_port, prepare_model, wait_for_port
+from spanrl.child_processes import LocalServices, free_port
+from spanrl.demo import CALC_REWARD, DemoSettings, prepare_model
+from spanrl.schema import metrics as keys
 
 BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
 
@@ -36,28 +36,18 @@ def write_tasks(path: str, seed: int) -> None:
 
 def run_mode(mode: str, args: argparse.Namespace, model_dir: str, tasks: str) -> dict:
     """One training run (``sync`` or ``async``) with its own receiver, runner and store."""
+    from spanrl.trainer_bridge.session import run_training
     from spanrl.trainer_bridge.train_settings import TrainSettings
-    from spanrl.trainer_bridge.training_loop import run_training
 
     out = os.path.join(args.out, mode)
     shutil.rmtree(out, ignore_errors=True)
     os.makedirs(out)
-    grpc_port, http_port, policy_port, bridge_port = free_port(), free_port(), free_port(), free_port()
+    policy_port, bridge_port = free_port(), free_port()
     env = {**os.environ, "UNEVEN_SLOW_S": str(args.slow_s), "UNEVEN_SLOW_EVERY": str(args.slow_every)}
-    children = []
-    logs = [open(os.path.join(out, f"{name}.log"), "w") for name in ("receiver", "runner")]
-    try:
-        receiver = subprocess.Popen(
-            [sys.executable, "-m", "spanrl", "receive", "--db", os.path.join(out, "spanrl.db"),
-             "--grpc-port", str(grpc_port), "--http-port", str(http_port), "--grace-s", "0.3"],
-            stdout=logs[0], stderr=subprocess.STDOUT)
-        children.append(receiver)
-        wait_for_port(grpc_port, receiver, "spanrl receive")
-        children.append(subprocess.Popen(
-            [sys.executable, "-m", "spanrl", "run", "--agent", "uneven_calc_agent:solve", "--python-path", BENCH_DIR,
-             "--bridge-url", f"http://127.0.0.1:{bridge_port}", "--otlp-endpoint", f"http://127.0.0.1:{grpc_port}",
-             "--concurrency", str(args.concurrency)],
-            stdout=logs[1], stderr=subprocess.STDOUT, env=env))
+    with LocalServices(out, stop_timeout_s=30) as services:
+        receiver = services.start_receiver(os.path.join(out, "spanrl.db"))
+        services.start_runner("uneven_calc_agent:solve", bridge_port, receiver, args.concurrency,
+                              "--python-path", BENCH_DIR, env=env)
         settings = TrainSettings(
             tasks=tasks, model=model_dir, output_dir=os.path.join(out, "run"), store=os.path.join(out, "spanrl.db"),
             reward=CALC_REWARD, group_size=args.group_size, tasks_per_step=args.tasks_per_step, steps=args.steps,
@@ -67,24 +57,17 @@ def run_mode(mode: str, args: argparse.Namespace, model_dir: str, tasks: str) ->
         started = time.monotonic()
         summary = run_training(settings, show_progress=False)
         wall_s = time.monotonic() - started
-    finally:
-        for child in children:
-            child.terminate()
-        for child in children:
-            child.wait(timeout=30)
-        for log in logs:
-            log.close()
-    rows = [json.loads(line) for line in open(summary["metrics"], encoding="utf-8")]
+    rows = keys.read_metrics(summary["metrics"])
     elapsed, curve = 0.0, []
     for row in rows:
-        elapsed += row["seconds"]
-        curve.append((round(elapsed, 1), round(row["reward_mean"], 3)))
-    rollouts = sum(r["rollouts"] for r in rows)
+        elapsed += row[keys.STEP_SECONDS]
+        curve.append((round(elapsed, 1), round(row[keys.REWARD_MEAN], 3)))
+    rollouts = sum(r[keys.ROLLOUTS] for r in rows)
     return {"mode": mode, "wall_s": round(wall_s, 1), "steps": len(rows), "rollouts": rollouts,
-            "rollouts_per_s": round(rollouts / sum(r["seconds"] for r in rows), 3),
+            "rollouts_per_s": round(rollouts / sum(r[keys.STEP_SECONDS] for r in rows), 3),
             "reward_vs_seconds": curve,
-            "rollouts_off_policy": sum(r.get("rollouts_off_policy", 0) for r in rows),
-            "rollouts_left_out": [r["rollouts_left_out"] for r in rows]}
+            "rollouts_off_policy": sum(r.get(keys.ROLLOUTS_OFF_POLICY, 0) for r in rows),
+            "rollouts_left_out": [r[keys.ROLLOUTS_LEFT_OUT] for r in rows]}
 
 
 def plot(results: list[dict], path: str) -> None:

@@ -13,6 +13,11 @@ Both modes use the same server, model, requests and max_tokens; their clients ar
 before the clock starts (an ``AsyncOpenAI`` builds an SSL context, ~20 ms, which is not
 request throughput), one per concurrent caller as 16 separate agents would have.
 
+Structured outputs (same run): the 16 concurrent clients' free requests are timed again while
+8 more clients keep the batch busy, first with free requests, then with strict ``json_schema``
+requests (grammar-constrained rows in the same batches). Free requests should not be slower
+with constrained ones beside them than with as many free ones (the ratio printed, goal >= 0.95).
+
     python bench/bench_policy_batching.py [--requests 128 --concurrency 16 --max-tokens 24 --repeat 1]
 """
 
@@ -21,7 +26,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -32,11 +36,7 @@ from pathlib import Path
 import httpx
 import openai
 
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+from spanrl.child_processes import free_port
 
 
 def wait_ready(url: str, process: subprocess.Popen, timeout: float = 120.0) -> None:
@@ -72,6 +72,50 @@ def _client(base_url: str, kind: str):
     if kind == "openai":
         return openai.AsyncOpenAI(base_url=base_url, api_key="x", max_retries=0)
     return httpx.AsyncClient(base_url=base_url, timeout=120)
+
+
+# what the constrained companions ask for: a typed answer, as an agent's output_type sends it
+ANSWER_FORMAT = {"type": "json_schema", "json_schema": {"name": "answer", "strict": True, "schema": {
+    "type": "object", "additionalProperties": False, "required": ["answer", "steps"],
+    "properties": {"answer": {"type": "integer"}, "steps": {"type": "array", "items": {"type": "string"}}}}}}
+
+
+def run_beside(base_url: str, model: str, count: int, max_tokens: int, clients: int, companions: int,
+               constrained: bool) -> float:
+    """Seconds for ``count`` free requests from ``clients`` callers while ``companions`` more
+    callers keep sending requests (strict json_schema ones when ``constrained``) until they finish."""
+
+    async def main() -> float:
+        queue: asyncio.Queue = asyncio.Queue()
+        for number in range(count):
+            queue.put_nowait(number)
+        made = [_client(base_url, "openai") for _ in range(clients + companions)]
+        done = asyncio.Event()
+        extra = {"response_format": ANSWER_FORMAT} if constrained else {}
+
+        async def timed(client):
+            while not queue.empty():
+                number = queue.get_nowait()
+                await client.chat.completions.create(model=model, messages=messages(number), max_tokens=max_tokens)
+
+        async def companion(client, number):
+            while not done.is_set():
+                await client.chat.completions.create(model=model, messages=messages(number), max_tokens=max_tokens,
+                                                     **extra)
+
+        background = [asyncio.create_task(companion(c, n)) for n, c in enumerate(made[clients:])]
+        try:
+            await asyncio.sleep(0.5)  # the companions are in the batch before the clock starts
+            started = time.perf_counter()
+            await asyncio.gather(*(timed(client) for client in made[:clients]))
+            return time.perf_counter() - started
+        finally:
+            done.set()
+            await asyncio.gather(*background, return_exceptions=True)
+            for client in made:
+                await client.close()
+
+    return asyncio.run(main())
 
 
 def run_clients(base_url: str, model: str, count: int, max_tokens: int, clients: int,
@@ -199,6 +243,8 @@ def main() -> None:
                         help="serve HTTP from the engine's process (`spanrl serve --single-process`) instead of "
                              "the default HTTP front-end process")
     parser.add_argument("--repeat", type=int, default=1, help="measure both modes this many times")
+    parser.add_argument("--companions", type=int, default=8,
+                        help="clients that keep the batch busy while free requests are timed (structured outputs)")
     parser.add_argument("--client", choices=["openai", "httpx"], default="openai",
                         help="the real openai client, or bare httpx (less client CPU on a small machine)")
     args = parser.parse_args()
@@ -225,6 +271,11 @@ def main() -> None:
                 one = measure(url, server.pid, args.requests, args.max_tokens, 1, args.client)
                 many = measure(url, server.pid, args.requests, args.max_tokens, args.concurrency, args.client)
                 rounds.append((one, many, os.getloadavg()[0]))
+            beside = []
+            for _ in range(args.repeat):  # alternated: a shared machine's drift hits both alike
+                for constrained in (False, True):
+                    beside.append((constrained, run_beside(f"{url}/v1", "bench", args.requests, args.max_tokens,
+                                                           args.concurrency, args.companions, constrained)))
             engine_one, engine_many = engine_only(model_dir, args.requests, args.concurrency, args.max_tokens,
                                                   args.threads, args.device)
         finally:
@@ -249,6 +300,13 @@ def main() -> None:
         print(f"all {len(rounds)} runs: one at a time {len(rounds) * args.requests / one_s:.1f} req/s, "
               f"{args.concurrency} concurrent {len(rounds) * args.requests / many_s:.1f} req/s, "
               f"ratio {one_s / many_s:.2f}x (median of runs {ratios[len(ratios) // 2]:.2f}x)")
+    free_s = sum(seconds for constrained, seconds in beside if not constrained)
+    constrained_s = sum(seconds for constrained, seconds in beside if constrained)
+    runs = len(beside) // 2
+    print(f"structured outputs: {args.concurrency} clients' free requests beside {args.companions} clients' free "
+          f"requests {runs * args.requests / free_s:.1f} req/s, beside {args.companions} clients' strict json_schema "
+          f"requests {runs * args.requests / constrained_s:.1f} req/s: ratio {free_s / constrained_s:.2f} "
+          f"(goal >= 0.95; each: {', '.join(f'{s:.2f} s' for _, s in beside)})")
     print(f"engine alone, no HTTP (same requests, waves of {args.concurrency}): one at a time "
           f"{args.requests / engine_one:.1f} req/s, batched {args.requests / engine_many:.1f} req/s, "
           f"ratio {engine_one / engine_many:.2f}x")

@@ -77,7 +77,7 @@ def main() -> None:
     args = parser.parse_args()
 
     from spanrl.trainer_bridge.train_settings import TrainSettings
-    from spanrl.trainer_bridge.verl_backend.backend import start_verl_backend
+    from spanrl.trainer_bridge.verl_backend.backend import start_backend
     from spanrl.trainer_bridge.verl_backend.config import VerlConfig
 
     workdir = tempfile.mkdtemp(prefix="bench-verl-")
@@ -91,7 +91,7 @@ def main() -> None:
                              output_dir=os.path.join(workdir, "run"), policy_port=0, checkpoint_every=0,
                              verl=VerlConfig(cpu_mode="auto"))
     started = time.perf_counter()
-    backend = start_verl_backend(settings, os.path.join(workdir, "run", "checkpoints"))
+    backend = start_backend(settings.backend_run())
     print(f"verl workers + vLLM + gateway ready in {time.perf_counter() - started:.1f} s")
     try:
         ours, theirs = [], []

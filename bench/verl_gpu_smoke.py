@@ -13,7 +13,6 @@ test and `bench/bench_verl_step.py`).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import subprocess
 import sys
@@ -39,13 +38,14 @@ def main() -> int:
     if result.returncode != 0:
         print(f"verl_gpu_smoke: spanrl demo exited {result.returncode}; logs in {args.output_dir}")
         return result.returncode
-    with open(os.path.join(args.output_dir, "run", "metrics.jsonl"), encoding="utf-8") as f:
-        rows = [json.loads(line) for line in f if line.strip()]
+    from spanrl.schema import metrics as keys
+
+    rows = keys.read_metrics(os.path.join(args.output_dir, "run"))
     print(f"{'step':>4} {'reward':>7} {'step_s':>7} {'rollouts_s':>10} {'old_lp_s':>8} {'update_s':>8} {'sync_s':>7}")
     for row in rows:
-        print(f"{row['step']:>4} {row['reward_mean']:>7.2f} {row['seconds']:>7.1f} "
-              f"{row.get('rollout_seconds', float('nan')):>10.1f} {row.get('old_log_prob_s', 0.0):>8.2f} "
-              f"{row.get('update_s', 0.0):>8.2f} {row.get('weight_sync_s', 0.0):>7.2f}")
+        print(f"{row[keys.STEP]:>4} {row[keys.REWARD_MEAN]:>7.2f} {row[keys.STEP_SECONDS]:>7.1f} "
+              f"{row.get(keys.ROLLOUT_SECONDS, float('nan')):>10.1f} {row.get('actor/old_log_prob_s', 0.0):>8.2f} "
+              f"{row.get('actor/update_s', 0.0):>8.2f} {row.get('actor/weight_sync_s', 0.0):>7.2f}")
     print(f"{len(rows)} steps, {time.monotonic() - started:.0f} s in total (start-up and warm start included)")
     return 0
 

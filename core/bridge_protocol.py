@@ -18,6 +18,7 @@ torch. docs/interfaces.md describes the same exchange.
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,6 +52,11 @@ TRAINING_ROLLOUT_PREFIX = "s"
 VALIDATION_ROLLOUT_PREFIX = "v"
 
 
+def new_rollout_id(prefix: str, step: int, task_id: str, attempt: int) -> str:
+    """A fresh rollout id of ``attempt`` of task ``task_id`` in round ``step``."""
+    return f"{prefix}{step}-{task_id}-a{attempt}-{uuid.uuid4().hex[:8]}"
+
+
 def is_validation_rollout(rollout_id: str) -> bool:
     """Whether ``rollout_id`` was handed out for a validation round."""
     return rollout_id.startswith(VALIDATION_ROLLOUT_PREFIX) and rollout_id[1:2].isdigit()
@@ -61,6 +67,10 @@ STATUS_OK = "ok"
 STATUS_FAILED = "failed"
 STATUS_TIMEOUT = "timeout"
 REPORTABLE_STATUSES = (STATUS_OK, STATUS_FAILED, STATUS_TIMEOUT)
+
+
+class TrainingFinished(Exception):
+    """Training ended: the bridge refuses new claims (``TRAINING_FINISHED``) and runners exit."""
 
 
 class BridgeProtocolError(ValueError):

@@ -27,6 +27,7 @@ import traceback
 from typing import Any
 
 from .errors import UserError
+from .progress import quiet_library_bars
 
 # command name -> module that defines it (in the order ``--help`` lists them)
 COMMAND_MODULES = {
@@ -38,6 +39,7 @@ COMMAND_MODULES = {
     "serve": "spanrl.trainer_bridge.torch_backend.serve_cli",
     "train": "spanrl.trainer_bridge.train_cli",
     "run": "spanrl.runner.run_cli",
+    "dashboard": "spanrl.dashboard.dashboard_cli",
     "demo": "spanrl.demo",
     "doctor": "spanrl.doctor",
 }
@@ -101,6 +103,7 @@ def main(argv: list[str] | None = None) -> int:
             level=getattr(logging, str(args.log_level).upper(), logging.INFO),
             format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         )
+        quiet_library_bars()  # stderr is a file or a pipe: no library redraws a bar into it
         if not getattr(args, "func", None):
             parser.print_help()
             return 2

@@ -15,43 +15,38 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import socket
-import subprocess
-import sys
 import time
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
-from spanrl.settings_loader import CommandSettings
+from spanrl.child_processes import LocalServices, free_port
+from spanrl.settings_loader import CommandSettings, setting
 
 CALC_AGENT = "spanrl.examples.calc_agent.agent:solve"
 CALC_REWARD = "spanrl.examples.calc_agent.reward:reward"
 
 
-def _setting(default: Any, help_text: str) -> Any:
-    return field(default=default, metadata={"help": help_text})
 
 
 @dataclass(frozen=True)
 class DemoSettings:
-    output_dir: str = _setting("spanrl-demo", "where everything is written")
-    steps: int = _setting(30, "at most this many GRPO steps")
-    stop_at_reward: float = _setting(0.95, "stop once the mean reward reaches this for 2 steps")
-    sft_steps: int = _setting(400, "warm-start SFT steps")
-    sft_batch_size: int = _setting(64, "warm-start SFT batch size")
+    output_dir: str = setting("spanrl-demo", "where everything is written")
+    steps: int = setting(30, "at most this many GRPO steps")
+    stop_at_reward: float = setting(0.95, "stop once the mean reward reaches this for 2 steps")
+    sft_steps: int = setting(400, "warm-start SFT steps")
+    sft_batch_size: int = setting(64, "warm-start SFT batch size")
     # 1e-3: at 3e-3 the tiny model stays on the plateau where it has not learned to copy.
-    sft_learning_rate: float = _setting(1e-3, "warm-start SFT learning rate")
-    group_size: int = _setting(8, "rollouts per task (G)")
-    tasks_per_step: int = _setting(16, "tasks per GRPO update")
-    learning_rate: float = _setting(2e-4, "GRPO learning rate")
-    concurrency: int = _setting(32, "agents running at once")
-    seed: int = _setting(0, "random seed")
-    threads: int = _setting(0, "torch threads for the trainer (0 = torch's default)")
-    device: str = _setting("cpu", "where the model trains and serves: cpu, cuda, cuda:N or auto (docs/gpu.md)")
-    backend: str = _setting("torch", "torch (embedded) or verl (verl's workers train, vLLM serves; docs/verl.md)")
-    merge_trajectories: bool = _setting(False, "train each rollout's calls as one masked row (docs/algorithms.md)")
-    async_training: bool = _setting(False, "update on finished groups while others run (docs/algorithms.md)")
-    max_staleness: int = _setting(1, "async_training: policy versions a rollout may lag behind")
+    sft_learning_rate: float = setting(1e-3, "warm-start SFT learning rate")
+    group_size: int = setting(8, "rollouts per task (G)")
+    tasks_per_step: int = setting(16, "tasks per GRPO update")
+    learning_rate: float = setting(2e-4, "GRPO learning rate")
+    concurrency: int = setting(32, "agents running at once")
+    seed: int = setting(0, "random seed")
+    threads: int = setting(0, "torch threads for the trainer (0 = torch's default)")
+    device: str = setting("cpu", "where the model trains and serves: cpu, cuda, cuda:N or auto (docs/gpu.md)")
+    backend: str = setting("torch", "torch (embedded) or verl (verl's workers train, vLLM serves; docs/verl.md)")
+    merge_trajectories: bool = setting(False, "train each rollout's calls as one masked row (docs/algorithms.md)")
+    async_training: bool = setting(False, "update on finished groups while others run (docs/algorithms.md)")
+    max_staleness: int = setting(1, "async_training: policy versions a rollout may lag behind")
 
 
 SETTINGS = CommandSettings("demo", DemoSettings, "DEMO")
@@ -65,38 +60,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     SETTINGS.add_to(parser)
     parser.set_defaults(func=demo_command)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_for_port(port: int, process: subprocess.Popen, what: str, timeout_s: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"{what} exited with code {process.returncode} while starting")
-        with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", port)) == 0:
-                return
-        time.sleep(0.1)
-    raise RuntimeError(f"{what} did not open port {port} within {timeout_s:.0f} s")
-
-
-def stop_processes(children: list[subprocess.Popen], logs: dict[str, Any], timeout_s: float = 10.0) -> None:
-    """Stop ``children`` (the last started first; killed after ``timeout_s``) and close their logs."""
-    for child in reversed(children):
-        if child.poll() is None:
-            child.terminate()
-    for child in children:
-        try:
-            child.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            child.kill()
-    for log in logs.values():
-        log.close()
 
 
 def prepare_model(settings: DemoSettings, out: str) -> str:
@@ -124,8 +87,8 @@ def prepare_model(settings: DemoSettings, out: str) -> str:
 
 
 def demo_command(settings: DemoSettings) -> int:
+    from spanrl.trainer_bridge.session import run_training
     from spanrl.trainer_bridge.train_settings import TrainSettings
-    from spanrl.trainer_bridge.training_loop import run_training
 
     if settings.threads:
         import torch
@@ -150,45 +113,28 @@ def demo_command(settings: DemoSettings) -> int:
     for suffix in ("", "-wal", "-shm"):
         if os.path.exists(db + suffix):
             os.remove(db + suffix)
-    grpc_port, http_port = free_port(), free_port()
     policy_port, bridge_port = free_port(), free_port()
-    children: list[subprocess.Popen] = []
-    logs = {name: open(os.path.join(out, f"{name}.log"), "w") for name in ("receiver", "runner")}
     try:
-        receiver = subprocess.Popen(
-            [sys.executable, "-m", "spanrl", "receive", "--db", db,
-             "--grpc-port", str(grpc_port), "--http-port", str(http_port), "--grace-s", "0.3"],
-            stdout=logs["receiver"], stderr=subprocess.STDOUT,
-        )
-        children.append(receiver)
-        wait_for_port(grpc_port, receiver, "spanrl receive")
-        runner = subprocess.Popen(
-            [sys.executable, "-m", "spanrl", "run", "--agent", CALC_AGENT,
-             "--bridge-url", f"http://127.0.0.1:{bridge_port}",
-             "--otlp-endpoint", f"http://127.0.0.1:{grpc_port}",
-             "--concurrency", str(settings.concurrency),
-             # verl's workers and vLLM take minutes to start before the bridge is up
-             "--bridge-wait-s", "1800" if settings.backend == "verl" else "120"],
-            stdout=logs["runner"], stderr=subprocess.STDOUT,
-        )
-        children.append(runner)
-        print(f"[3/3] receiver on 127.0.0.1:{grpc_port} (OTLP/gRPC), policy on "
-              f"127.0.0.1:{policy_port}, runner with {settings.concurrency} agents; training:")
-        train_settings = TrainSettings(
-            tasks=tasks_file, model=model_dir, output_dir=os.path.join(out, "run"), store=db,
-            reward=CALC_REWARD, group_size=settings.group_size, tasks_per_step=settings.tasks_per_step,
-            steps=settings.steps, stop_at_reward=settings.stop_at_reward,
-            learning_rate=settings.learning_rate, rollout_timeout_s=60.0, checkpoint_every=5,
-            policy_port=policy_port, bridge_port=bridge_port, device=settings.device, seed=settings.seed,
-            backend=settings.backend, merge_trajectories=settings.merge_trajectories,
-            async_training=settings.async_training, max_staleness=settings.max_staleness,
-        )
-        summary = run_training(train_settings)
+        with LocalServices(out) as services:
+            receiver = services.start_receiver(db)
+            # verl's workers and vLLM take minutes to start before the bridge is up
+            services.start_runner(CALC_AGENT, bridge_port, receiver, settings.concurrency,
+                                  "--bridge-wait-s", "1800" if settings.backend == "verl" else "120")
+            print(f"[3/3] receiver on 127.0.0.1:{receiver.grpc} (OTLP/gRPC), policy on "
+                  f"127.0.0.1:{policy_port}, runner with {settings.concurrency} agents; training:")
+            train_settings = TrainSettings(
+                tasks=tasks_file, model=model_dir, output_dir=os.path.join(out, "run"), store=db,
+                reward=CALC_REWARD, group_size=settings.group_size, tasks_per_step=settings.tasks_per_step,
+                steps=settings.steps, stop_at_reward=settings.stop_at_reward,
+                learning_rate=settings.learning_rate, rollout_timeout_s=60.0, checkpoint_every=5,
+                policy_port=policy_port, bridge_port=bridge_port, device=settings.device, seed=settings.seed,
+                backend=settings.backend, merge_trajectories=settings.merge_trajectories,
+                async_training=settings.async_training, max_staleness=settings.max_staleness,
+            )
+            summary = run_training(train_settings)
     except RuntimeError as exc:  # a component did not start: say where its log is
         print(f"spanrl demo: {exc}; see the logs in {out}")
         return 1
-    finally:
-        stop_processes(children, logs)
     print(_curve_text(summary["metrics"]))
     print(f"mean reward {summary['first_reward']:.2f} -> {summary['last_reward']:.2f} in "
           f"{summary['steps']} GRPO steps; {time.monotonic() - started:.0f} s in total")
@@ -198,8 +144,6 @@ def demo_command(settings: DemoSettings) -> int:
 
 
 def _curve_text(metrics_path: str) -> str:
-    import json
+    from spanrl.schema.metrics import REWARD_MEAN, read_metrics
 
-    with open(metrics_path, encoding="utf-8") as f:
-        rows = [json.loads(line) for line in f if line.strip()]
-    return "reward per step: " + " ".join(f"{r['reward_mean']:.2f}" for r in rows)
+    return "reward per step: " + " ".join(f"{r[REWARD_MEAN]:.2f}" for r in read_metrics(metrics_path))

@@ -20,11 +20,11 @@ import os
 import socket
 import urllib.error
 import urllib.request
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlparse
 
-from spanrl.settings_loader import CommandSettings
+from spanrl.settings_loader import CommandSettings, setting
 
 DEFAULT_RECEIVER = {"grpc": "http://127.0.0.1:4317", "http/protobuf": "http://127.0.0.1:4318"}
 DEFAULT_POLICY_URL = "http://127.0.0.1:8000/v1"
@@ -50,22 +50,20 @@ SPANRL_ENTRY_POINTS = (
 )
 
 
-def _setting(default: Any, help_text: str, **more: Any) -> Any:
-    return field(default=default, metadata={"help": help_text, **more})
 
 
 @dataclass(frozen=True)
 class DoctorSettings:
-    receiver: str | None = _setting(
+    receiver: str | None = setting(
         None, "the receiver's OTLP endpoint (default: OTEL_EXPORTER_OTLP_ENDPOINT, else 127.0.0.1:4317 for gRPC, "
         ":4318 for HTTP)")
-    protocol: str | None = _setting(
+    protocol: str | None = setting(
         None, "grpc or http/protobuf (default: OTEL_EXPORTER_OTLP_PROTOCOL, else grpc)")
-    policy_url: str | None = _setting(
+    policy_url: str | None = setting(
         None, "the policy endpoint's base URL (default: OPENAI_BASE_URL, else http://127.0.0.1:8000/v1)")
-    token: str | None = _setting(
+    token: str | None = setting(
         None, "the receiver's bearer token (default: OTEL_SPANRL_RECEIVER_TOKEN)", secret=True)
-    timeout_s: float = _setting(5.0, "how long each network check may take, seconds")
+    timeout_s: float = setting(5.0, "how long each network check may take, seconds")
 
 
 SETTINGS = CommandSettings("doctor", DoctorSettings, "DOCTOR")

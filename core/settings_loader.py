@@ -61,6 +61,14 @@ class FieldKind:
         return dataclasses.is_dataclass(self.base)
 
 
+def setting(default: Any, help_text: str, **metadata: Any) -> Any:
+    """A settings field: its default (a list default is copied for each object), its help text
+    (shown by ``--help``) and any other metadata named above (``secret=True``, ...)."""
+    if isinstance(default, list):
+        return dataclasses.field(default_factory=lambda: list(default), metadata={"help": help_text, **metadata})
+    return dataclasses.field(default=default, metadata={"help": help_text, **metadata})
+
+
 def field_kind(cls: type, field: dataclasses.Field) -> FieldKind:
     hint = typing.get_type_hints(cls)[field.name]
     optional = False

@@ -9,18 +9,16 @@ this module in the launcher also checks that the OTel SDK will start in the agen
 """
 
 from spanrl.exporter import telemetry_status as _telemetry_status
+from spanrl.instrumentation.settings import (  # the instrumentation's own, read there
+    OTEL_SPANRL_REQUEST_TOKEN_IDS,
+    OTEL_SPANRL_SAFE_DEFAULTS,
+)
 
-OTEL_SPANRL_REQUEST_TOKEN_IDS = "OTEL_SPANRL_REQUEST_TOKEN_IDS"
-"""``true`` (default) or ``false``: add vLLM's ``return_token_ids: true`` to chat and
-completions requests so the endpoint returns the token ids it saw and sampled."""
+__all__ = ["OTEL_SPANRL_RECEIVER_TOKEN", "OTEL_SPANRL_REQUEST_TOKEN_IDS", "OTEL_SPANRL_SAFE_DEFAULTS"]
 
 OTEL_SPANRL_RECEIVER_TOKEN = "OTEL_SPANRL_RECEIVER_TOKEN"
 """Bearer token sent to the spanrl receiver as ``authorization: Bearer <token>`` by
 ``spanrl.exporter.in_process.start_tracing`` (under ``opentelemetry-instrument`` use
 ``OTEL_EXPORTER_OTLP_HEADERS=authorization=Bearer%20<token>``)."""
-
-OTEL_SPANRL_SAFE_DEFAULTS = "OTEL_SPANRL_SAFE_DEFAULTS"
-"""``true`` (default) or ``false``: let spanrl raise the span attribute count limit, sample
-every span and turn off the metrics/logs exporters the user did not ask for."""
 
 _telemetry_status.check_in_launcher()  # only in the opentelemetry-instrument launcher; never raises

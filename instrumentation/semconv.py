@@ -68,6 +68,7 @@ GENAI_EVALUATION_EVENT = "gen_ai.evaluation.result"
 GENAI_EVALUATION_SCORE = "gen_ai.evaluation.score.value"  # double
 GENAI_EVALUATION_NAME = "gen_ai.evaluation.name"  # string
 GENAI_RESPONSE_ID = "gen_ai.response.id"  # string, on LLM spans
+GENAI_REQUEST_MODEL = "gen_ai.request.model"  # string: the model name a call asked for (policy endpoint spans)
 
 # --- Rollout root ---------------------------------------------------------------------------
 ROLLOUT_SPAN_NAME = "spanrl.rollout"

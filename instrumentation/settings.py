@@ -11,9 +11,17 @@ import logging
 from dataclasses import dataclass
 
 from spanrl.env_settings import SettingError, env_value
-from spanrl.exporter import environment_variables as env
 
 logger = logging.getLogger(__name__)
+
+# Read here; also listed by spanrl.exporter.environment_variables (the opentelemetry-instrument flags).
+OTEL_SPANRL_REQUEST_TOKEN_IDS = "OTEL_SPANRL_REQUEST_TOKEN_IDS"
+"""``true`` (default) or ``false``: add vLLM's ``return_token_ids: true`` to chat and
+completions requests so the endpoint returns the token ids it saw and sampled."""
+
+OTEL_SPANRL_SAFE_DEFAULTS = "OTEL_SPANRL_SAFE_DEFAULTS"
+"""``true`` (default) or ``false``: let spanrl raise the span attribute count limit, sample
+every span and turn off the metrics/logs exporters the user did not ask for."""
 
 
 @dataclass(frozen=True)
@@ -28,9 +36,9 @@ class InstrumentationSettings:
         defaults = cls()
         return cls(
             request_token_ids=_env_or_default(
-                env.OTEL_SPANRL_REQUEST_TOKEN_IDS, defaults.request_token_ids
+                OTEL_SPANRL_REQUEST_TOKEN_IDS, defaults.request_token_ids
             ),
-            safe_defaults=_env_or_default(env.OTEL_SPANRL_SAFE_DEFAULTS, defaults.safe_defaults),
+            safe_defaults=_env_or_default(OTEL_SPANRL_SAFE_DEFAULTS, defaults.safe_defaults),
         )
 
 

@@ -13,13 +13,18 @@ the call's ancestors nearest first, then the merged spans' ancestors:
    the lineage, the nearest: a name the user gave beats one a framework inferred;
 2. else the nearest span of the lineage carrying one of, in this order on one span:
    ``gen_ai.agent.name`` (OTel GenAI conventions), ``agent.name`` and ``graph.node.id``
-   (OpenInference), ``langgraph_node`` in the OpenInference ``metadata`` JSON (LangGraph);
+   (OpenInference), ``langgraph_node`` in the OpenInference ``metadata`` JSON (LangGraph),
+   or a name only in the span's name or input: openinference's smolagents instrumentor names
+   an agent's run span ``<agent name>.run`` (its class name when the agent has none), and its
+   LlamaIndex instrumentor records an agent step's event, ending in
+   ``current_agent_name='<name>')``, as the step span's ``input.value``;
 3. else none.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator, Mapping
 
 from openinference.semconv.trace import SpanAttributes
@@ -31,6 +36,12 @@ GENAI_AGENT_NAME = "gen_ai.agent.name"
 # Framework attributes naming an agent, in precedence order on one span.
 FRAMEWORK_NAME_KEYS = (GENAI_AGENT_NAME, SpanAttributes.AGENT_NAME, SpanAttributes.GRAPH_NODE_ID)
 LANGGRAPH_NODE_KEY = "langgraph_node"  # in the metadata LangGraph gives every run inside a node
+SMOLAGENTS_RUN_KEY = "smolagents.max_steps"  # on the run span of openinference's smolagents instrumentor
+SMOLAGENTS_RUN_SUFFIX = ".run"
+LLAMA_INDEX_STEP_SUFFIX = ".run_agent_step"  # a LlamaIndex workflow agent's step (BaseWorkflowAgent)
+# The end of the step's event as repr() writes it (the name is its last field; anchored at the end
+# so that message text earlier in the event cannot pose as the name).
+LLAMA_INDEX_AGENT_NAME = re.compile(r"""current_agent_name=(?:'([^'\\]*)'|"([^"\\]*)")\)\s*$""")
 
 
 class AgentNames:
@@ -69,12 +80,12 @@ class AgentNames:
 
     def _framework_name(self, record: SpanRecord) -> str | None:
         if record.key not in self._framework_name_of:
-            self._framework_name_of[record.key] = framework_agent_name(record.attributes)
+            self._framework_name_of[record.key] = framework_agent_name(record.attributes, record.name)
         return self._framework_name_of[record.key]
 
 
-def framework_agent_name(attributes: Mapping[str, object]) -> str | None:
-    """The agent name a framework recorded on one span, if any."""
+def framework_agent_name(attributes: Mapping[str, object], span_name: str = "") -> str | None:
+    """The agent name a framework recorded on one span (its attributes, and its name), if any."""
     for key in FRAMEWORK_NAME_KEYS:
         name = attributes.get(key)
         if isinstance(name, str) and name:
@@ -87,4 +98,26 @@ def framework_agent_name(attributes: Mapping[str, object]) -> str | None:
             return None
         if isinstance(node, str) and node:
             return node
+    return _name_in_span_name_or_input(attributes, span_name)
+
+
+def _name_in_span_name_or_input(attributes: Mapping[str, object], span_name: str) -> str | None:
+    """smolagents' run span (``<name>.run``) and LlamaIndex's step span (its event's
+    ``current_agent_name``), as openinference's instrumentors record them."""
+    if SMOLAGENTS_RUN_KEY in attributes and span_name.endswith(SMOLAGENTS_RUN_SUFFIX):
+        return span_name[:-len(SMOLAGENTS_RUN_SUFFIX)] or None
+    if span_name.endswith(LLAMA_INDEX_STEP_SUFFIX):
+        step_input = attributes.get(SpanAttributes.INPUT_VALUE)
+        event = _json_field(step_input, "ev") if isinstance(step_input, str) else None
+        match = LLAMA_INDEX_AGENT_NAME.search(event) if event else None
+        if match:
+            return match.group(1) or match.group(2) or None
     return None
+
+
+def _json_field(text: str, field: str) -> str | None:
+    try:
+        value = json.loads(text).get(field)
+    except (ValueError, AttributeError):  # not JSON, or not a JSON object
+        return None
+    return value if isinstance(value, str) else None

@@ -45,12 +45,12 @@ from spanrl.otlp_receiver.retokenize import RetokenizeError, Retokenizer
 from spanrl.otlp_receiver.rewards import RewardPolicy, event_rewards
 from spanrl.otlp_receiver.rollout_status import rollout_status
 from spanrl.otlp_receiver.span_tree import SpanRecord, SpanTree, as_list
-from spanrl.otlp_receiver.transitions import (
+from spanrl.schema.rollouts import (
     COUNTER_TOKEN_ID_MISMATCHES,
     STATUS_FAILED,
     STATUS_OK,
+    AssembledRollout,
     Reward,
-    Rollout,
     Transition,
 )
 
@@ -201,7 +201,7 @@ def assemble_rollout(
     records: list[SpanRecord],
     end_reason: str,
     options: AssemblyOptions = AssemblyOptions(),
-) -> Rollout:
+) -> AssembledRollout:
     """Assemble one rollout from its spans (any order). ``sequence`` is 0 until stored."""
     tree = SpanTree(records)
     problems = list(tree.problems)
@@ -242,7 +242,7 @@ def assemble_rollout(
 
     identity = _identity(tree)
     error, status_reason = rollout_status(tree, end_reason, total_reward)
-    return Rollout(
+    return AssembledRollout(
         rollout_id=rollout_id,
         task_id=identity.get(semconv.TASK_ID),
         attempt=identity.get(semconv.ATTEMPT),

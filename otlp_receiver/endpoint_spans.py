@@ -13,7 +13,7 @@ merged into it, so rewards and agent names found at the agent's span still reach
 
 Where both records of a call carry token ids and they differ (``token_id_mismatches``, also for an
 endpoint span nested under the agent's span, where ``_Calls`` keeps the inner one), the
-endpoint's are used and the mismatch is counted (``transitions.COUNTER_TOKEN_ID_MISMATCHES``).
+endpoint's are used and the mismatch is counted (``spanrl.schema.rollouts.COUNTER_TOKEN_ID_MISMATCHES``).
 """
 
 from __future__ import annotations

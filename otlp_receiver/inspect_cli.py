@@ -1,10 +1,13 @@
-"""``spanrl inspect``: read the span store (``rollouts``, ``rollout ID``, ``transitions``).
+"""``spanrl inspect``: read the span store (``rollouts``, ``rollout ID``, ``transitions``) and a
+training run's metrics (``metrics RUN``).
 
 Registered by ``core/cli.py``. Human tables by default, ``--json`` for machines (keys are
 plain words). Safe while a receiver writes the same store (SQLite WAL). Besides what the
 receiver assembled, it shows what ``spanrl train`` trained each rollout with (its reward,
 whatever the source: a reward function, the agent's reward events, AIR; and each transition's
-return), which the trainer records in the same store (``trained_rewards``).
+return), which the trainer records in the same store (``trained_rewards``). ``metrics`` reads a
+run's ``metrics.jsonl`` through ``spanrl.schema.metrics.read_metrics``, so a run of an older
+version (flat keys) shows as a new one.
 """
 
 from __future__ import annotations
@@ -34,6 +37,10 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     transitions.add_argument("--since", type=int, default=0, help="only rollouts after this cursor")
     transitions.add_argument("--rollout", default=None, help="only this rollout")
     transitions.set_defaults(func=show_transitions)
+    metrics = what.add_parser("metrics", help="a training run's metrics per step (its metrics.jsonl)")
+    metrics.add_argument("run", metavar="RUN", help="the run's output_dir, or its metrics.jsonl")
+    metrics.add_argument("--json", action="store_true", help="print every row as JSON (namespaced keys)")
+    metrics.set_defaults(func=show_metrics)
     return parser
 
 
@@ -91,7 +98,7 @@ def _ids(ids, limit: int = 12) -> str:
 
 
 def show_rollouts(args) -> int:
-    from spanrl.otlp_receiver.transitions import rollout_to_dict
+    from spanrl.schema.rollouts import rollout_to_dict
 
     with _open(args) as store:
         summaries = store.rollout_summaries()
@@ -125,7 +132,7 @@ def show_rollouts(args) -> int:
 
 def show_rollout(args) -> int:
     from spanrl.otlp_receiver.span_tree import SpanTree, records_from_bodies
-    from spanrl.otlp_receiver.transitions import rollout_to_dict
+    from spanrl.schema.rollouts import rollout_to_dict
 
     with _open(args) as store:
         spans = store.rollout_spans(args.rollout_id)
@@ -209,7 +216,7 @@ def _print_transitions(transitions, trained: dict) -> None:
 
 
 def show_transitions(args) -> int:
-    from spanrl.otlp_receiver.transitions import transition_to_dict
+    from spanrl.schema.rollouts import transition_to_dict
 
     with _open(args) as store:
         rollouts, _ = store.completed_rollouts(since=args.since)
@@ -225,4 +232,34 @@ def show_transitions(args) -> int:
         ], indent=2))
     else:
         _print_transitions(transitions, trained)
+    return 0
+
+
+# the columns of `spanrl inspect metrics` (key, header); every key with --json
+METRIC_COLUMNS = (("step", "step"), ("rollout/reward_mean", "reward"), ("val/reward", "val_reward"),
+                  ("actor/policy_version", "version"), ("rollout/count", "rollouts"), ("rollout/used", "used"),
+                  ("actor/transitions", "samples"), ("actor/loss", "loss"), ("actor/grad_norm", "grad_norm"),
+                  ("timing/step_s", "seconds"))
+
+
+def _cell(value) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else ("" if value is None else str(value))
+
+
+def show_metrics(args) -> int:
+    from spanrl.errors import UserError
+    from spanrl.schema.metrics import metrics_file, read_metrics
+
+    try:
+        rows = read_metrics(args.run)
+    except FileNotFoundError as exc:
+        raise UserError(f"no metrics at {metrics_file(args.run)} (give a run's output_dir or its "
+                        "metrics.jsonl)") from exc
+    except json.JSONDecodeError as exc:
+        raise UserError(f"{metrics_file(args.run)} is not JSON lines: {exc}") from exc
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    print(_table([header for _, header in METRIC_COLUMNS],
+                 [[_cell(row.get(key)) for key, _ in METRIC_COLUMNS] for row in rows]))
     return 0

@@ -431,23 +431,19 @@ def _kind(value) -> str:
     return kind.removesuffix("_value") if kind else "an empty value"
 
 
+# AnyValue kinds whose field is the Python value itself (also span_tree's shadow AnyValue)
+SCALAR_KINDS = frozenset(("string_value", "int_value", "double_value", "bool_value", "bytes_value"))
+
+
 def any_value_to_python(value: AnyValue):
     """An OTLP AnyValue as a plain Python value (arrays as lists, kvlists as dicts)."""
     kind = value.WhichOneof("value")
-    if kind == "string_value":
-        return value.string_value
-    if kind == "int_value":
-        return value.int_value
-    if kind == "double_value":
-        return value.double_value
-    if kind == "bool_value":
-        return value.bool_value
+    if kind in SCALAR_KINDS:
+        return getattr(value, kind)
     if kind == "array_value":
         return [any_value_to_python(v) for v in value.array_value.values]
     if kind == "kvlist_value":
         return {kv.key: any_value_to_python(kv.value) for kv in value.kvlist_value.values}
-    if kind == "bytes_value":
-        return value.bytes_value
     return None
 
 

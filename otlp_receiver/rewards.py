@@ -2,7 +2,7 @@
 
 Called by ``assembly.assemble_rollout`` once per rollout. Reward events come from the agent's
 process, which the receiver cannot vouch for (docs/trust.md), so they pass four checks, each
-counted in the rollout's ``counters`` (``transitions.COUNTER_*``) and said in its ``problems``:
+counted in the rollout's ``counters`` (``spanrl.schema.rollouts.COUNTER_*``) and said in its ``problems``:
 
 - ``spanrl.reward`` events count; ``gen_ai.evaluation.result`` events count only when the user
   opted in (``RewardPolicy.evaluation_events``, ``--evaluation-rewards``): evaluation libraries
@@ -27,7 +27,7 @@ from typing import Any, Protocol
 from spanrl.instrumentation import semconv
 from spanrl.otlp_receiver.settings import OUT_OF_RANGE_MODES, REWARD_MAX_DEFAULT, REWARD_MIN_DEFAULT
 from spanrl.otlp_receiver.span_tree import SpanRecord, SpanTree
-from spanrl.otlp_receiver.transitions import (
+from spanrl.schema.rollouts import (
     COUNTER_EVALUATIONS_IGNORED,
     COUNTER_REWARDS_CLIPPED,
     COUNTER_REWARDS_REJECTED,

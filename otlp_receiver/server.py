@@ -31,7 +31,7 @@ from spanrl.otlp_receiver.span_tree import records_from_bodies
 from spanrl.otlp_receiver.store import SpanStore, StoredSpan, StoreError
 from spanrl.otlp_receiver.store_lock import ReceiverLock
 from spanrl.otlp_receiver.tls import grpc_server_credentials, http_ssl_context
-from spanrl.otlp_receiver.transitions import Rollout
+from spanrl.schema.rollouts import AssembledRollout
 
 logger = logging.getLogger(__name__)
 
@@ -62,7 +62,7 @@ class Assembler:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="spanrl-assembler", daemon=True)
 
-    def run_once(self, now: float | None = None) -> list[Rollout]:
+    def run_once(self, now: float | None = None) -> list[AssembledRollout]:
         now = time.time() if now is None else now
         done = []
         for ready in self.store.rollouts_ready(
@@ -94,11 +94,11 @@ class Assembler:
                 logger.info("rollout %s: %s", saved.rollout_id, problem)
         return done
 
-    def assemble(self, rollout_id: str, end_reason: str) -> tuple[Rollout, int]:
+    def assemble(self, rollout_id: str, end_reason: str) -> tuple[AssembledRollout, int]:
         """Read, decode and assemble one rollout (not saved); returns it and its span count."""
         return self.assemble_spans(rollout_id, end_reason, self.store.rollout_spans(rollout_id))
 
-    def assemble_spans(self, rollout_id: str, end_reason: str, spans: list[StoredSpan]) -> tuple[Rollout, int]:
+    def assemble_spans(self, rollout_id: str, end_reason: str, spans: list[StoredSpan]) -> tuple[AssembledRollout, int]:
         """Decode and assemble one rollout from its stored ``spans``; returns it and their count."""
         # Building a tree of many small linked objects makes the cyclic garbage collector
         # rescan them again and again (super-linear for 100k-span rollouts); nothing here

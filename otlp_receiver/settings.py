@@ -9,10 +9,10 @@ agent-side exporter reads the same token variable).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
 from spanrl.errors import SettingError
+from spanrl.settings_loader import setting
 
 ENV_PREFIX_NAME = "RECEIVER"  # OTEL_SPANRL_RECEIVER_<FIELD>
 SYNC_MODES = ("full", "normal", "extra")
@@ -23,44 +23,40 @@ REWARD_MIN_DEFAULT = -100.0
 REWARD_MAX_DEFAULT = 100.0
 
 
-def _setting(default: Any, help_text: str, **more: Any) -> Any:
-    return field(default=default, metadata={"help": help_text, **more})
-
-
 @dataclass
 class ReceiverSettings:
-    host: str = _setting("127.0.0.1", "address both servers bind (loopback unless told otherwise)")
-    grpc_port: int = _setting(4317, "OTLP/gRPC port (0 picks a free one)")
-    http_port: int = _setting(4318, "OTLP/HTTP port (0 picks a free one)")
-    db: str = _setting("spanrl.db", "span store path (SQLite)")
-    token: str | None = _setting(
+    host: str = setting("127.0.0.1", "address both servers bind (loopback unless told otherwise)")
+    grpc_port: int = setting(4317, "OTLP/gRPC port (0 picks a free one)")
+    http_port: int = setting(4318, "OTLP/HTTP port (0 picks a free one)")
+    db: str = setting("spanrl.db", "span store path (SQLite)")
+    token: str | None = setting(
         None, "bearer token clients must send (Authorization: Bearer TOKEN); none = no check", secret=True)
-    max_message_mb: float = _setting(64.0, "largest accepted request, MiB (after decompression)")
-    max_pending_mb: float = _setting(
+    max_message_mb: float = setting(64.0, "largest accepted request, MiB (after decompression)")
+    max_pending_mb: float = setting(
         256.0, "requests waiting for the store above this size are refused as overload, MiB")
-    retry_after_s: float = _setting(1.0, "retry delay suggested to clients on overload, seconds")
-    sync: str = _setting(
+    retry_after_s: float = setting(1.0, "retry delay suggested to clients on overload, seconds")
+    sync: str = setting(
         "full", "SQLite synchronous mode: full (survives power loss), normal (survives kill -9) or extra")
-    grace_s: float = _setting(2.0, "after a rollout ends, wait this long without new spans before assembling it")
-    idle_timeout_s: float = _setting(600.0, "assemble a rollout that got no span for this long (0 = never)")
-    complete_on_rollout_span: bool = _setting(True, "the spanrl.rollout span ending completes its rollout")
-    credit: str = _setting("identical", "credit assignment: identical or discounted")
-    gamma: float = _setting(1.0, "discount of the discounted credit assignment")
-    air_rules: str = _setting("off", "AIR rules: off, default, or a JSON/YAML rules file")
-    reward_min: float = _setting(
+    grace_s: float = setting(2.0, "after a rollout ends, wait this long without new spans before assembling it")
+    idle_timeout_s: float = setting(600.0, "assemble a rollout that got no span for this long (0 = never)")
+    complete_on_rollout_span: bool = setting(True, "the spanrl.rollout span ending completes its rollout")
+    credit: str = setting("identical", "credit assignment: identical or discounted")
+    gamma: float = setting(1.0, "discount of the discounted credit assignment")
+    air_rules: str = setting("off", "AIR rules: off, default, or a JSON/YAML rules file")
+    reward_min: float = setting(
         REWARD_MIN_DEFAULT, "smallest reward value an agent's reward event may carry (see reward_out_of_range)")
-    reward_max: float = _setting(REWARD_MAX_DEFAULT, "largest reward value an agent's reward event may carry")
-    reward_out_of_range: str = _setting(
+    reward_max: float = setting(REWARD_MAX_DEFAULT, "largest reward value an agent's reward event may carry")
+    reward_out_of_range: str = setting(
         "reject", "a reward value outside [reward_min, reward_max]: reject (drop the event) or clip (to the range);"
         " counted in the rollout's counters either way")
-    evaluation_rewards: bool = _setting(
+    evaluation_rewards: bool = setting(
         False, "count gen_ai.evaluation.result events as rewards (off: only spanrl.reward events count)")
-    retokenize_with: str | None = _setting(None, "tokenizer directory allowed to rebuild missing token ids (flagged)")
-    tls_cert: str | None = _setting(
+    retokenize_with: str | None = setting(None, "tokenizer directory allowed to rebuild missing token ids (flagged)")
+    tls_cert: str | None = setting(
         None, "PEM certificate (chain) file: serve both ports over TLS (with --tls-key); none = plaintext")
-    tls_key: str | None = _setting(None, "PEM private key file of --tls-cert")
-    workers: int = _setting(16, "gRPC worker threads")
-    poll_s: float = _setting(0.2, "how often the assembler looks for ended rollouts, seconds")
+    tls_key: str | None = setting(None, "PEM private key file of --tls-cert")
+    workers: int = setting(16, "gRPC worker threads")
+    poll_s: float = setting(0.2, "how often the assembler looks for ended rollouts, seconds")
 
     def __post_init__(self) -> None:
         self.validate()

@@ -18,7 +18,7 @@ from opentelemetry.proto.common.v1.common_pb2 import ArrayValue, KeyValueList
 from opentelemetry.proto.trace.v1.trace_pb2 import Status
 
 from spanrl.instrumentation import semconv
-from spanrl.otlp_receiver.otlp_decode import any_value_to_python
+from spanrl.otlp_receiver.otlp_decode import SCALAR_KINDS, any_value_to_python
 from spanrl.otlp_receiver.otlp_shadow import ShadowSpan
 
 VIRTUAL_ROOT_ID = "virtual-root"
@@ -96,21 +96,15 @@ def as_list(value, ints: bool = False) -> list | None:
 
 
 def _attribute_value(value):
+    """A shadow-schema AnyValue (arrays and kvlists kept as bytes) as ``any_value_to_python`` would
+    give it, arrays left lazy."""
     kind = value.WhichOneof("value")
-    if kind == "string_value":
-        return value.string_value
-    if kind == "int_value":
-        return value.int_value
-    if kind == "double_value":
-        return value.double_value
-    if kind == "bool_value":
-        return value.bool_value
+    if kind in SCALAR_KINDS:
+        return getattr(value, kind)
     if kind == "array_value":
         return LazyArray(value.array_value)
     if kind == "kvlist_value":
         return {kv.key: any_value_to_python(kv.value) for kv in KeyValueList.FromString(value.kvlist_value).values}
-    if kind == "bytes_value":
-        return value.bytes_value
     return None
 
 

@@ -33,11 +33,11 @@ from spanrl.otlp_receiver.span_writes import (
     pending_completions_among,
     refuse_late,
 )
-from spanrl.otlp_receiver.transitions import (
+from spanrl.schema.rollouts import (
     END_EXPLICIT,
     END_IDLE_TIMEOUT,
     END_ROLLOUT_SPAN,
-    Rollout,
+    AssembledRollout,
     rollout_from_dict,
     rollout_to_dict,
 )
@@ -92,7 +92,7 @@ CREATE TABLE IF NOT EXISTS assembled (
     sequence     INTEGER PRIMARY KEY AUTOINCREMENT,
     rollout_id   TEXT NOT NULL UNIQUE,
     assembled_at REAL NOT NULL,
-    body         TEXT NOT NULL              -- JSON of transitions.Rollout
+    body         TEXT NOT NULL              -- JSON of schema.rollouts.AssembledRollout
 );
 """
 
@@ -123,7 +123,7 @@ class RolloutSummary:
     first_seen: float
     last_seen: float
     late_spans: int
-    assembled: Rollout | None
+    assembled: AssembledRollout | None
 
 
 @dataclass(frozen=True)
@@ -302,7 +302,7 @@ class SpanStore:
                 ready.append(ReadyRollout(rollout_id, END_IDLE_TIMEOUT))
         return ready
 
-    def save_assembled(self, rollout: Rollout, now: float | None = None) -> Rollout:
+    def save_assembled(self, rollout: AssembledRollout, now: float | None = None) -> AssembledRollout:
         """Save an assembled rollout and mark it done; returns it with its ``sequence``."""
         now = time.time() if now is None else now
         with self._transaction() as db:
@@ -335,7 +335,7 @@ class SpanStore:
 
     # --- reading (the trainer bridge, inspect, the assembler) -------------------------------
 
-    def completed_rollouts(self, since: int = 0, limit: int | None = None) -> tuple[list[Rollout], int]:
+    def completed_rollouts(self, since: int = 0, limit: int | None = None) -> tuple[list[AssembledRollout], int]:
         """Assembled rollouts with ``sequence > since``, oldest first, and the next cursor."""
         query = "SELECT sequence, body FROM assembled WHERE sequence > ? ORDER BY sequence"
         params: tuple = (int(since),)
@@ -348,7 +348,7 @@ class SpanStore:
         cursor = rows[-1][0] if rows else int(since)
         return rollouts, cursor
 
-    def assembled_rollout(self, rollout_id: str) -> Rollout | None:
+    def assembled_rollout(self, rollout_id: str) -> AssembledRollout | None:
         with self._lock:
             row = self._db.execute(
                 "SELECT body FROM assembled WHERE rollout_id = ?", (rollout_id,)

@@ -21,7 +21,14 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from spanrl import bridge_protocol as protocol
-from spanrl.bridge_protocol import BridgeInfo, BridgeProtocolError, ClaimedAttempt, ClaimRequest, FinishRequest
+from spanrl.bridge_protocol import (
+    BridgeInfo,
+    BridgeProtocolError,
+    ClaimedAttempt,
+    ClaimRequest,
+    FinishRequest,
+    TrainingFinished,
+)
 from spanrl.errors import UserError
 
 logger = logging.getLogger(__name__)
@@ -38,10 +45,6 @@ class BridgeUnavailable(Exception):
 
 class BridgeRefused(UserError):
     """The bridge refused the runner's bearer token (401)."""
-
-
-class TrainingFinished(Exception):
-    """The bridge says training is over: the runner exits."""
 
 
 class BridgeClient:

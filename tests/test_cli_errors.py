@@ -17,7 +17,8 @@ import time
 
 import pytest
 
-from spanrl.demo import CALC_AGENT, free_port
+from spanrl.child_processes import free_port
+from spanrl.demo import CALC_AGENT
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -214,7 +215,7 @@ def test_inspect_of_an_unknown_rollout(tmp_path):
 def test_inspect_piped_into_head_ends_quietly(tmp_path):
     """``spanrl inspect transitions --json | head -1``: no BrokenPipeError traceback."""
     from spanrl.otlp_receiver.store import SpanStore
-    from spanrl.otlp_receiver.transitions import Rollout, Transition
+    from spanrl.schema.rollouts import AssembledRollout, Transition
 
     db = tmp_path / "spanrl.db"
     with SpanStore(db) as store:
@@ -224,7 +225,8 @@ def test_inspect_piped_into_head_ends_quietly(tmp_path):
                 Transition(rollout_id, i, f"span{i}", "solver", tuple(range(500)), tuple(range(500)), None, 0, 0,
                            0.0, 1.0, False)
                 for i in range(4))
-            store.save_assembled(Rollout(rollout_id, "t", 0, "ok", None, "explicit", 1.0, (), {}, transitions, (), 0))
+            store.save_assembled(AssembledRollout(rollout_id, "t", 0, "ok", None, "explicit", 1.0, (), {},
+                                                  transitions, (), 0))
     clean = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_SPANRL_")}
     process = subprocess.Popen([sys.executable, "-m", "spanrl", "inspect", "transitions", "--json", "--db", str(db)],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=clean, cwd=REPO)

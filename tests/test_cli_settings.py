@@ -196,11 +196,11 @@ def test_printed_settings_mask_secrets(tmp_path):
 def test_serve_reads_its_old_model_name_variable_with_a_warning(monkeypatch, caplog):
     monkeypatch.setenv("OTEL_SPANRL_SERVE_MODEL_NAME", "old-name")
     with caplog.at_level("WARNING"):
-        assert cli.settings_from_args(["serve", "m"]).served_model_name == "old-name"
+        assert cli.settings_from_args(["serve", "m"]).served_model_name == ["old-name"]  # now a list of names
     assert "OTEL_SPANRL_SERVE_MODEL_NAME is deprecated" in caplog.text
     assert "OTEL_SPANRL_SERVE_SERVED_MODEL_NAME" in caplog.text
     monkeypatch.setenv("OTEL_SPANRL_SERVE_SERVED_MODEL_NAME", "new-name")
-    assert cli.settings_from_args(["serve", "m"]).served_model_name == "new-name"
+    assert cli.settings_from_args(["serve", "m"]).served_model_name == ["new-name"]
 
 
 @pytest.mark.parametrize("argv, message", [

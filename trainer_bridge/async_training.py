@@ -12,11 +12,11 @@ one of its calls (``Transition.policy_version``; the version at dispatch when th
 not say). Rollouts more than ``max_staleness`` versions behind are dropped (left out as
 ``stale``). Those behind but within the bound are ``off_policy_rollouts: correct``: trained
 with truncated importance sampling (the backend weighs each token by
-``min(exp(old logprob - engine logprob), is_truncation)``, ``grpo.truncated_is_weights``), or
+``min(exp(old logprob - engine logprob), is_truncation)``, ``torch_backend/losses.py``), or
 ``drop``: left out as ``off_policy``. Both are counted in the step's metrics
-(``rollouts_off_policy``, ``policy_lag_mean``, ``rollouts_left_out``).
+(``rollout/off_policy``, ``rollout/policy_lag_mean``, ``rollout/left_out``).
 
-Chosen by ``training_loop.run_training`` when ``settings.async_training``; the bridge API
+Chosen by ``session.run_training`` when ``settings.async_training``; the bridge API
 serves ``GroupDispatcher`` exactly as it serves the synchronous ``TaskDispatcher``.
 """
 
@@ -27,12 +27,17 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+
+from spanrl.bridge_protocol import TRAINING_ROLLOUT_PREFIX, new_rollout_id
+from spanrl.schema import metrics as keys
+from spanrl.schema.rollouts import AssembledRollout, Transition
+from spanrl.schema.scored import ScoredRollout
+from spanrl.schema.tasks import Task
 
 from .backend import PolicyBackend
+from .loop_settings import LoopSettings
 from .task_dispatch import Attempt, Outcome, TaskDispatcher, _Round
-from .train_settings import TrainSettings
-from .training_loop import ScoredRollout, StepReport, TrainingLoop
+from .training_loop import StepReport, TrainingLoop
 
 logger = logging.getLogger(__name__)
 
@@ -55,7 +60,7 @@ class GroupDispatcher(TaskDispatcher):
         self._round = _Round(step=0, attempts={})
         self._groups: dict[str, tuple[list[str], int]] = {}  # group key -> (rollout ids, version), oldest first
 
-    def add_groups(self, step: int, tasks: Sequence[tuple[str, dict]], group_size: int,
+    def add_groups(self, step: int, tasks: Sequence[Task], group_size: int,
                    policy_version: int) -> list[Attempt]:
         """Queue a group of ``group_size`` attempts for each ``(task_id, task)``; its attempts."""
         added: list[Attempt] = []
@@ -66,7 +71,7 @@ class GroupDispatcher(TaskDispatcher):
                 key = f"s{step}-{task_id}-{uuid.uuid4().hex[:8]}"
                 ids = []
                 for number in range(group_size):
-                    rollout_id = f"s{step}-{task_id}-a{number}-{uuid.uuid4().hex[:8]}"
+                    rollout_id = new_rollout_id(TRAINING_ROLLOUT_PREFIX, step, task_id, number)
                     attempt = Attempt(rollout_id, task_id, number, task, step)
                     current.attempts[rollout_id] = attempt
                     current.unclaimed.append(rollout_id)
@@ -131,7 +136,7 @@ class GroupDispatcher(TaskDispatcher):
         return FinishedGroup(attempts, outcomes, version)
 
 
-def rollout_lag(transitions: Sequence[Any], dispatched_at_version: int, current_version: int) -> int:
+def rollout_lag(transitions: Sequence[Transition], dispatched_at_version: int, current_version: int) -> int:
     """Policy versions between the oldest policy that generated one of ``transitions`` (the
     dispatch version where a transition does not say) and ``current_version``."""
     versions = [t.policy_version if t.policy_version is not None else dispatched_at_version for t in transitions]
@@ -174,14 +179,14 @@ def filter_stale(scored: Sequence[ScoredRollout], dispatch_versions: dict[str, i
 class AsyncTrainingLoop(TrainingLoop):
     """``TrainingLoop`` whose steps take finished groups instead of waiting for a whole round."""
 
-    def __init__(self, settings: TrainSettings) -> None:
+    def __init__(self, settings: LoopSettings) -> None:
         super().__init__(settings)
         self.dispatcher: GroupDispatcher = GroupDispatcher(settings.rollout_timeout_s,
                                                             tuple(settings.hidden_task_fields))
-        self._assembled: dict[str, Any] = {}  # rollouts read from the store whose group is not trained yet
+        self._assembled: dict[str, AssembledRollout] = {}  # rollouts read from the store whose group is not trained yet
         self._collecting: set[str] = set()  # the rollouts of the groups this step took
 
-    def new_rollouts(self) -> list[Any]:
+    def new_rollouts(self) -> list[AssembledRollout]:
         """Rollouts of the groups in flight or being collected: those read before and those the
         store completed since (the synchronous loop would skip the ones of other groups)."""
         for rollout in super().new_rollouts():
@@ -221,11 +226,11 @@ class AsyncTrainingLoop(TrainingLoop):
                            rollout_seconds, started)
         scores = [item.score for item in report.scored]  # what the agents scored, stale ones included
         row.update({
-            "reward_mean": sum(scores) / len(scores) if scores else 0.0,
+            keys.REWARD_MEAN: sum(scores) / len(scores) if scores else 0.0,
             # groups often finished before the step asked: the rate is over the whole step
-            "rollouts_per_s": len(attempts) / max(row["seconds"], 1e-9),
-            "rollouts_off_policy": staleness.off_policy,
-            "policy_lag_mean": staleness.lag_mean,
-            "groups_in_flight": self.dispatcher.groups_in_flight,
+            keys.ROLLOUTS_PER_S: len(attempts) / max(row[keys.STEP_SECONDS], 1e-9),
+            keys.ROLLOUTS_OFF_POLICY: staleness.off_policy,
+            keys.POLICY_LAG_MEAN: staleness.lag_mean,
+            keys.GROUPS_IN_FLIGHT: self.dispatcher.groups_in_flight,
         })
         return row

@@ -1,11 +1,17 @@
 """The seam between the training loop and a training backend; torch-free.
 
-``training_loop`` hands out tasks, collects and scores rollouts, computes group advantages
-and logs metrics; everything that trains weights and serves them sits behind
-``PolicyBackend``: ``update(samples)`` makes a new policy version that the endpoint at
-``endpoint_url`` serves from then on (agents keep calling the same URL), plus checkpoints.
-Backends are sibling folders (``torch_backend/``, later ``verl_backend/``); ``make_backend``
-picks one by ``settings.backend`` and is the only place that knows which one runs.
+The loop hands out tasks, collects and scores rollouts, computes group advantages and logs
+metrics; everything that trains weights and serves them sits behind ``PolicyBackend``:
+``update(samples)`` makes a new policy version that the endpoint at ``endpoint_url`` serves
+from then on (agents keep calling the same URL), plus checkpoints. A backend is started with a
+``BackendRun``: the model, where its checkpoints go, the neutral ``AlgorithmConfig``, the
+endpoint agents call (``EndpointConfig``) and the backend's own knobs (``options``).
+
+Backends are sibling packages (``torch_backend/``, ``verl_backend/``) that import this module
+and ``algorithm.py``, never the loop; the loop never imports them: ``BACKENDS`` names each one's
+module, which provides ``start_backend(run)``, optionally ``check_backend(run)`` (refuse early:
+a missing library, no device) and ``fine_tune(request)`` (supervised fine-tuning of a model
+directory: the warm start). ``backend_module`` is the only place that imports one.
 """
 
 from __future__ import annotations
@@ -13,18 +19,72 @@ from __future__ import annotations
 import importlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from types import ModuleType
+from typing import Any, Protocol, runtime_checkable
 
 from spanrl.errors import UserError
 
-if TYPE_CHECKING:
-    from .train_settings import TrainSettings
+from .algorithm import AlgorithmConfig
 
-# backend name -> "module:factory"; the factory is called as factory(settings, checkpoint_dir)
+# backend name -> the module providing start_backend(run) (and check_backend, fine_tune)
 BACKENDS: dict[str, str] = {
-    "torch": "spanrl.trainer_bridge.torch_backend.backend:start_torch_backend",
-    "verl": "spanrl.trainer_bridge.verl_backend.backend:start_verl_backend",
+    "torch": "spanrl.trainer_bridge.torch_backend.backend",
+    "verl": "spanrl.trainer_bridge.verl_backend.backend",
 }
+# the backend whose fine_tune runs the warm start (spanrl sft, warm_start:), whatever trains after it
+FINE_TUNING_BACKEND = "torch"
+
+
+@dataclass(frozen=True)
+class EndpointConfig:
+    """The OpenAI-compatible endpoint a backend serves its policy at (the same URL all run)."""
+
+    host: str = "127.0.0.1"
+    port: int = 8000
+    model_name: str = "policy"
+    model_names: tuple[str, ...] = ("*",)  # other names it answers to ('*': any); trainer_bridge/model_names.py
+    token: str | None = None  # bearer token agents must send; None = no check
+    validation_temperature: float | None = None  # pinned temperature of validation rollouts' requests
+
+
+@dataclass(frozen=True)
+class BackendRun:
+    """What a backend is started with: one training run's model, places and configs."""
+
+    model: str  # the Hugging Face model directory training starts from
+    output_dir: str
+    checkpoint_dir: str  # resumable checkpoints go here (resume: the newest one is loaded)
+    resume: bool
+    seed: int
+    checkpoint_every: int  # updates between periodic checkpoints (0: only at the end)
+    algorithm: AlgorithmConfig
+    endpoint: EndpointConfig
+    options: Any = None  # the backend's own knobs (torch: TorchOptions, verl: VerlConfig)
+
+
+@dataclass(frozen=True)
+class TokenExample:
+    """A demonstration in token ids (one call of a well-rewarded rollout): its response is learned."""
+
+    prompt_token_ids: tuple[int, ...]
+    response_token_ids: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class FineTuneRequest:
+    """Supervised fine-tuning of ``model_dir`` into ``out_dir``: chat demonstrations from a JSONL
+    file and/or token examples, ``steps`` AdamW steps of ``batch_size`` examples."""
+
+    model_dir: str
+    out_dir: str
+    demonstrations: str  # a chat JSONL file ("" = none)
+    token_examples: tuple[TokenExample, ...]
+    steps: int
+    batch_size: int
+    learning_rate: float
+    seed: int
+    device: str
+    progress: bool = True
 
 
 @dataclass(frozen=True)
@@ -144,30 +204,34 @@ class BackendUnavailable(UserError):
     """The configured backend is unknown or cannot be imported here."""
 
 
-def _backend_module(settings: TrainSettings) -> tuple[Any, str]:
-    target = BACKENDS.get(settings.backend)
-    if target is None:
-        raise BackendUnavailable(f"unknown backend {settings.backend!r}; choose one of {sorted(BACKENDS)}")
-    module_name, factory_name = target.split(":")
+def backend_module(name: str) -> ModuleType:
+    """The module of backend ``name`` (``BACKENDS``); ``BackendUnavailable`` when it cannot load here."""
+    module_name = BACKENDS.get(name)
+    if module_name is None:
+        raise BackendUnavailable(f"unknown backend {name!r}; choose one of {sorted(BACKENDS)}")
     try:
-        return importlib.import_module(module_name), factory_name
+        return importlib.import_module(module_name)
     except ImportError as exc:
-        raise BackendUnavailable(f"backend {settings.backend!r} cannot be imported ({exc}); "
-                                 "install its dependencies") from exc
+        raise BackendUnavailable(f"backend {name!r} cannot be imported ({exc}); install its dependencies") from exc
 
 
-def check_backend(settings: TrainSettings) -> None:
-    """Fail fast, before any waiting, when backend ``settings.backend`` cannot start here (its
-    module's ``check_backend(settings)``, when it has one: missing libraries, no device, ...)."""
-    module, _ = _backend_module(settings)
-    check = getattr(module, "check_backend", None)
+def check_backend(name: str, run: BackendRun) -> None:
+    """Fail fast, before any waiting, when backend ``name`` cannot start here (its module's
+    ``check_backend(run)``, when it has one: missing libraries, no device, ...)."""
+    check = getattr(backend_module(name), "check_backend", None)
     if check is not None:
-        check(settings)
+        check(run)
 
 
-def make_backend(settings: TrainSettings, checkpoint_dir: str) -> PolicyBackend:
-    """Start the backend ``settings.backend`` (resumed from ``checkpoint_dir`` with
-    ``settings.resume``), serving its policy at its ``endpoint_url``."""
-    module, factory_name = _backend_module(settings)
-    backend: PolicyBackend = getattr(module, factory_name)(settings, checkpoint_dir)
+def make_backend(name: str, run: BackendRun) -> PolicyBackend:
+    """Start backend ``name`` (resumed from ``run.checkpoint_dir`` with ``run.resume``), serving
+    its policy at its ``endpoint_url``."""
+    backend: PolicyBackend = backend_module(name).start_backend(run)
     return backend
+
+
+def fine_tune(request: FineTuneRequest) -> dict[str, Any]:
+    """Supervised fine-tuning by ``FINE_TUNING_BACKEND`` (see ``FineTuneRequest``); its statistics
+    (``steps``, ``loss_first``, ``loss_last``, ``seconds``, ``demonstrations``)."""
+    result: dict[str, Any] = backend_module(FINE_TUNING_BACKEND).fine_tune(request)
+    return result

@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from spanrl import bridge_protocol as protocol
-from spanrl.bridge_protocol import BridgeInfo, ClaimedAttempt, ClaimRequest, FinishRequest
+from spanrl.bridge_protocol import BridgeInfo, ClaimedAttempt, ClaimRequest, FinishRequest, TrainingFinished
 
-from .task_dispatch import TaskDispatcher, TrainingFinished
+from .task_dispatch import TaskDispatcher
 
 logger = logging.getLogger(__name__)
 

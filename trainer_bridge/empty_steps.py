@@ -7,6 +7,7 @@ steps in a row raise ``NothingToTrain`` (a ``UserError``: one line, exit 2).
 from __future__ import annotations
 
 from spanrl.errors import UserError
+from spanrl.schema import metrics as keys
 
 
 class NothingToTrain(UserError):
@@ -29,14 +30,14 @@ LEFT_OUT_HINTS = {
 
 def empty_step_reason(row: dict) -> str | None:
     """Why the step of metrics row ``row`` trained on nothing, or None when it trained."""
-    if row["transitions"]:
+    if row[keys.TRANSITIONS]:
         return None
-    left_out = row["rollouts_left_out"]
+    left_out = row[keys.ROLLOUTS_LEFT_OUT]
     hints = [LEFT_OUT_HINTS[k] for k in sorted(left_out, key=lambda k: -left_out[k]) if k in LEFT_OUT_HINTS]
-    if row.get("rollouts_below_sft_min_reward"):
+    if row.get(keys.BELOW_SFT_MIN_REWARD):
         hints.append("no scored rollout reached sft_min_reward (algorithm: sft learns only those)")
-    if row["groups_of_one_dropped"]:
+    if row[keys.GROUPS_OF_ONE_DROPPED]:
         hints.append("groups with a single usable rollout were dropped (GRPO compares rollouts of one task)")
     counts = ", ".join(f"{k} {v}" for k, v in sorted(left_out.items())) or "none left out"
-    return (f"step {row['step']} trained on nothing: {row['rollouts']} rollouts ({counts})"
+    return (f"step {row[keys.STEP]} trained on nothing: {row[keys.ROLLOUTS]} rollouts ({counts})"
             + (f"; {'; '.join(hints)}" if hints else ""))

@@ -116,6 +116,7 @@ class ServedCall:
     replies: list[dict[str, Any]] = field(default_factory=list)
     end_ns: int = 0
     error: str | None = None
+    request_model: str | None = None  # the model name the request asked for
 
 
 def served_call_for(scope: Mapping[str, Any], endpoint: str) -> ServedCall | None:
@@ -265,6 +266,8 @@ class EndpointSpans:
             "http.route": call.route,
             **call.origin.attributes,
         }
+        if call.request_model:
+            attributes[semconv.GENAI_REQUEST_MODEL] = call.request_model
         span = self._tracer.start_span(f"POST {call.route}", context=call.origin.parent, kind=SpanKind.SERVER,
                                        attributes=attributes, start_time=call.start_ns)
         recorder = LLMSpanRecorder(span, streaming=call.streaming)

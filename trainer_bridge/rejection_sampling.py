@@ -8,21 +8,18 @@ clipping, no advantage). Rollouts below the threshold are not trained on and are
 ``sft_samples`` picks the samples (torch-free); ``sft_update`` hands them to the backend's
 ``sft_update`` (``TorchBackend``: ``torch_backend/sft_update.py``; ``VerlBackend``: verl's
 own ``sft_loss`` on the actor worker group, ``verl_backend/sft_update.py``). Called by
-``training_loop.TrainingLoop.run_step``. Offline, over a store's rollouts, the same learning
+``training_loop.TrainingLoop.update``. Offline, over a store's rollouts, the same learning
 is ``spanrl sft MODEL --store DB --min-reward R`` (``warm_start.py``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 from spanrl.errors import UserError
+from spanrl.schema.scored import ScoredRollout
 
 from .backend import PolicyBackend, TrainingSample
-
-if TYPE_CHECKING:
-    from .training_loop import ScoredRollout
 
 
 class SftNotSupported(UserError):

@@ -2,28 +2,38 @@
 
 ``training_samples`` is what every backend trains on (so both backends get the same numbers);
 ``trained_rollout`` is what ``spanrl inspect`` later shows a rollout was trained with.
-Called by ``training_loop.TrainingLoop.run_step``.
+Called by ``training_loop.TrainingLoop.update``.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
-
 from spanrl.otlp_receiver.trained_rewards import TrainedRollout
+from spanrl.schema.rollouts import Transition
+from spanrl.schema.scored import ScoredRollout
 
+from .algorithm import LOSS_WEIGHTINGS
 from .backend import TrainingSample
 
-if TYPE_CHECKING:
-    from .training_loop import ScoredRollout
 
-
-def trained_rollout(step: int, item: ScoredRollout, transition_returns: bool, used: bool) -> TrainedRollout:
-    """What ``training_samples`` trained ``item`` with, as recorded for ``spanrl inspect``."""
+def trained_rollout(step: int, item: ScoredRollout, transition_returns: bool, used: bool,
+                    advantages: dict[tuple[str, int], float] | None = None) -> TrainedRollout:
+    """What ``training_samples`` trained ``item`` with, as recorded for ``spanrl inspect`` and
+    ``spanrl dashboard``; ``advantages``: ``(rollout id, turn index) -> group advantage`` of the
+    samples (None: the update had none, e.g. rejection-sampling SFT)."""
+    rollout_id = item.attempt.rollout_id
     return TrainedRollout(
-        rollout_id=item.attempt.rollout_id, step=step, reward=item.score, reward_source=item.reward_source,
+        rollout_id=rollout_id, step=step, reward=item.score, reward_source=item.reward_source,
         returns={t.index: (t.return_ if transition_returns else item.score) for t in item.transitions},
         used=used,
+        advantages=None if advantages is None else {
+            t.index: advantages[(rollout_id, t.index)]
+            for t in item.transitions if (rollout_id, t.index) in advantages},
     )
+
+
+def sample_advantages(samples: list[TrainingSample]) -> dict[tuple[str, int], float]:
+    """``(rollout id, turn index) -> group advantage`` (before any loss weight) of ``samples``."""
+    return {(s.rollout_id, s.turn_index): s.group_advantage for s in samples}
 
 
 def training_samples(scored: list[ScoredRollout], level: str, norm_adv_by_std: bool,
@@ -33,10 +43,10 @@ def training_samples(scored: list[ScoredRollout], level: str, norm_adv_by_std: b
 
     ``transition_returns``: score each transition by its own credit-assigned return (reward
     events with ``level="transition"``) instead of its rollout's score.
-    ``loss_weighting="rollout"``: fold ``grpo.weigh_rollouts_equally`` into the advantages.
+    ``loss_weighting="rollout"``: fold ``advantages.weigh_rollouts_equally`` into the advantages.
     Returns ``(samples, dropped_rollout_ids)``: rollouts of a group of one are dropped.
     """
-    from .grpo import LOSS_WEIGHTINGS, group_advantages, weigh_rollouts_equally
+    from .advantages import group_advantages, weigh_rollouts_equally  # torch: only when training
 
     if loss_weighting not in LOSS_WEIGHTINGS:
         raise ValueError(f"loss_weighting must be one of {LOSS_WEIGHTINGS}, got {loss_weighting!r}")
@@ -44,7 +54,7 @@ def training_samples(scored: list[ScoredRollout], level: str, norm_adv_by_std: b
     returns: list[float] = []
     groups: list[str] = []
     rollout_ids: list[str] = []
-    transitions: list[Any] = []
+    transitions: list[Transition] = []
     for item in scored:
         for transition in item.transitions:
             returns.append(transition.return_ if transition_returns else item.score)

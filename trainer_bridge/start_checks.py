@@ -12,10 +12,10 @@ import time
 
 from spanrl.errors import UserError
 
-from .train_settings import TrainSettings
+from .loop_settings import LoopSettings
 
 
-def check_before_start(settings: TrainSettings) -> None:
+def check_before_start(settings: LoopSettings) -> None:
     """A missing model or a taken port is said before the model loads (seconds to minutes)."""
     from spanrl.startup_checks import ensure_model_dir, ensure_port_free
 

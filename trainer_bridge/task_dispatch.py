@@ -13,13 +13,19 @@ import dataclasses
 import logging
 import threading
 import time
-import uuid
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from spanrl.bridge_protocol import REPORTABLE_STATUSES, TRAINING_ROLLOUT_PREFIX, Attempt
+from spanrl.bridge_protocol import (
+    REPORTABLE_STATUSES,
+    TRAINING_ROLLOUT_PREFIX,
+    Attempt,
+    TrainingFinished,
+    new_rollout_id,
+)
 from spanrl.errors import UserError
+from spanrl.schema.tasks import Task
 
 logger = logging.getLogger(__name__)
 
@@ -29,11 +35,7 @@ STATUS_LOST = "lost"
 OUTCOMES = (*REPORTABLE_STATUSES, STATUS_LOST)
 
 __all__ = ["OUTCOMES", "STATUS_LOST", "Attempt", "Outcome", "TaskDispatcher", "TrainingFinished",
-           "check_hidden_task_fields", "task_id_of"]
-
-
-class TrainingFinished(Exception):
-    """Raised to runners that claim work after training ended."""
+           "check_hidden_task_fields"]
 
 
 @dataclass(frozen=True)
@@ -54,20 +56,16 @@ class _Round:
     outcomes: dict[str, Outcome] = field(default_factory=dict)
 
 
-def task_id_of(task: dict, index: int) -> str:
-    return str(task.get("id", task.get("task_id", index)))
-
-
-def check_hidden_task_fields(hidden: list, tasks: list[tuple[str, dict]], path: str) -> None:
+def check_hidden_task_fields(hidden: Sequence[str], tasks: Sequence[Task], path: str) -> None:
     """A hidden field no task has is a typo that would hand the agent the field it should not see;
     the task id names every rollout (its spans, the runner's variables), so it cannot be hidden."""
     named_id = [name for name in hidden if name in ("id", "task_id")]
     if named_id:
         raise UserError(f"hidden_task_fields cannot hide {named_id}: the task id travels with every rollout")
-    unknown = [name for name in hidden if not any(name in task for _, task in tasks)]
+    unknown = [name for name in hidden if not any(name in task.task for task in tasks)]
     if unknown:
         raise UserError(f"hidden_task_fields names {unknown}, which no task in {path} has; "
-                        f"check the spelling (the fields of the first task: {sorted(tasks[0][1])})")
+                        f"check the spelling (the fields of the first task: {sorted(tasks[0].task)})")
 
 
 class TaskDispatcher:
@@ -82,14 +80,14 @@ class TaskDispatcher:
         self._finished = False
         self._last_claim_at: float | None = None  # any round: runners were there then
 
-    def open_round(self, step: int, tasks: list[tuple[str, dict]], group_size: int,
+    def open_round(self, step: int, tasks: Sequence[Task], group_size: int,
                    prefix: str = TRAINING_ROLLOUT_PREFIX) -> list[Attempt]:
         """Queue ``group_size`` attempts of each ``(task_id, task)``; returns them. Their rollout
         ids start with ``prefix`` and the step (``v`` marks validation rounds)."""
         attempts = {}
         for task_id, task in tasks:
             for attempt in range(group_size):
-                rollout_id = f"{prefix}{step}-{task_id}-a{attempt}-{uuid.uuid4().hex[:8]}"
+                rollout_id = new_rollout_id(prefix, step, task_id, attempt)
                 attempts[rollout_id] = Attempt(rollout_id, task_id, attempt, task, step)
         with self._lock:
             self._round = _Round(step, attempts, unclaimed=deque(attempts))

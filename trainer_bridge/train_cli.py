@@ -29,7 +29,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def train_command(settings: TrainSettings) -> int:
-    from .training_loop import run_training
+    from .session import run_training
 
     summary = run_training(settings)
     if settings.val_only:

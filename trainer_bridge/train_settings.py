@@ -1,24 +1,32 @@
 """Settings of ``spanrl train``: YAML file, ``--flags`` and ``OTEL_SPANRL_TRAIN_*`` variables.
 
-Read by ``train_cli`` through ``core/settings_loader.py``. The torch trainer and the policy
-engine are set through the nested ``trainer:`` and ``engine:`` blocks (``TrainerConfig`` and
-``EngineConfig``), a supervised warm start before the first step through ``warm_start:``
-(``WarmStartConfig``, the options of ``spanrl sft``); the few of their settings that the top
-level owns (``TRAINER_FROM_TOP_LEVEL``, ``ENGINE_FROM_TOP_LEVEL``, ``WARM_START_FROM_TOP_LEVEL``)
-have only their top-level name, and ``__post_init__`` copies them into the blocks, so
-``settings.trainer``, ``settings.engine`` and ``settings.warm_start`` are what runs.
+Read by ``train_cli`` through ``core/settings_loader.py``. ``TrainSettings`` is the loop's
+``LoopSettings`` (every top-level key and the ``warm_start:`` block) plus each backend's own
+block: ``trainer:`` and ``engine:`` of the embedded torch backend (``TrainerConfig``, which
+extends the neutral ``AlgorithmConfig``, and ``EngineConfig``) and ``verl:`` (``VerlConfig``).
+It sits above the loop and the backends, with the commands: the loop reads ``LoopSettings``
+only, a backend only the ``BackendRun`` that ``backend_run`` makes of these settings.
+
+The few block settings that the top level owns (``TRAINER_FROM_TOP_LEVEL``,
+``ENGINE_FROM_TOP_LEVEL``) have only their top-level name, and ``__post_init__`` copies them into
+the blocks, so ``settings.trainer`` and ``settings.engine`` are what runs. ``algorithm_config`` is
+the ``AlgorithmConfig`` part of ``trainer:`` (with the top-level learning_rate, loss_agg_mode and
+kl_coef), the one every backend trains with (``algorithm`` is the top-level grpo or sft).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import os
+import logging
 from dataclasses import dataclass, field
 
-from spanrl.errors import SettingError
-from spanrl.trainer_bridge.torch_backend.config import EngineConfig, TrainerConfig
-from spanrl.trainer_bridge.verl_backend.config import VerlConfig
-from spanrl.trainer_bridge.warm_start import WARM_START_FROM_TOP_LEVEL, WarmStartConfig
+from spanrl.trainer_bridge.algorithm import AlgorithmConfig, algorithm_of
+from spanrl.trainer_bridge.backend import BackendRun
+from spanrl.trainer_bridge.loop_settings import LoopSettings
+from spanrl.trainer_bridge.torch_backend.config import EngineConfig, TorchOptions, TrainerConfig
+from spanrl.trainer_bridge.verl_backend.config import TRAINER_KNOBS_VERL_HAS, VerlConfig
+
+logger = logging.getLogger(__name__)
 
 # trainer settings owned by a top-level key of the same name (users' train.yaml files use them)
 TRAINER_FROM_TOP_LEVEL = ("learning_rate", "loss_agg_mode", "kl_coef", "device", "seed", "checkpoint_every")
@@ -28,157 +36,13 @@ ENGINE_FROM_TOP_LEVEL = ("device",)
 
 
 @dataclass
-class TrainSettings:
-    tasks: str = field(default="", metadata={"help": "task dataset (JSONL, one task object a line)"})
-    model: str = field(default="", metadata={"help": "Hugging Face model directory to train"})
-    output_dir: str = field(default="runs/spanrl", metadata={"help": "metrics, plot, checkpoints"})
-    store: str = field(default="spanrl.db", metadata={"help": "the receiver's SQLite store"})
-    reward: str = field(
-        default="events",
-        metadata={"help": "'events' (the agent's spanrl.reward events) or 'module:function' "
-                  "called with (task, variables)"},
-    )
-    trust_agent_rewards: bool = field(
-        default=True,
-        metadata={"help": "with reward 'events', score a rollout by every reward its spans carry; off = only "
-                  "the receiver's AIR rule rewards count (an agent cannot award itself)"},
-    )
-    hidden_task_fields: list = field(
-        default_factory=list,
-        metadata={"help": "task fields (e.g. the gold answer) that reach the reward function but never the agent: "
-                  "runners get each task without them, so they are in no agent's environment, stdin or spans"},
-    )
-    backend: str = field(
-        default="torch",
-        metadata={"help": "training backend: torch (embedded, one machine) or verl (verl's workers train, vLLM "
-                  "serves; the verl: block)"},
-    )
-    group_size: int = field(default=8, metadata={"help": "rollouts per task (GRPO group size G)"})
-    tasks_per_step: int = field(default=16, metadata={"help": "tasks per GRPO update"})
-    steps: int = field(default=20, metadata={"help": "GRPO updates to run"})
-    stop_at_reward: float | None = field(
-        default=None, metadata={"help": "stop early once reward_mean reaches this for 2 steps"}
-    )
-    learning_rate: float = field(default=2e-4, metadata={"help": "GRPO AdamW learning rate"})
-    loss_agg_mode: str = field(
-        default="token-mean",
-        metadata={"help": "GRPO loss aggregation: token-mean, seq-mean-token-mean or seq-mean-token-sum-norm"},
-    )
-    loss_weighting: str = field(
-        default="token",
-        metadata={"help": "'token' (every response token weighs the same) or 'rollout' (every rollout "
-                  "weighs the same whatever its number of calls and tokens; needs loss_agg_mode token-mean)"},
-    )
-    norm_adv_by_std: bool = field(
-        default=True, metadata={"help": "GRPO (divide by group std); off = Dr.GRPO"}
-    )
-    advantage_level: str = field(
-        default="rollout", metadata={"help": "'rollout' (shared per rollout) or 'transition'"}
-    )
-    kl_coef: float = field(default=0.0, metadata={"help": "KL to the initial policy (0 = off)"})
-    merge_trajectories: bool = field(
-        default=False,
-        metadata={"help": "train each rollout's consecutive calls as one row when the next prompt starts with the "
-                  "previous prompt + response; the tokens in between are masked out of the loss (docs/algorithms.md)"},
-    )
-    async_training: bool = field(
-        default=False,
-        metadata={"help": "update on the groups that finished while others still run (off-policy, bounded by "
-                  "max_staleness; docs/algorithms.md)"},
-    )
-    max_staleness: int = field(
-        default=1, metadata={"help": "async_training: rollouts generated more than this many policy versions "
-                             "before the update are dropped"},
-    )
-    off_policy_rollouts: str = field(
-        default="correct",
-        metadata={"help": "async_training: rollouts generated by an older policy are 'correct'ed by truncated "
-                  "importance sampling or 'drop'ped"},
-    )
-    is_truncation: float = field(
-        default=2.0, metadata={"help": "async_training with off_policy_rollouts correct: the cap of the per-token "
-                               "importance ratio exp(old logprob - engine logprob)"},
-    )
-    agents: list = field(
-        default_factory=list,
-        metadata={"help": "train only transitions of these agent names (empty = all agents)"},
-    )
-    rollout_timeout_s: float = field(default=120.0, metadata={"help": "per-rollout time limit"})
-    assembly_wait_s: float = field(
-        default=30.0, metadata={"help": "wait this long for a finished rollout's spans"}
-    )
-    checkpoint_every: int = field(default=10, metadata={"help": "checkpoint every N steps (0 = end only)"})
-    resume: bool = field(default=False, metadata={"help": "resume from output_dir's checkpoint"})
-    policy_host: str = field(default="127.0.0.1", metadata={"help": "embedded policy server host"})
-    policy_port: int = field(default=8000, metadata={"help": "embedded policy server port"})
-    policy_model_name: str = field(default="policy", metadata={"help": "model name agents use"})
-    policy_token: str | None = field(
-        default=None,
-        metadata={"help": "bearer token agents must send to the policy endpoint (their OPENAI_API_KEY); "
-                  "none = no check", "secret": True},
-    )
-    bridge_host: str = field(default="127.0.0.1", metadata={"help": "task API host for runners"})
-    bridge_port: int = field(default=8100, metadata={"help": "task API port for runners"})
-    bridge_token: str | None = field(
-        default=None,
-        metadata={"help": "bearer token runners must send to the task API; none = no check", "secret": True},
-    )
-    max_empty_steps: int = field(
-        default=3,
-        metadata={"help": "stop with an error after this many steps in a row trained on nothing (0 = never)"},
-    )
-    device: str = field(
-        default="auto", metadata={"help": "device of the trainer and the policy engine: auto | cpu | cuda | cuda:N"}
-    )
-    seed: int = field(default=0, metadata={"help": "random seed (task order, sampling)"})
-    python_path: list = field(
-        default_factory=list,
-        metadata={"help": "folders to import the reward module from (in a config file: relative to it; the "
-                  "config file's own folder is always one)", "import_folders": True},
-    )
-    report_to: list = field(
-        default_factory=list,
-        metadata={"help": "experiment trackers that also get every metrics row: tensorboard, wandb, mlflow "
-                  "(metrics.jsonl and reward_curve.png are always written)"},
-    )
-    tracking_project: str = field(
-        default="spanrl", metadata={"help": "W&B project and MLflow experiment of report_to's runs"}
-    )
-    receiver_wait_s: float = field(
-        default=10.0, metadata={"help": "at start, wait this long for `spanrl receive` to be writing the store, "
-                                "seconds; then stop with an error saying so"}
-    )
-    runner_wait_warn_s: float = field(
-        default=30.0, metadata={"help": "say 'waiting for runners' (and the URL to give `spanrl run`) when "
-                                "no runner claimed a task for this long, seconds (0 = never)"}
-    )
-    algorithm: str = field(
-        default="grpo",
-        metadata={"help": "'grpo' (RL on group advantages) or 'sft' (rejection-sampling fine-tuning: learn the "
-                  "calls of rollouts rewarded at least sft_min_reward, by plain NLL)"},
-    )
-    sft_min_reward: float = field(
-        default=1.0, metadata={"help": "with algorithm sft, learn only rollouts whose reward is at least this"}
-    )
-    val_tasks: str = field(
-        default="", metadata={"help": "held-out task file (JSONL, as tasks) scored every val_every steps as "
-                              "val_reward; its rollouts are never trained on (empty = no validation)"}
-    )
-    val_every: int = field(
-        default=5, metadata={"help": "validate after every N-th step and after the last one"}
-    )
-    val_attempts: int = field(default=1, metadata={"help": "attempts per validation task"})
-    val_temperature: float | None = field(
-        default=None, metadata={"help": "the temperature validation rollouts are sampled at, whatever the agent asks "
-                                         "(0: greedy); unset: the agent's own"})
-    val_only: bool = field(
-        default=False,
-        metadata={"help": "score val_tasks with the model (or, with --resume, the run's newest checkpoint), "
-                  "print val_reward and exit: no training"},
-    )
+class TrainSettings(LoopSettings):
+    """``spanrl train``'s settings: the loop's and each backend's own block."""
+
     trainer: TrainerConfig = field(
         default_factory=TrainerConfig,
-        metadata={"help": "the torch trainer (learning_rate, loss_agg_mode, kl_coef, device, seed and "
+        metadata={"help": "the update's algorithm (clip ratios, KL, epochs, ...: every backend) and the torch "
+                  "trainer's own knobs (learning_rate, loss_agg_mode, kl_coef, device, seed and "
                   "checkpoint_every are top-level keys)", "exclude": TRAINER_FROM_TOP_LEVEL + TRAINER_DERIVED},
     )
     engine: EngineConfig = field(
@@ -186,74 +50,51 @@ class TrainSettings:
         metadata={"help": "the embedded policy engine (device is the top-level key)",
                   "exclude": ENGINE_FROM_TOP_LEVEL},
     )
-    warm_start: WarmStartConfig = field(
-        default_factory=WarmStartConfig,
-        metadata={"help": "supervised fine-tuning before the first step, as `spanrl sft` does (off unless "
-                  "demonstrations or store is set; reward, tasks, python_path, seed and device are top-level "
-                  "keys); the warm model goes to <output_dir>/warm-start", "exclude": WARM_START_FROM_TOP_LEVEL},
-    )
     verl: VerlConfig = field(
         default_factory=VerlConfig,
         metadata={"help": "the verl backend (backend: verl): Ray, FSDP2 workers, vLLM replicas, the gateway"},
     )
 
     def __post_init__(self) -> None:
-        if not self.tasks:
-            raise SettingError("'tasks' is required: a JSONL file of tasks")
-        if not self.model:
-            raise SettingError("'model' is required: a Hugging Face model directory")
-        if self.backend not in ("torch", "verl"):
-            raise SettingError(f"unknown backend {self.backend!r}; use 'torch' or 'verl'")
-        if self.reward != "events" and ":" not in self.reward:
-            raise SettingError(f"reward must be 'events' or 'module:function', got {self.reward!r}")
-        if self.algorithm not in ("grpo", "sft"):
-            raise SettingError(f"algorithm must be 'grpo' or 'sft', got {self.algorithm!r}")
-        if self.group_size < (2 if self.algorithm == "grpo" else 1):
-            raise SettingError("group_size must be at least 2: GRPO needs a group to compare")
-        if self.val_every < 1 or self.val_attempts < 1:
-            raise SettingError("val_every and val_attempts must be at least 1")
-        if self.val_temperature is not None and self.val_temperature < 0:
-            raise SettingError(f"val_temperature must be 0 (greedy) or more, got {self.val_temperature}")
-        if self.val_only and not self.val_tasks:
-            raise SettingError("--val-only scores the held-out tasks: give val_tasks (a task JSONL file)")
-        if self.advantage_level not in ("rollout", "transition"):
-            raise SettingError("advantage_level must be 'rollout' or 'transition'")
-        if self.loss_weighting not in ("token", "rollout"):
-            raise SettingError(f"loss_weighting must be 'token' or 'rollout', got {self.loss_weighting!r}")
-        if self.loss_weighting == "rollout" and self.loss_agg_mode != "token-mean":
-            raise SettingError(f"loss_weighting 'rollout' needs loss_agg_mode 'token-mean' (got "
-                               f"{self.loss_agg_mode!r}): set loss_agg_mode: token-mean or loss_weighting: token")
-        self._check_async()
-        for name in ("tasks_per_step", "steps"):
-            if getattr(self, name) < 1:
-                raise SettingError(f"{name} must be at least 1")
-        if self.max_empty_steps < 0:
-            raise SettingError(f"max_empty_steps must be 0 (never stop) or more, got {self.max_empty_steps}")
-        from spanrl.trainer_bridge.trackers import check_report_to
-
-        check_report_to(self.report_to)
+        super().__post_init__()
         # the blocks run with the top-level values: one name per setting
         self.trainer = dataclasses.replace(
-            self.trainer, checkpoint_dir=os.path.join(self.output_dir, "checkpoints"),
+            self.trainer, checkpoint_dir=self.checkpoint_dir,
             **{name: getattr(self, name) for name in TRAINER_FROM_TOP_LEVEL},
         )
         if self.async_training and self.off_policy_rollouts == "correct":
             self.trainer = dataclasses.replace(self.trainer, rollout_is_cap=self.is_truncation)
         self.engine = dataclasses.replace(self.engine, **{name: getattr(self, name) for name in ENGINE_FROM_TOP_LEVEL})
-        self.warm_start = dataclasses.replace(
-            self.warm_start, **{name: getattr(self, name) for name in WARM_START_FROM_TOP_LEVEL})
+        if self.backend == "verl":
+            self.verl = _verl_with_old_trainer_knobs(self.verl, self.trainer)
 
-    def _check_async(self) -> None:
-        if self.max_staleness < 0:
-            raise SettingError(f"max_staleness must be 0 or more, got {self.max_staleness}")
-        if self.off_policy_rollouts not in ("correct", "drop"):
-            raise SettingError(f"off_policy_rollouts must be 'correct' or 'drop', got {self.off_policy_rollouts!r}")
-        if self.is_truncation <= 0:
-            raise SettingError(f"is_truncation must be positive, got {self.is_truncation}")
-        if self.async_training and self.off_policy_rollouts == "correct" and self.backend != "torch":
-            raise SettingError("async_training with off_policy_rollouts 'correct' (importance sampling) runs on the "
-                               "torch backend only; with backend verl set off_policy_rollouts: drop")
-        if self.async_training and self.val_tasks and not self.val_only:
-            # validation rounds would replace the async dispatcher's one long-lived round of groups
-            raise SettingError("val_tasks with async_training is not supported yet: validate the checkpoints "
-                               "with `spanrl train CONFIG --val-only --resume`, or train without async_training")
+    @property
+    def algorithm_config(self) -> AlgorithmConfig:
+        """The neutral algorithm config every backend trains with (from ``trainer:`` and the top level)."""
+        return algorithm_of(self.trainer)
+
+    def backend_run(self) -> BackendRun:
+        """What the configured backend is started with: the run, the algorithm, the endpoint and
+        the backend's own block (``TorchOptions`` of ``trainer:`` and ``engine:``, or ``verl:``)."""
+        options = self.verl if self.backend == "verl" else TorchOptions(self.trainer, self.engine)
+        return BackendRun(model=self.model, output_dir=self.output_dir, checkpoint_dir=self.checkpoint_dir,
+                          resume=self.resume, seed=self.seed, checkpoint_every=self.checkpoint_every,
+                          algorithm=self.algorithm_config, endpoint=self.endpoint, options=options)
+
+
+_warned_trainer_knobs: set[str] = set()
+
+
+def _verl_with_old_trainer_knobs(verl: VerlConfig, trainer: TrainerConfig) -> VerlConfig:
+    """Deprecated: ``trainer:`` knobs that verl read before it had its own (``lora_rank``, ...) still
+    apply with ``backend: verl`` where ``verl:`` leaves them at their default; said once each."""
+    defaults, trainer_defaults = VerlConfig(), TrainerConfig()
+    moved = {}
+    for name in TRAINER_KNOBS_VERL_HAS:
+        value = getattr(trainer, name)
+        if value != getattr(trainer_defaults, name) and getattr(verl, name) == getattr(defaults, name):
+            moved[name] = value
+            if name not in _warned_trainer_knobs:
+                _warned_trainer_knobs.add(name)
+                logger.warning("trainer.%s with backend verl is deprecated: set verl.%s", name, name)
+    return dataclasses.replace(verl, **moved) if moved else verl

@@ -5,31 +5,30 @@ last one, a validation round: each held-out task ``val_attempts`` times, handed 
 runners over the same bridge, served by the policy the step just published. The round's
 rollouts are collected and scored exactly as training rollouts are
 (``TrainingLoop.collect``), but they go into no update: their mean score is ``val_reward``
-in that step's metrics row (and so in the plot and the trackers). Their rollout ids start with
+(``val/reward``) in that step's metrics row (and so in the plot and the trackers). Their rollout ids start with
 ``VALIDATION_PREFIX`` so the store keeps them apart (``spanrl sft --store`` skips them).
 
-``spanrl train --val-only`` (``run_validation_only``) starts the backend on the model (or,
-with ``--resume``, on the run's newest checkpoint), runs one validation round and returns
-its result: no training, no metrics.jsonl. Called by ``training_loop.run_training``.
+``spanrl train --val-only`` (``session.run_validation_only``) starts the backend on the model
+(or, with ``--resume``, on the run's newest checkpoint), runs one validation round and returns
+its result: no training, no metrics.jsonl. Used by ``session``.
 """
 
 from __future__ import annotations
 
-import json
 import logging
-import os
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import Any
 
 from spanrl.bridge_protocol import VALIDATION_ROLLOUT_PREFIX
+from spanrl.schema import metrics as keys
+from spanrl.schema.tasks import load_tasks
 
-if TYPE_CHECKING:
-    from .backend import PolicyBackend
-    from .train_settings import TrainSettings
-    from .training_loop import TrainingLoop
+from .backend import PolicyBackend
+from .loop_settings import LoopSettings
+from .training_loop import TrainingLoop
 
 logger = logging.getLogger(__name__)
 
@@ -50,22 +49,20 @@ class ValidationResult:
     seconds: float
 
     def as_metrics(self) -> dict[str, Any]:
-        """The keys a metrics row takes (``val_reward`` only when there was a score)."""
-        row: dict[str, Any] = {"val_rollouts": self.rollouts, "val_rollouts_scored": self.rollouts_scored,
-                               "val_seconds": self.seconds}
+        """The keys a metrics row takes (``val/reward`` only when there was a score)."""
+        row: dict[str, Any] = {keys.VAL_ROLLOUTS: self.rollouts, keys.VAL_ROLLOUTS_SCORED: self.rollouts_scored,
+                               keys.VAL_SECONDS: self.seconds}
         if self.val_reward is not None:
-            row["val_reward"] = self.val_reward
+            row[keys.VAL_REWARD] = self.val_reward
         if self.left_out:
-            row["val_rollouts_left_out"] = dict(self.left_out)
+            row[keys.VAL_LEFT_OUT] = dict(self.left_out)
         return row
 
 
 class Validator:
     """The held-out tasks of ``settings.val_tasks`` and when to score them."""
 
-    def __init__(self, settings: TrainSettings) -> None:
-        from .training_loop import load_tasks
-
+    def __init__(self, settings: LoopSettings) -> None:
         self.settings = settings
         self.tasks = load_tasks(settings.val_tasks)
 
@@ -93,47 +90,6 @@ class Validator:
         logger.info("validation after step %d (policy version %d): val_reward %s over %d of %d rollouts",
                     result.step, result.policy_version, result.val_reward, len(scores), len(attempts))
         return result
-
-
-def run_validation_only(settings: TrainSettings) -> ValidationResult:
-    """``spanrl train --val-only``: score ``val_tasks`` once with the policy the backend loads
-    (``model``, or the newest checkpoint under ``output_dir`` with ``resume``) and write
-    ``output_dir/validation.json``."""
-    from contextlib import ExitStack
-
-    from .backend import check_backend, make_backend
-    from .bridge_api import BridgeAPI, PolicyInfo
-    from .start_checks import check_before_start, wait_for_receiver
-    from .training_loop import TrainingLoop
-
-    check_before_start(settings)
-    check_backend(settings)
-    checkpoints = settings.trainer.checkpoint_dir or os.path.join(settings.output_dir, "checkpoints")
-    loop = TrainingLoop(settings)
-    validator = Validator(settings)
-    wait_for_receiver(settings.store, settings.receiver_wait_s)
-    with ExitStack() as cleanup:
-        backend = make_backend(settings, checkpoints)
-        cleanup.callback(backend.close)
-        api = BridgeAPI(
-            loop.dispatcher, PolicyInfo(backend.endpoint_url, settings.policy_model_name),
-            lambda: backend.policy_version, settings.bridge_host, settings.bridge_port, settings.bridge_token,
-        ).start()
-        cleanup.callback(api.stop)
-        cleanup.callback(time.sleep, 1.0)  # runners hear "finished" (410) before the API goes away
-        cleanup.callback(loop.dispatcher.close)
-        logger.info("validation only: policy endpoint %s, task API %s (give it to `spanrl run` as bridge_url)",
-                    backend.endpoint_url, api.url)
-
-        def waiting_for_runners(idle_s: float, unclaimed: int) -> None:
-            logger.warning("waiting for runners: no runner has claimed a task for %.0f s (%d attempts wait); "
-                           "start `spanrl run RUN.yaml` with bridge_url: %s", idle_s, unclaimed, api.url)
-
-        result = validator.run(loop, backend.policy_version, backend, on_idle=waiting_for_runners)
-    os.makedirs(settings.output_dir, exist_ok=True)
-    with open(os.path.join(settings.output_dir, RESULT_FILE), "w", encoding="utf-8") as f:
-        json.dump({**asdict(result), "model": settings.model, "val_tasks": settings.val_tasks}, f, indent=2)
-    return result
 
 
 def validation_summary(result: ValidationResult) -> str:

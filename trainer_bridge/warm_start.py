@@ -10,32 +10,31 @@ has nothing to compare. A warm start teaches it the agent's protocol first, from
   whose calls are learned token for token as the engine served them.
 
 Used by ``spanrl sft`` (``sft_cli``) and by ``spanrl train`` (the ``warm_start:`` block of
-``train.yaml``, run by ``training_loop.run_training`` before the first step). Torch is imported
-only when training runs, so ``--help`` and settings files stay light.
+``train.yaml``, run by ``session.warm_start_before_training`` before the first step). This module picks the
+examples and keeps the record; the training itself is the fine-tuning backend's
+(``backend.fine_tune``: the torch trainer, ``torch_backend/fine_tune.py``), imported only when
+it runs, so ``--help`` and settings files stay light.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import math
 import os
-import shutil
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from spanrl.errors import SettingError, UserError
+from spanrl.schema.tasks import load_tasks
 
-if TYPE_CHECKING:
-    from .train_settings import TrainSettings
+from .backend import FineTuneRequest, TokenExample, fine_tune
+from .scoring import load_reward_function
 
 logger = logging.getLogger(__name__)
 
 RECORD_FILE = "warm_start.json"  # written into a warm-started model directory: what was learned
-# trainer-only files of a checkpoint that a warm-started model directory does not need
-CHECKPOINT_ONLY_FILES = ("optimizer.pt", "trainer_state.json")
 # settings of the warm_start: block of train.yaml that the top level owns
 WARM_START_FROM_TOP_LEVEL = ("reward", "tasks", "python_path", "seed", "device")
 
@@ -85,14 +84,6 @@ class WarmStartConfig:
 
 
 @dataclass(frozen=True)
-class TokenExample:
-    """A demonstration in token ids (one call of a well-rewarded rollout): its response is learned."""
-
-    prompt_token_ids: tuple[int, ...]
-    response_token_ids: tuple[int, ...]
-
-
-@dataclass(frozen=True)
 class ChosenRollouts:
     """The store's rollouts picked for a warm start: their SFT examples and what they scored."""
 
@@ -107,8 +98,6 @@ def choose_rollouts(config: WarmStartConfig) -> ChosenRollouts:
     """The transitions of the best-rewarded ok rollouts of ``config.store`` (torch-free)."""
     from spanrl.bridge_protocol import is_validation_rollout
     from spanrl.otlp_receiver.store import SpanStore
-
-    from .training_loop import load_reward_function, load_tasks
 
     if not os.path.isfile(config.store):
         raise UserError(f"store {config.store!r} not found: give the SQLite file `spanrl receive --db` wrote")
@@ -149,45 +138,29 @@ def warm_start_model(config: WarmStartConfig, model_dir: str, out_dir: str, prog
     """SFT ``model_dir`` on the configured examples and write the result to ``out_dir`` (which may be
     ``model_dir`` itself: it is replaced atomically). Returns what was done (also saved in
     ``out_dir/warm_start.json``): steps, first and last loss, examples, seconds."""
-    from spanrl.trainer_bridge.torch_backend import sft
-
     if not config.enabled:
         raise SettingError("nothing to learn from: give demonstrations (a chat JSONL file) and/or store "
                            "(a receiver store)")
     if not os.path.isfile(os.path.join(model_dir, "config.json")):
         raise UserError(f"model {model_dir!r} is not a Hugging Face model directory (no config.json); "
                         "create one with `spanrl model init DIR`")
-    examples: list[Any] = []
     record: dict[str, Any] = {"model": os.path.abspath(model_dir)}
-    if config.demonstrations:
-        try:
-            demonstrations = sft.load_chat_jsonl(config.demonstrations)
-        except FileNotFoundError as exc:
-            raise UserError(f"demonstrations file not found: {config.demonstrations}") from exc
-        except ValueError as exc:  # names the bad line
-            raise UserError(str(exc)) from exc
-        examples += demonstrations
-        record["demonstrations"] = {"file": os.path.abspath(config.demonstrations), "examples": len(demonstrations)}
+    token_examples: list[TokenExample] = []
     if config.store:
         chosen = choose_rollouts(config)
-        examples += chosen.examples
+        token_examples = chosen.examples
         record["store"] = {"file": os.path.abspath(config.store), "rollouts": chosen.rollouts,
                            "transitions": len(chosen.examples), "best_reward": chosen.best,
                            "lowest_reward_learned": chosen.worst_chosen}
         print(f"learning {chosen.rollouts} of {chosen.scored} scored rollouts of {config.store} "
               f"(rewards {chosen.worst_chosen:g} to {chosen.best:g}; {len(chosen.examples)} calls)", flush=True)
-    from spanrl.trainer_bridge.torch_backend.config import TrainerConfig
-    from spanrl.trainer_bridge.torch_backend.trainer import TorchTrainer
-
-    trainer = TorchTrainer(model_dir, TrainerConfig(sft_learning_rate=config.learning_rate, device=config.device,
-                                                    seed=config.seed))
-    stats = sft.sft_on_examples(trainer, examples, config.steps, batch_size=config.batch_size,
-                                lr=config.learning_rate, seed=config.seed, progress=progress)
-    trainer.save_checkpoint(out_dir)
-    for name in CHECKPOINT_ONLY_FILES:  # a plain model directory: GRPO starts its own optimizer
-        path = os.path.join(out_dir, name)
-        if os.path.exists(path):
-            os.remove(path)
+    stats = fine_tune(FineTuneRequest(
+        model_dir=model_dir, out_dir=out_dir, demonstrations=config.demonstrations,
+        token_examples=tuple(token_examples), steps=config.steps, batch_size=config.batch_size,
+        learning_rate=config.learning_rate, seed=config.seed, device=config.device, progress=progress))
+    if config.demonstrations:
+        record["demonstrations"] = {"file": os.path.abspath(config.demonstrations),
+                                    "examples": stats["demonstrations"]}
     record.update({"steps": int(stats["steps"]), "batch_size": config.batch_size,
                    "learning_rate": config.learning_rate, "loss_first": stats["loss_first"],
                    "loss_last": stats["loss_last"], "seconds": round(stats["seconds"], 1),
@@ -195,28 +168,6 @@ def warm_start_model(config: WarmStartConfig, model_dir: str, out_dir: str, prog
     with open(os.path.join(out_dir, RECORD_FILE), "w", encoding="utf-8") as f:
         json.dump(record, f, indent=2)
     return record
-
-
-def warm_start_before_training(settings: TrainSettings, progress: bool = True) -> TrainSettings:
-    """``settings`` to train with after the ``warm_start:`` block ran: ``model`` is then the warm
-    model in ``<output_dir>/warm-start``. Nothing to do without the block, or when resuming a run
-    that has checkpoints (they hold the warm start) or a finished warm start."""
-    config = settings.warm_start
-    if not config.enabled:
-        return settings
-    out_dir = os.path.join(settings.output_dir, "warm-start")
-    checkpoints = settings.trainer.checkpoint_dir or os.path.join(settings.output_dir, "checkpoints")
-    if settings.resume and os.path.isdir(checkpoints) and os.listdir(checkpoints):
-        return settings
-    if settings.resume and os.path.isfile(os.path.join(out_dir, RECORD_FILE)):
-        logger.info("resuming: the warm start in %s is done", out_dir)
-        return dataclasses.replace(settings, model=out_dir)
-    shutil.rmtree(out_dir, ignore_errors=True)
-    print(f"warm start: {config.steps} SFT steps on {describe_sources(config)}", flush=True)
-    record = warm_start_model(config, settings.model, out_dir, progress=progress)
-    print(f"warm start: loss {record['loss_first']:.3f} -> {record['loss_last']:.3f} in {record['seconds']:.0f} s "
-          f"-> {out_dir}", flush=True)
-    return dataclasses.replace(settings, model=out_dir)
 
 
 def describe_sources(config: WarmStartConfig) -> str:

@@ -1,9 +1,10 @@
 """The Text-to-SQL agent's tasks: questions about ``database.py`` with gold SQL and gold answers.
 
 Every question comes from a template over the schema's values (departments, cities, projects,
-thresholds); its gold answer is what the gold SQL returns on the database, so every gold answer
-executes by construction (``tests`` check it). ``make_tasks(seed)`` shuffles all of them with the
-seed and splits train / validation::
+thresholds, people); the harder ones (``_nested``) need a subquery or two conditions with an
+aggregate, so a warm-started model gets them wrong more often. Its gold answer is what the gold
+SQL returns on the database, so every gold answer executes by construction (``tests`` check it).
+``make_tasks(seed)`` shuffles all of them with the seed and splits train / validation::
 
     python -m spanrl.examples.sql_agent.questions --out-dir examples/sql_agent   # train.jsonl, val.jsonl
 
@@ -103,11 +104,40 @@ def _by_project() -> Iterator[Question]:
         yield Question(f"Which department runs {name}?", f"SELECT dept FROM projects WHERE name = '{name}'")
 
 
+def _nested() -> Iterator[Question]:
+    """Harder questions: a subquery (a fact about one row picks the rows asked about), or two
+    conditions with an aggregate."""
+    for name, *_rest in EMPLOYEES:
+        yield Question(f"Which projects belong to the department of {name}?",
+                       f"SELECT name FROM projects WHERE dept = (SELECT dept FROM employees WHERE name = '{name}')")
+        yield Question(f"How many employees earn more than {name}?",
+                       "SELECT COUNT(*) FROM employees WHERE salary > "
+                       f"(SELECT salary FROM employees WHERE name = '{name}')")
+        yield Question(f"Who lives in the same city as {name}?",
+                       f"SELECT name FROM employees WHERE city = (SELECT city FROM employees WHERE name = '{name}') "
+                       f"AND name != '{name}'")
+    for project, _dept, _budget in PROJECTS:
+        yield Question(f"How many employees work in the department that runs {project}?",
+                       "SELECT COUNT(*) FROM employees WHERE dept = "
+                       f"(SELECT dept FROM projects WHERE name = '{project}')")
+        yield Question(f"What is the highest salary in the department that runs {project}?",
+                       f"SELECT MAX(salary) FROM employees WHERE dept = (SELECT dept FROM projects WHERE name = "
+                       f"'{project}')")
+    for city in CITIES:
+        for age in AGE_THRESHOLDS[::2]:
+            yield Question(f"What is the total salary of employees in {city} older than {age}?",
+                           f"SELECT SUM(salary) FROM employees WHERE city = '{city}' AND age > {age}")
+    for dept in DEPARTMENTS:
+        for budget in BUDGET_THRESHOLDS[::2]:
+            yield Question(f"How many projects of {dept} have a budget above {budget}?",
+                           f"SELECT COUNT(*) FROM projects WHERE dept = '{dept}' AND budget > {budget}")
+
+
 def all_questions() -> list[Question]:
     """Every templated question once, in template order."""
     seen: set[str] = set()
     questions = []
-    for question in (*_by_department(), *_by_city(), *_by_threshold(), *_by_person(), *_by_project()):
+    for question in (*_by_department(), *_by_city(), *_by_threshold(), *_by_person(), *_by_project(), *_nested()):
         if question.question not in seen:
             seen.add(question.question)
             questions.append(question)
@@ -122,8 +152,8 @@ def answer_rows(rows: list[tuple]) -> list[list]:
 def make_tasks(seed: int = 0, validation_fraction: float = VALIDATION_FRACTION) -> tuple[list[dict], list[dict]]:
     """``(train, validation)`` tasks: every question with a non-empty gold answer, shuffled with ``seed``."""
     answered = [(q, answer_rows(run_query(q.sql))) for q in all_questions()]
-    # a question whose answer is no rows is left out: any query that finds nothing would match it
-    answered = [(q, answer) for q, answer in answered if answer]
+    # a question whose answer is no rows (or NULL) is left out: any query that finds nothing would match it
+    answered = [(q, answer) for q, answer in answered if answer and answer != [[None]]]
     random.Random(seed).shuffle(answered)
     tasks = [
         {"id": f"sql-{i}", "question": q.question, "sql": q.sql, "answer": answer}

@@ -18,24 +18,32 @@ from pathlib import Path
 
 from spanrl.instrumentation import semconv
 from spanrl.otlp_receiver.store import SpanStore
-from spanrl.otlp_receiver.transitions import Rollout
+from spanrl.schema.rollouts import AssembledRollout
 
 MAIN_BIN = Path(sys.executable).parent
+
+
+def agent_environment(service_name: str, otlp_endpoint: str, base_url: str, rollout_id: str,
+                      extra_env: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment of an agent run: this one without its OTel/OpenAI variables, plus the
+    receiver, the endpoint and the rollout identity; ``extra_env`` may replace any of them."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "OPENAI_"))}
+    env.update(OTEL_EXPORTER_OTLP_ENDPOINT=otlp_endpoint, OTEL_TRACES_EXPORTER="otlp",
+               OTEL_SERVICE_NAME=service_name, OTEL_RESOURCE_ATTRIBUTES=f"{semconv.ROLLOUT_ID}={rollout_id}",
+               OPENAI_BASE_URL=base_url, OPENAI_API_KEY="unused", OPENAI_MODEL="policy", PYTHONUNBUFFERED="1")
+    env.update(extra_env or {})
+    return env
 
 
 def run_agent(script: Path, otlp_endpoint: str, base_url: str, rollout_id: str, bin_dir: Path = MAIN_BIN,
               extra_env: dict[str, str] | None = None, timeout_s: float = 180) -> subprocess.CompletedProcess:
     """``BIN/opentelemetry-instrument BIN/python SCRIPT``, as a user runs an agent."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "OPENAI_"))}
-    env.update(OTEL_EXPORTER_OTLP_ENDPOINT=otlp_endpoint, OTEL_TRACES_EXPORTER="otlp",
-               OTEL_SERVICE_NAME=script.stem, OTEL_RESOURCE_ATTRIBUTES=f"{semconv.ROLLOUT_ID}={rollout_id}",
-               OPENAI_BASE_URL=base_url, OPENAI_API_KEY="unused", OPENAI_MODEL="policy", PYTHONUNBUFFERED="1",
-               **(extra_env or {}))
+    env = agent_environment(script.stem, otlp_endpoint, base_url, rollout_id, extra_env)
     return subprocess.run([str(bin_dir / "opentelemetry-instrument"), str(bin_dir / "python"), str(script)],
                           env=env, capture_output=True, text=True, timeout=timeout_s)
 
 
-def assembled(store: SpanStore, receiver_http: str, rollout_id: str, timeout_s: float = 20.0) -> Rollout:
+def assembled(store: SpanStore, receiver_http: str, rollout_id: str, timeout_s: float = 20.0) -> AssembledRollout:
     request = urllib.request.Request(f"{receiver_http}/spanrl/v1/rollouts/{rollout_id}/complete", data=b"",
                                      method="POST")
     with urllib.request.urlopen(request, timeout=10) as response:
@@ -50,7 +58,7 @@ def assembled(store: SpanStore, receiver_http: str, rollout_id: str, timeout_s: 
 
 
 def run_and_assemble(script: Path, policy_server, receiver, rollout_id: str, bin_dir: Path = MAIN_BIN,
-                     extra_env: dict[str, str] | None = None) -> tuple[list[str], Rollout]:
+                     extra_env: dict[str, str] | None = None) -> tuple[list[str], AssembledRollout]:
     """Run ``script``; check one transition per call, each with the engine's ids and version
     (the requests the policy server's engine served, recorded in this process)."""
     engine = policy_server.engine

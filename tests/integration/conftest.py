@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from spanrl.demo import free_port, wait_for_port
+from spanrl.child_processes import free_port, wait_for_port
 from spanrl.trainer_bridge.torch_backend.engine.policy_engine import PolicyEngine
 from spanrl.trainer_bridge.torch_backend.model_init import create_model_dir
 from spanrl.trainer_bridge.torch_backend.server.app import serve_in_thread

@@ -9,7 +9,7 @@ import sqlite3
 import subprocess
 import sys
 
-from spanrl.demo import free_port
+from spanrl.child_processes import free_port
 from spanrl.doctor import TEST_SPAN_NAME
 
 

@@ -26,7 +26,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from spanrl.demo import free_port, wait_for_port
+from spanrl.child_processes import free_port, wait_for_port
 from spanrl.exporter.in_process import span_exporter
 from spanrl.exporter.span_processor import install_identity_processor
 from spanrl.instrumentation import rollout, semconv

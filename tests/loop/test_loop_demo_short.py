@@ -7,7 +7,6 @@ metrics.jsonl and the checkpoint.
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -16,6 +15,7 @@ import pytest
 from safetensors.torch import load_file
 
 from spanrl.otlp_receiver.store import SpanStore
+from spanrl.schema.metrics import read_metrics
 
 # where the model runs: cpu, or cuda on a GPU machine (docs/gpu.md)
 TEST_DEVICE = os.environ.get("SPANRL_TEST_DEVICE", "cpu")
@@ -34,12 +34,12 @@ def test_short_demo_trains_on_transitions_from_received_spans(tmp_path):
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "mean reward" in result.stdout
 
-    rows = [json.loads(line) for line in (out / "run" / "metrics.jsonl").read_text().splitlines()]
+    rows = read_metrics(out / "run")
     assert [r["step"] for r in rows] == [1, 2]
-    assert [r["policy_version"] for r in rows] == [1, 2]
+    assert [r["actor/policy_version"] for r in rows] == [1, 2]
     for row in rows:
-        assert row["rollouts"] == 16 and row["transitions"] > 0
-        for key in ("reward_mean", "policy_version", "transitions", "step"):
+        assert row["rollout/count"] == 16 and row["actor/transitions"] > 0
+        for key in ("rollout/reward_mean", "actor/policy_version", "actor/transitions", "step"):
             assert key in row
     assert (out / "run" / "reward_curve.png").stat().st_size > 1000
 

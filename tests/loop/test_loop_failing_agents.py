@@ -13,11 +13,12 @@ import os
 import subprocess
 import sys
 
-from spanrl.demo import free_port, wait_for_port
+from spanrl.child_processes import free_port, wait_for_port
 from spanrl.errors import UserError
+from spanrl.schema.metrics import read_metrics
+from spanrl.trainer_bridge.session import run_training
 from spanrl.trainer_bridge.torch_backend.model_init import create_model_dir
 from spanrl.trainer_bridge.train_settings import TrainSettings
-from spanrl.trainer_bridge.training_loop import run_training
 
 # where models run in these tests: cpu, or cuda on a GPU machine (docs/gpu.md)
 TEST_DEVICE = os.environ.get("SPANRL_TEST_DEVICE", "cpu")
@@ -67,11 +68,11 @@ def test_crashing_and_hanging_agent_processes_are_failed_rollouts(tmp_path):
                 process.wait()
 
     assert summary["steps"] == 2 and summary["policy_version"] == 2, summary
-    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    rows = read_metrics(tmp_path / "run")
     for row in rows:
-        assert row["rollouts"] == 6
-        assert row["rollouts_left_out"] == {"failed": 2, "timeout": 2}, row
-        assert row["rollouts_used"] == 2 and row["transitions"] >= 2
+        assert row["rollout/count"] == 6
+        assert row["rollout/left_out"] == {"failed": 2, "timeout": 2}, row
+        assert row["rollout/used"] == 2 and row["actor/transitions"] >= 2
     assert "rollouts: failed 4, ok 4, timeout 4" in runner_output, runner_output[-2000:]
 
 

@@ -7,7 +7,6 @@ Kept small to stay fast: 2 tasks of 4 attempts per step, a short warm start.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
@@ -19,6 +18,8 @@ import time
 from pathlib import Path
 
 import pytest
+
+from spanrl.schema.metrics import read_metrics
 
 TEST_DEVICE = os.environ.get("SPANRL_TEST_DEVICE", "cpu")
 SPANRL = [shutil.which("spanrl") or os.path.join(os.path.dirname(sys.executable), "spanrl")]
@@ -101,11 +102,11 @@ def test_own_agent_path_of_the_readme_trains_and_shows_rewards(tmp_path):
         for log in logs.values():
             log.close()
 
-    rows = [json.loads(line) for line in (project / "runs" / "train" / "metrics.jsonl").read_text().splitlines()]
+    rows = read_metrics(project / "runs" / "train")
     assert [row["step"] for row in rows] == [1, 2]
     for row in rows:
-        assert row["rollouts"] == 8 and row["transitions"] > 0, row
-        assert 0.0 <= row["reward_mean"] <= 1.0, row
+        assert row["rollout/count"] == 8 and row["actor/transitions"] > 0, row
+        assert 0.0 <= row["rollout/reward_mean"] <= 1.0, row
 
     shown = spanrl(project, "inspect", "rollouts", "--db", "spanrl.db").stdout
     rewards = table_column(shown, "reward")

@@ -17,6 +17,7 @@ from spanrl.errors import UserError
 from spanrl.runner.bridge_client import BridgeClient, BridgeRefused
 from spanrl.runner.runner import Runner
 from spanrl.runner.settings import RunnerSettings
+from spanrl.schema.metrics import read_metrics
 from spanrl.trainer_bridge.bridge_api import BridgeAPI, PolicyInfo
 from spanrl.trainer_bridge.task_dispatch import TaskDispatcher
 
@@ -171,9 +172,10 @@ def test_a_run_that_trains_on_nothing_stops_with_the_reason(tmp_path, tracer_pro
     rollout of every step stays unassembled. After ``max_empty_steps`` such steps training stops
     with an error naming the cause."""
     from spanrl.otlp_receiver.store_lock import ReceiverLock
+    from spanrl.trainer_bridge.empty_steps import NothingToTrain
+    from spanrl.trainer_bridge.session import run_training
     from spanrl.trainer_bridge.torch_backend.model_init import create_model_dir
     from spanrl.trainer_bridge.train_settings import TrainSettings
-    from spanrl.trainer_bridge.training_loop import NothingToTrain, run_training
 
     model_dir = create_model_dir(tmp_path / "model", preset="tiny", seed=0)
     tasks = tmp_path / "tasks.jsonl"
@@ -201,8 +203,8 @@ def test_a_run_that_trains_on_nothing_stops_with_the_reason(tmp_path, tracer_pro
     assert message.startswith("stopped: 2 steps in a row trained on nothing (max_empty_steps); the last: "
                               "step 2 trained on nothing: 4 rollouts (unassembled 4)")
     assert "is `spanrl receive` running" in message
-    rows = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
-    assert len(rows) == 2 and json.loads(rows[-1])["transitions"] == 0
+    rows = read_metrics(tmp_path / "run")
+    assert len(rows) == 2 and rows[-1]["actor/transitions"] == 0
 
 
 def test_the_runner_gives_agents_the_policy_token(monkeypatch):

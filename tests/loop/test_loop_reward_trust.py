@@ -19,9 +19,10 @@ from spanrl.otlp_receiver.air import load_rules
 from spanrl.otlp_receiver.assembly import AssemblyOptions, assemble_rollout
 from spanrl.otlp_receiver.otlp_decode import decode_request
 from spanrl.otlp_receiver.span_tree import records_from_bodies
+from spanrl.schema import metrics as keys
 from spanrl.trainer_bridge.task_dispatch import Outcome
 from spanrl.trainer_bridge.train_settings import TrainSettings
-from spanrl.trainer_bridge.training_loop import TrainingLoop, _step_row
+from spanrl.trainer_bridge.training_loop import StepUpdate, TrainingLoop, step_row
 
 LLM = {semconv.OPENINFERENCE_SPAN_KIND: semconv.SPAN_KIND_LLM, semconv.LLM_PROMPT_TOKEN_IDS: [1],
        semconv.llm_response_token_ids(0): [2]}
@@ -58,10 +59,10 @@ def test_agent_rewards_count_only_when_trusted(tmp_path):
     failing, clean = _rollout(tool_fails=True), _rollout(tool_fails=False)
     assert failing.total_reward == 4.9  # 5.0 from the agent, -0.1 from the AIR rule tool_error
     trusting, distrusting = _loop(tmp_path, True), _loop(tmp_path, False)
-    assert trusting.score(ATTEMPT, failing) == 4.9
-    assert distrusting.score(ATTEMPT, failing) == -0.1  # only the rule's reward
-    assert trusting.score(ATTEMPT, clean) == 5.0
-    assert distrusting.score(ATTEMPT, clean) is None  # nothing trustworthy: left out as no_reward
+    assert trusting.scorer.score(ATTEMPT, failing) == 4.9
+    assert distrusting.scorer.score(ATTEMPT, failing) == -0.1  # only the rule's reward
+    assert trusting.scorer.score(ATTEMPT, clean) == 5.0
+    assert distrusting.scorer.score(ATTEMPT, clean) is None  # nothing trustworthy: left out as no_reward
 
 
 def test_what_the_receiver_counted_reaches_the_step_metrics(tmp_path):
@@ -73,5 +74,5 @@ def test_what_the_receiver_counted_reaches_the_step_metrics(tmp_path):
     report = loop.collect([ATTEMPT], {ATTEMPT.rollout_id: Outcome("ok")})
     assert report.left_out == {"no_reward": 1}
     assert report.receiver_counters == {"rewards_rejected": 1}
-    row = _step_row(0, 0, [ATTEMPT], report, [], 0, {}, 1.0, time.monotonic())
-    assert row["receiver_counters"] == {"rewards_rejected": 1}
+    row = step_row(0, 0, [ATTEMPT], report, StepUpdate([], set(), 0, {}), 1.0, time.monotonic())
+    assert row[keys.RECEIVER_COUNTERS] == {"rewards_rejected": 1}

@@ -60,17 +60,18 @@ def test_runner_needs_exactly_one_way_to_run_the_agent(monkeypatch):
 
 
 def test_a_new_run_refuses_an_output_dir_holding_an_old_run(tmp_path):
-    from spanrl.trainer_bridge.training_loop import _prepare_output
+    from spanrl.trainer_bridge.session import prepare_output
 
     out = tmp_path / "run"
     out.mkdir()
     settings = TrainSettings(tasks="t.jsonl", model="m", output_dir=str(out))
-    _prepare_output(settings, str(out / "checkpoints"))  # empty: fine
+    (out / "checkpoints").mkdir()
+    prepare_output(settings)  # an empty checkpoints folder: fine
     (out / "metrics.jsonl").write_text('{"step": 1}\n')
     with pytest.raises(UserError, match="--resume"):
-        _prepare_output(settings, str(out / "checkpoints"))
+        prepare_output(settings)
     settings.resume = True
-    _prepare_output(settings, str(out / "checkpoints"))  # resuming continues it
+    prepare_output(settings)  # resuming continues it
 
 
 def test_resume_drops_metrics_rows_after_the_checkpoint(tmp_path):

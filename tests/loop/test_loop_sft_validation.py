@@ -19,7 +19,9 @@ import time
 
 import pytest
 
-from spanrl.demo import CALC_AGENT, CALC_REWARD, free_port
+from spanrl.child_processes import free_port
+from spanrl.demo import CALC_AGENT, CALC_REWARD
+from spanrl.schema.metrics import read_metrics
 
 TEST_DEVICE = os.environ.get("SPANRL_TEST_DEVICE", "cpu")
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -114,18 +116,18 @@ def test_sft_from_rollouts_raises_the_reward_and_validation_is_scored_apart(tmp_
                 process.terminate()
                 process.wait(30)
 
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    rewards = [r["reward_mean"] for r in rows]
+    rows = read_metrics(run_dir)
+    rewards = [r["rollout/reward_mean"] for r in rows]
     assert len(rows) == STEPS, rewards
     # learning its own rewarded calls raises the weak model's reward (measured once, loaded machine:
     # 0.36 0.34 0.50 0.56 0.67 0.52 0.72 over the first 7 steps)
     assert sum(rewards[-3:]) / 3 > sum(rewards[:2]) / 2 + 0.1, rewards
     for row in rows:
-        assert row["transitions"] > 0 and row["rollouts_below_sft_min_reward"] < row["rollouts"], row
-    validated = [r for r in rows if "val_reward" in r]
+        assert row["actor/transitions"] > 0 and row["rollout/below_sft_min_reward"] < row["rollout/count"], row
+    validated = [r for r in rows if "val/reward" in r]
     assert [r["step"] for r in validated] == [VAL_EVERY, STEPS]
     for row in validated:
-        assert row["val_rollouts"] == VAL_TASKS * 2 and 0.0 <= row["val_reward"] <= 1.0, row
+        assert row["val/count"] == VAL_TASKS * 2 and 0.0 <= row["val/reward"] <= 1.0, row
 
     # validation rollouts: in the store under their own prefix, scored, never trained on
     store = SpanStore(str(db))
@@ -140,8 +142,8 @@ def test_sft_from_rollouts_raises_the_reward_and_validation_is_scored_apart(tmp_
 
     events = EventAccumulator(str(run_dir / "tensorboard"))
     events.Reload()
-    assert [(e.step, round(e.value, 6)) for e in events.Scalars("val_reward")] == [
-        (r["step"], round(r["val_reward"], 6)) for r in validated]
+    assert [(e.step, round(e.value, 6)) for e in events.Scalars("val/reward")] == [
+        (r["step"], round(r["val/reward"], 6)) for r in validated]
 
     said = logs["val"].read_text()
     line = next(x for x in said.splitlines() if x.startswith("spanrl train --val-only:"))

@@ -22,7 +22,7 @@ EXAMPLE_DIR = Path(__file__).resolve().parents[2] / "examples" / "sql_agent"
 def test_every_gold_query_executes_and_gives_the_stored_answer():
     train, validation = make_tasks(seed=0)
     tasks = train + validation
-    assert 250 <= len(tasks) <= 400  # a few hundred
+    assert 300 <= len(tasks) <= 500  # a few hundred
     for task in tasks:
         assert answer_rows(database.run_query(task["sql"])) == task["answer"], task
         assert execution_match(task["sql"], task["answer"]) == 1.0

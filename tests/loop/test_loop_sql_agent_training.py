@@ -16,30 +16,39 @@ from pathlib import Path
 import pytest
 from transformers import AutoTokenizer
 
-from spanrl.examples.sql_agent.pipeline import TrainingRun, WarmStart, prepare_model, train
+from spanrl.bridge_protocol import VALIDATION_ROLLOUT_PREFIX
+from spanrl.examples.sql_agent.pipeline import VALIDATION_TASKS, prepare_model, train
+from spanrl.examples.task_pipeline import TrainingRun, WarmStart
 from spanrl.otlp_receiver import trained_rewards
 from spanrl.otlp_receiver.span_tree import record_from_body
 from spanrl.otlp_receiver.store import SpanStore
+from spanrl.schema import metrics as keys
+from spanrl.schema.metrics import read_metrics
 
 TEST_DEVICE = os.environ.get("SPANRL_TEST_DEVICE", "cpu")
+HELD_OUT = 3  # validation questions scored after each step
 
 
 @pytest.fixture(scope="module")
 def trained_run(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("sql_agent")
     warm = prepare_model(str(out / "model"), WarmStart(steps=30, batch_size=16, device=TEST_DEVICE), progress=False)
-    train(TrainingRun(output_dir=str(out / "train"), model_dir=warm, air=True, steps=2, group_size=2,
-                      tasks_per_step=3, concurrency=6, device=TEST_DEVICE, rollout_timeout_s=240.0),
-          progress=False)
+    val = out / "val.jsonl"
+    val.write_text("\n".join(VALIDATION_TASKS.read_text().splitlines()[:HELD_OUT]) + "\n")
+    summary = train(TrainingRun(output_dir=str(out / "train"), model_dir=warm, air=True, steps=2, group_size=2,
+                                tasks_per_step=3, val_every=1, concurrency=6, device=TEST_DEVICE,
+                                rollout_timeout_s=240.0, val_tasks=str(val)), progress=False)
+    (out / "train" / "accuracy.json").write_text(json.dumps(summary["accuracy"]))
     return out / "train"
 
 
 @pytest.mark.timeout(900)
 def test_only_writer_and_rewriter_calls_reach_the_update(trained_run):
-    rows = [json.loads(line) for line in (trained_run / "run" / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in rows] == [1, 2] and [r["policy_version"] for r in rows] == [1, 2]
+    rows = read_metrics(trained_run / "run")
+    assert [r["step"] for r in rows] == [1, 2] and [r["actor/policy_version"] for r in rows] == [1, 2]
     rollouts, _ = SpanStore(str(trained_run / "spanrl.db")).completed_rollouts(since=0)
     trained = trained_rewards.load(str(trained_run / "spanrl.db"))
+    rollouts = [r for r in rollouts if not r.rollout_id.startswith(VALIDATION_ROLLOUT_PREFIX)]
     assert len(rollouts) == 12 and len(trained) == 12
     seen_agents: set = set()
     trained_agents: set = set()
@@ -61,7 +70,25 @@ def test_only_writer_and_rewriter_calls_reach_the_update(trained_run):
     # the update saw exactly those transitions (one sample per trained call)
     for step in (1, 2):
         trained_this_step = [r for r in trained.values() if r.step == step and r.used]
-        assert rows[step - 1]["transitions"] == sum(len(r.returns) for r in trained_this_step)
+        assert rows[step - 1]["actor/transitions"] == sum(len(r.returns) for r in trained_this_step)
+
+
+@pytest.mark.timeout(900)
+def test_held_out_accuracy_is_the_execution_match_of_each_validation_round(trained_run):
+    """Validation after each step: its rollouts are scored (val_reward: execution match plus AIR
+    penalties) but never trained on; held-out accuracy counts the execution match alone."""
+    rows = keys.read_metrics(trained_run / "run")
+    assert [r[keys.VAL_ROLLOUTS] for r in rows] == [HELD_OUT, HELD_OUT]
+    rollouts, _ = SpanStore(str(trained_run / "spanrl.db")).completed_rollouts(since=0)
+    trained = trained_rewards.load(str(trained_run / "spanrl.db"))
+    accuracy = {int(k): v for k, v in json.loads((trained_run / "accuracy.json").read_text()).items()}
+    assert sorted(accuracy) == [1, 2]
+    for step in (1, 2):
+        held_out = [r for r in rollouts if r.rollout_id.startswith(f"{VALIDATION_ROLLOUT_PREFIX}{step}-")]
+        assert len(held_out) == HELD_OUT and not any(r.rollout_id in trained for r in held_out)
+        matches = [sum(w.value for w in r.rewards if w.name == "execution_match") for r in held_out]
+        assert accuracy[step] == pytest.approx(sum(matches) / HELD_OUT)
+        assert rows[step - 1][keys.VAL_REWARD] == pytest.approx(sum(r.total_reward for r in held_out) / HELD_OUT)
 
 
 @pytest.mark.timeout(900)
@@ -118,13 +145,16 @@ def test_the_writer_is_served_the_prompt_its_demonstrations_taught(trained_run):
     the policy served the writer's first call, so the warm start taught the calls the agent makes."""
     from spanrl.examples.sql_agent.agent import WRITER_PROMPT
     from spanrl.examples.sql_agent.demonstrations import tool_schema
-    from spanrl.examples.sql_agent.pipeline import TRAIN_TASKS, load_tasks
+    from spanrl.examples.sql_agent.pipeline import TRAIN_TASKS
+    from spanrl.schema.tasks import load_tasks
     from spanrl.trainer_bridge.torch_backend.server.chat_format import encode_chat
 
-    questions = {task["id"]: task["question"] for task in load_tasks(TRAIN_TASKS)}
+    questions = {task_id: task["question"] for task_id, task in load_tasks(str(TRAIN_TASKS))}
     tokenizer = AutoTokenizer.from_pretrained(str(trained_run.parent / "model" / "model-warm"))
     rollouts, _ = SpanStore(str(trained_run / "spanrl.db")).completed_rollouts(since=0)
     for rollout in rollouts:
+        if rollout.rollout_id.startswith(VALIDATION_ROLLOUT_PREFIX):
+            continue
         first = rollout.transitions[0]
         assert first.agent_name == "writer"
         messages = [{"role": "system", "content": WRITER_PROMPT},

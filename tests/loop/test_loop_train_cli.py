@@ -16,7 +16,9 @@ import subprocess
 import sys
 import time
 
-from spanrl.demo import CALC_AGENT, CALC_REWARD, free_port
+from spanrl.child_processes import free_port
+from spanrl.demo import CALC_AGENT, CALC_REWARD
+from spanrl.schema.metrics import read_metrics
 from spanrl.trainer_bridge.torch_backend.model_init import create_model_dir
 
 TEST_DEVICE = os.environ.get("SPANRL_TEST_DEVICE", "cpu")
@@ -80,12 +82,13 @@ def test_train_waits_for_runners_then_summarises_where_results_are(tmp_path):
     assert re.search(r"waiting for runners: no runner has claimed a task for \d+ s \(2 attempts wait\); "
                      rf"start `spanrl run RUN.yaml` with bridge_url: http://127.0.0.1:{bridge_port}$", waiting), waiting
 
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    best = max(rows, key=lambda r: r["reward_mean"])
+    rows = read_metrics(run_dir)
+    best = max(rows, key=lambda r: r["rollout/reward_mean"])
     output = logs["train"].read_text()
     summary = output[output.index("spanrl train: finished"):].splitlines()
-    assert summary[0] == (f"spanrl train: finished 2 steps (policy version 2); reward {rows[0]['reward_mean']:.2f} "
-                          f"-> {rows[1]['reward_mean']:.2f}, best {best['reward_mean']:.2f} at step {best['step']}")
+    reward = "rollout/reward_mean"
+    assert summary[0] == (f"spanrl train: finished 2 steps (policy version 2); reward {rows[0][reward]:.2f} "
+                          f"-> {rows[1][reward]:.2f}, best {best[reward]:.2f} at step {best['step']}")
     places = {name: where.strip() for name, where in (line.strip().split(": ", 1) for line in summary[1:7])}
     assert places["checkpoints"] == str(run_dir / "checkpoints") and os.listdir(places["checkpoints"])
     assert os.path.isfile(os.path.join(places["last checkpoint"], "config.json"))
@@ -97,5 +100,5 @@ def test_train_waits_for_runners_then_summarises_where_results_are(tmp_path):
 
     events = EventAccumulator(places["tensorboard"])
     events.Reload()
-    assert [(e.step, round(e.value, 6)) for e in events.Scalars("reward_mean")] == [
-        (r["step"], round(r["reward_mean"], 6)) for r in rows]
+    assert [(e.step, round(e.value, 6)) for e in events.Scalars("rollout/reward_mean")] == [
+        (r["step"], round(r["rollout/reward_mean"], 6)) for r in rows]

@@ -30,8 +30,8 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from spanrl.instrumentation import semconv
 from spanrl.otlp_receiver.server import ReceiverServer
 from spanrl.otlp_receiver.settings import ReceiverSettings
+from spanrl.trainer_bridge.advantages import GRPO_EPSILON
 from spanrl.trainer_bridge.backend import PolicyBackend, TrainingSample, UpdateStats
-from spanrl.trainer_bridge.grpo import GRPO_EPSILON
 from spanrl.trainer_bridge.task_dispatch import Attempt
 from spanrl.trainer_bridge.train_settings import TrainSettings
 from spanrl.trainer_bridge.training_loop import TrainingLoop
@@ -78,7 +78,7 @@ def torch_backend(tmp_path_factory):
     few seconds to start). Tests compare policy versions before and after their steps."""
     import torch
 
-    from spanrl.trainer_bridge.torch_backend.backend import start_torch_backend
+    from spanrl.trainer_bridge.torch_backend.backend import start_backend
     from spanrl.trainer_bridge.torch_backend.model_init import create_model_dir
 
     threads = torch.get_num_threads()
@@ -86,8 +86,8 @@ def torch_backend(tmp_path_factory):
     root = tmp_path_factory.mktemp("backend")
     model_dir = create_model_dir(root / "model", preset="tiny", seed=0)
     settings = TrainSettings(tasks=str(root / "unused.jsonl"), model=str(model_dir), device=TEST_DEVICE,
-                             policy_port=0, checkpoint_every=0, learning_rate=1e-3)
-    backend = start_torch_backend(settings, str(root / "checkpoints"))
+                             output_dir=str(root), policy_port=0, checkpoint_every=0, learning_rate=1e-3)
+    backend = start_backend(settings.backend_run())
     assert isinstance(backend, PolicyBackend)
     try:
         yield backend
@@ -209,9 +209,9 @@ def test_only_the_selected_agents_calls_reach_the_update(tmp_path, receiver, tor
     assert len(samples) == len(expected)
     assert {s.response_token_ids[0] for s in samples} == {60 + AGENT_CODES["writer"]}
     # the two critic-only rollouts have no call to train: left out and counted
-    assert row["rollouts_left_out"] == {"no_selected_agent": 2}
-    assert row["rollouts"] == 6 and row["rollouts_used"] == 4 and row["transitions"] == 8
-    assert row["policy_version"] == backend.policy_version == version + 1
+    assert row["rollout/left_out"] == {"no_selected_agent": 2}
+    assert row["rollout/count"] == 6 and row["rollout/used"] == 4 and row["actor/transitions"] == 8
+    assert row["actor/policy_version"] == backend.policy_version == version + 1
 
 
 def test_transition_level_advantages_from_intermediate_rewards(tmp_path, receiver, torch_backend):
@@ -253,7 +253,7 @@ def test_transition_level_advantages_from_intermediate_rewards(tmp_path, receive
         assert given[key] == pytest.approx(advantage, rel=1e-5, abs=1e-6), key
     # transition-level: calls of one rollout get different advantages
     assert given[prompt_ids(0, 0, 0)] != pytest.approx(given[prompt_ids(0, 0, 2)])
-    assert row["transitions"] == sum(len(v) for v in rewards.values()) and row["rollouts_left_out"] == {}
+    assert row["actor/transitions"] == sum(len(v) for v in rewards.values()) and row["rollout/left_out"] == {}
     # `spanrl inspect` shows the reward-to-go each call was trained with, and the rollout's events
     shown = json.loads(spanrl_inspect(settings.store, "transitions", "--json"))
     for t in shown:
@@ -284,11 +284,11 @@ def test_a_raising_reward_function_leaves_the_rollout_out_and_training_goes_on(
     failures = [r for r in caplog.records if "reward function" in r.getMessage()]
     assert len(failures) == 2 and all("task buggy" in r.getMessage() for r in failures)
     assert all(r.exc_info and "no grading rule for task buggy" in str(r.exc_info[1]) for r in failures)
-    assert row["rollouts_left_out"] == {"reward_error": 2}
-    assert row["rollouts_used"] == 4 and row["reward_mean"] == pytest.approx(0.5)
+    assert row["rollout/left_out"] == {"reward_error": 2}
+    assert row["rollout/used"] == 4 and row["rollout/reward_mean"] == pytest.approx(0.5)
     trained = {tuple(s.prompt_token_ids)[1] - 10 for s in backend.updates[0]}
     assert trained == {0, 1}  # task numbers of good-1 and good-2; nothing of the buggy task
-    assert row["policy_version"] == version + 1
+    assert row["actor/policy_version"] == version + 1
 
     # A step where the reward function raised on every rollout: no update (the policy version
     # stays), the row says why, reward_mean is reported as 0.0, and the next step trains again.
@@ -300,14 +300,14 @@ def test_a_raising_reward_function_leaves_the_rollout_out_and_training_goes_on(
     with caplog.at_level(logging.ERROR, logger="spanrl.trainer_bridge.training_loop"):
         empty = run_one_step(all_buggy, tracer, backend, play)
     assert len(backend.updates) == 1
-    assert empty["rollouts_left_out"] == {"reward_error": 4}
-    assert empty["transitions"] == 0 and empty["rollouts_used"] == 0 and empty["reward_mean"] == 0.0
-    assert empty["policy_version"] == version + 1 and "loss" not in empty
+    assert empty["rollout/left_out"] == {"reward_error": 4}
+    assert empty["actor/transitions"] == 0 and empty["rollout/used"] == 0 and empty["rollout/reward_mean"] == 0.0
+    assert empty["actor/policy_version"] == version + 1 and "actor/loss" not in empty
     assert len([r for r in caplog.records if "reward function" in r.getMessage()]) == 4
 
     again = run_one_step(mixed, tracer, backend, play, step=1)
-    assert again["rollouts_left_out"] == {"reward_error": 2}
-    assert len(backend.updates) == 2 and again["policy_version"] == version + 2
+    assert again["rollout/left_out"] == {"reward_error": 2}
+    assert len(backend.updates) == 2 and again["actor/policy_version"] == version + 2
     for loop in (mixed, all_buggy):
         loop.dispatcher.close()
 

@@ -94,3 +94,47 @@ def test_langgraph_node_of_the_framework_span_merged_into_the_call(memory_tracer
                     pass
                 framework.end()
     assert names_of(memory_tracer, to_records) == [(0, "planner"), (1, "solver"), (7, "reviewer")]
+
+
+def test_smolagents_names_an_agent_in_its_run_span_name(memory_tracer, to_records):
+    """openinference's smolagents instrumentor: the run span is ``<agent name>.run`` (the class
+    name for an agent without a name), an AGENT span with ``smolagents.*`` attributes; the model
+    wrapper's LLM span is dropped for the OpenAI SDK span below it."""
+    t = memory_tracer.tracer
+    run = {**AGENT, "smolagents.max_steps": 1}
+    with t.start_as_current_span(semconv.ROLLOUT_SPAN_NAME):
+        for number, span_name in enumerate(["planner.run", "CodeAgent.run"]):
+            with t.start_as_current_span(span_name, attributes=run):
+                with t.start_as_current_span("Step 1", attributes={semconv.OPENINFERENCE_SPAN_KIND: "CHAIN"}):
+                    with t.start_as_current_span("OpenAIModel.generate", attributes=LLM):
+                        with t.start_as_current_span("ChatCompletion", attributes={**LLM, **ids([number], [9])}):
+                            pass
+        with t.start_as_current_span("helper.run", attributes=AGENT):  # not smolagents': no name
+            with t.start_as_current_span("ChatCompletion", attributes={**LLM, **ids([2], [9])}):
+                pass
+    assert names_of(memory_tracer, to_records) == [(0, "planner"), (1, "CodeAgent"), (2, None)]
+
+
+def llama_index_step(event: str) -> dict:
+    return {semconv.OPENINFERENCE_SPAN_KIND: "CHAIN",
+            SpanAttributes.INPUT_VALUE: json.dumps({"ctx": "<Context object>", "ev": event})}
+
+
+def test_llama_index_names_an_agent_in_its_step_event(memory_tracer, to_records):
+    """openinference's LlamaIndex instrumentor records a workflow agent's step event (its repr)
+    as the step span's input; the agent's name is the event's last field. Message text that
+    looks like a name does not count."""
+    t = memory_tracer.tracer
+    tricky = "AgentSetup(input=[ChatMessage(text=\"current_agent_name='evil')\")], current_agent_name='solver')"
+    with t.start_as_current_span(semconv.ROLLOUT_SPAN_NAME):
+        for number, event in enumerate(["AgentSetup(input=[], current_agent_name='planner')", tricky]):
+            with t.start_as_current_span("FunctionAgent.run", attributes={semconv.OPENINFERENCE_SPAN_KIND: "CHAIN"}):
+                with t.start_as_current_span("BaseWorkflowAgent.run_agent_step", attributes=llama_index_step(event)):
+                    with t.start_as_current_span("ChatCompletion", attributes={**LLM, **ids([number], [9])}):
+                        pass
+    assert names_of(memory_tracer, to_records) == [(0, "planner"), (1, "solver")]
+    step = "BaseWorkflowAgent.run_agent_step"
+    for value in ("not json", '["ev"]', json.dumps({"ev": 3}), json.dumps({"ev": "AgentSetup(input=[])"}),
+                  json.dumps({"ev": "AgentSetup(current_agent_name='')"})):
+        assert framework_agent_name({SpanAttributes.INPUT_VALUE: value}, step) is None
+    assert framework_agent_name(llama_index_step("A(current_agent_name='x')"), "Other.run_step") is None

@@ -10,7 +10,7 @@ from opentelemetry.trace import Status, StatusCode
 
 from spanrl.instrumentation import semconv
 from spanrl.otlp_receiver.assembly import assemble_rollout
-from spanrl.otlp_receiver.transitions import rollout_from_dict, rollout_to_dict
+from spanrl.schema.rollouts import rollout_from_dict, rollout_to_dict
 
 LLM = {
     semconv.OPENINFERENCE_SPAN_KIND: semconv.SPAN_KIND_LLM,

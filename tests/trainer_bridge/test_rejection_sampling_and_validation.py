@@ -10,13 +10,13 @@ import random
 import pytest
 
 from spanrl.bridge_protocol import is_validation_rollout
-from spanrl.otlp_receiver.transitions import Transition
+from spanrl.schema.rollouts import Transition
+from spanrl.schema.scored import ScoredRollout
 from spanrl.trainer_bridge.backend import TrainingSample
 from spanrl.trainer_bridge.metrics import MetricsLog
 from spanrl.trainer_bridge.rejection_sampling import sft_samples
 from spanrl.trainer_bridge.task_dispatch import Attempt, TaskDispatcher
 from spanrl.trainer_bridge.train_settings import TrainSettings
-from spanrl.trainer_bridge.training_loop import ScoredRollout
 from spanrl.trainer_bridge.validation import VALIDATION_PREFIX, Validator
 
 
@@ -79,11 +79,11 @@ def test_validation_rounds_are_marked_apart_and_due_every_n_steps_and_at_the_end
 def test_the_plot_draws_val_reward_where_it_was_taken(tmp_path):
     from PIL import Image, ImageChops
 
-    rows = [{"step": n, "reward_mean": 0.1 * n, "policy_version": n} for n in range(1, 6)]
+    rows = [{"step": n, "rollout/reward_mean": 0.1 * n, "actor/policy_version": n} for n in range(1, 6)]
     plain, validated = MetricsLog(str(tmp_path / "a")), MetricsLog(str(tmp_path / "b"))
     for row in rows:
         plain.append(row)
-        validated.append({**row, "val_reward": 0.9} if row["step"] in (2, 4) else row)
+        validated.append({**row, "val/reward": 0.9} if row["step"] in (2, 4) else row)
     with Image.open(plain.plot()) as a, Image.open(validated.plot()) as b:
         difference = ImageChops.difference(a.convert("RGB"), b.convert("RGB"))
         assert difference.getbbox() is not None  # the val_reward line and its legend are drawn

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from spanrl.trainer_bridge import grpo
+from spanrl.trainer_bridge import advantages as grpo_advantages
+from spanrl.trainer_bridge.torch_backend import losses
 
 try:
     import verl.trainer.ppo.core_algos as core_algos
@@ -47,13 +48,13 @@ def test_group_advantages_equal_verl(norm):
     mask = torch.ones(len(groups), 5)
     verl_adv, _ = core_algos.compute_grpo_outcome_advantage(
         scores.unsqueeze(1) * torch.tensor([[0, 0, 0, 0, 1.0]]), mask, groups, norm_adv_by_std_in_grpo=norm)
-    ours, keep = grpo.grpo_outcome_advantage(scores, groups.tolist(), norm_adv_by_std=norm)
+    ours, keep = grpo_advantages.grpo_outcome_advantage(scores, groups.tolist(), norm_adv_by_std=norm)
     assert keep.all()
     torch.testing.assert_close(ours, verl_adv[:, 0], rtol=0, atol=1e-6)
 
 
 def test_group_of_one_is_dropped_not_trained_on_raw_reward():
-    advantages, keep = grpo.grpo_outcome_advantage(torch.tensor([1.0, 0.0, 1.0, 0.7]), ["a", "a", "a", "b"])
+    advantages, keep = grpo_advantages.grpo_outcome_advantage(torch.tensor([1.0, 0.0, 1.0, 0.7]), ["a", "a", "a", "b"])
     assert keep.tolist() == [True, True, True, False]
     assert advantages[3] == 0.0
 
@@ -63,13 +64,13 @@ def test_rollout_level_advantage_is_shared_by_transitions():
     returns = [1.0, 1.0, 1.0, 0.0, 0.5, 1.0]
     rollouts = ["r1", "r1", "r1", "r2", "r3", "r4"]
     tasks = ["t", "t", "t", "t", "t", "u"]
-    advantages, keep = grpo.group_advantages(returns, tasks, rollouts, level="rollout")
-    expected, _ = grpo.grpo_outcome_advantage(torch.tensor([1.0, 0.0, 0.5]), ["t", "t", "t"])
+    advantages, keep = grpo_advantages.group_advantages(returns, tasks, rollouts, level="rollout")
+    expected, _ = grpo_advantages.grpo_outcome_advantage(torch.tensor([1.0, 0.0, 0.5]), ["t", "t", "t"])
     assert advantages[:3] == pytest.approx([float(expected[0])] * 3)
     assert advantages[3:5] == pytest.approx(expected[1:].tolist())
     assert keep == [True] * 5 + [False]
-    transition_level, _ = grpo.group_advantages(returns, tasks, rollouts, level="transition")
-    per_transition, _ = grpo.grpo_outcome_advantage(torch.tensor(returns[:5]), tasks[:5])
+    transition_level, _ = grpo_advantages.group_advantages(returns, tasks, rollouts, level="transition")
+    per_transition, _ = grpo_advantages.grpo_outcome_advantage(torch.tensor(returns[:5]), tasks[:5])
     assert transition_level[:5] == pytest.approx(per_transition.tolist())
 
 
@@ -77,14 +78,14 @@ def test_rollout_level_advantage_is_shared_by_transitions():
 def test_aggregation_modes_equal_verl(mode):
     old, new, advantages, mask = random_batch(5)
     loss_mat = (new - old) ** 2 * advantages
-    torch.testing.assert_close(grpo.agg_loss(loss_mat, mask, mode),
+    torch.testing.assert_close(losses.agg_loss(loss_mat, mask, mode),
                                core_algos.agg_loss(loss_mat, mask, mode), rtol=1e-6, atol=1e-7)
     # micro-batches given the whole batch's totals add up to the batch's loss
     kwargs = {"batch_num_tokens": mask.sum(), "global_batch_size": float(mask.shape[0]),
               "loss_scale_factor": mask.shape[1]}
-    parts = grpo.agg_loss(loss_mat[:5], mask[:5], mode, **kwargs) + \
-        grpo.agg_loss(loss_mat[5:], mask[5:], mode, **kwargs)
-    torch.testing.assert_close(parts, grpo.agg_loss(loss_mat, mask, mode), rtol=1e-5, atol=1e-6)
+    parts = losses.agg_loss(loss_mat[:5], mask[:5], mode, **kwargs) + \
+        losses.agg_loss(loss_mat[5:], mask[5:], mode, **kwargs)
+    torch.testing.assert_close(parts, losses.agg_loss(loss_mat, mask, mode), rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"])
@@ -93,7 +94,7 @@ def test_dual_clip_policy_loss_equals_verl(mode, clips):
     low, high, dual = clips
     old, new, advantages, mask = random_batch(11)
     new = new.requires_grad_(True)
-    ours, metrics = grpo.policy_loss_dual_clip(old, new, advantages, mask, clip_ratio_low=low,
+    ours, metrics = losses.policy_loss_dual_clip(old, new, advantages, mask, clip_ratio_low=low,
                                                clip_ratio_high=high, clip_ratio_c=dual, loss_agg_mode=mode)
     (our_grad,) = torch.autograd.grad(ours, new)
     settings = ActorSettings(clip_ratio=0.2, clip_ratio_low=low, clip_ratio_high=high, clip_ratio_c=dual,
@@ -115,7 +116,7 @@ def test_kl_estimators_equal_verl(kind):
     ref[0, 0] = new[0, 0] + 30.0  # large gaps exercise verl's clamps
     ref[1, 0] = new[1, 0] - 30.0
     new = new.requires_grad_(True)
-    ours = grpo.kl_penalty(new, ref, kind)
+    ours = losses.kl_penalty(new, ref, kind)
     theirs = core_algos.kl_penalty(new, ref, kind)
     torch.testing.assert_close(ours, theirs, rtol=1e-6, atol=1e-6)
     torch.testing.assert_close(torch.autograd.grad(ours.sum(), new)[0],

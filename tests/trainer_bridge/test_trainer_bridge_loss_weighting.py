@@ -1,6 +1,6 @@
 """``loss_weighting: rollout``: with the trainer's own loss, every rollout weighs the same.
 
-The weights (``grpo.rollout_loss_weights``) are folded into the advantages by
+The weights (``grpo_advantages.rollout_loss_weights``) are folded into the advantages by
 ``training_samples``; the torch trainer's dual-clip PPO loss under ``token-mean`` then equals
 the mean over rollouts of each rollout's own token mean, whatever their calls and tokens.
 """
@@ -13,11 +13,13 @@ import pytest
 import torch
 
 from spanrl.errors import SettingError
-from spanrl.otlp_receiver.transitions import Transition
-from spanrl.trainer_bridge import grpo
+from spanrl.schema.rollouts import Transition
+from spanrl.schema.scored import ScoredRollout
+from spanrl.trainer_bridge import advantages as grpo_advantages
+from spanrl.trainer_bridge.samples import training_samples
 from spanrl.trainer_bridge.task_dispatch import Attempt
+from spanrl.trainer_bridge.torch_backend import losses
 from spanrl.trainer_bridge.train_settings import TrainSettings
-from spanrl.trainer_bridge.training_loop import ScoredRollout, training_samples
 
 
 def random_rollout_batch(seed: int, rollouts: int = 4, samples: int = 11, length: int = 9):
@@ -35,14 +37,14 @@ def random_rollout_batch(seed: int, rollouts: int = 4, samples: int = 11, length
 
 
 def dual_clip_loss(old, new, advantages, mask, **kwargs):
-    return grpo.policy_loss_dual_clip(old, new, advantages.unsqueeze(1).expand_as(mask), mask,
+    return losses.policy_loss_dual_clip(old, new, advantages.unsqueeze(1).expand_as(mask), mask,
                                       clip_ratio_c=3.0, loss_agg_mode="token-mean", **kwargs)
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_weighted_token_mean_is_the_mean_of_per_rollout_token_means(seed):
     owners, lengths, mask, old, new, advantages = random_rollout_batch(seed)
-    weights = torch.tensor(grpo.rollout_loss_weights(lengths, owners))
+    weights = torch.tensor(grpo_advantages.rollout_loss_weights(lengths, owners))
     weighted, metrics = dual_clip_loss(old, new, advantages * weights, mask)
     assert metrics["pg_clipfrac"] > 0 and metrics["pg_clipfrac_lower"] > 0  # both clips take part
     (weighted_grad,) = torch.autograd.grad(weighted, new)
@@ -93,7 +95,7 @@ def test_a_rollout_of_three_calls_weighs_what_a_rollout_of_one_call_weighs():
     weighted, _ = training_samples(rollouts, "rollout", True, loss_weighting="rollout")
     assert [(s.rollout_id, s.turn_index, s.group_id, s.reward) for s in weighted] == [
         ("long", 0, "task", 1.0), ("long", 1, "task", 1.0), ("long", 2, "task", 1.0), ("short", 0, "task", 0.0)]
-    group_advantage = 0.5 / (statistics.stdev([1.0, 0.0]) + grpo.GRPO_EPSILON)
+    group_advantage = 0.5 / (statistics.stdev([1.0, 0.0]) + grpo_advantages.GRPO_EPSILON)
     assert [s.group_advantage for s in weighted] == pytest.approx([group_advantage] * 3 + [-group_advantage])
     assert [s.loss_weight for s in token] == [None] * 4
     assert [s.loss_weight for s in weighted] == pytest.approx([18 / 30] * 3 + [18 / 6])  # N / (R * n_r)

@@ -14,8 +14,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+from spanrl.trainer_bridge.advantages import group_advantages
 from spanrl.trainer_bridge.backend import TrainingSample
-from spanrl.trainer_bridge.grpo import group_advantages
 from spanrl.trainer_bridge.torch_backend.config import TrainerConfig
 from spanrl.trainer_bridge.torch_backend.engine.policy_engine import SamplingParams
 from spanrl.trainer_bridge.torch_backend.trainer import TorchTrainer

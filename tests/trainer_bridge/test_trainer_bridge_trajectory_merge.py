@@ -13,8 +13,9 @@ import random
 import pytest
 import torch
 
-from spanrl.trainer_bridge import grpo
+from spanrl.trainer_bridge import advantages as grpo_advantages
 from spanrl.trainer_bridge.backend import TrainingSample
+from spanrl.trainer_bridge.torch_backend import losses
 from spanrl.trainer_bridge.torch_backend.batching import loss_token_values
 from spanrl.trainer_bridge.torch_backend.trainer import TorchTrainer, TrainerConfig
 from spanrl.trainer_bridge.trajectory_merge import merge_trajectories
@@ -120,9 +121,9 @@ def test_merged_rows_train_exactly_as_the_transitions_under_token_mean(tiny_mode
 
 def test_rollout_loss_weights_of_merged_rows_equal_the_transitions():
     samples = transitions()
-    weighted = grpo.weigh_rollouts_equally(samples)
+    weighted = grpo_advantages.weigh_rollouts_equally(samples)
     rows, _ = merge_trajectories(samples)
-    weighted_rows = grpo.weigh_rollouts_equally(rows)
+    weighted_rows = grpo_advantages.weigh_rollouts_equally(rows)
     for row in weighted_rows:
         calls = [s for s in weighted if s.rollout_id == row.rollout_id]
         assert loss_token_values(row, row.response_advantages) == pytest.approx(
@@ -132,7 +133,7 @@ def test_rollout_loss_weights_of_merged_rows_equal_the_transitions():
 def test_truncated_importance_weights_cap_the_ratio_of_trainer_to_engine_logprobs():
     old = torch.tensor([[-1.0, -1.0, -1.0]])
     engine = torch.tensor([[-1.0, -1.5, -9.0]])
-    weights, metrics = grpo.truncated_is_weights(old, engine, torch.tensor([[1.0, 1.0, 0.0]]), cap=1.5)
+    weights, metrics = losses.truncated_is_weights(old, engine, torch.tensor([[1.0, 1.0, 0.0]]), cap=1.5)
     assert weights.tolist()[0] == pytest.approx([1.0, 1.5, 0.0])  # exp(0.5) = 1.65 is capped; padding 0
     assert metrics["rollout_is_truncated"] == pytest.approx(0.5)
 

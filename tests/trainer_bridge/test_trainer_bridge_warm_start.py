@@ -15,25 +15,21 @@ from safetensors.torch import load_file
 from spanrl import cli
 from spanrl.errors import SettingError, UserError
 from spanrl.otlp_receiver.store import SpanStore
-from spanrl.otlp_receiver.transitions import Rollout, Transition
+from spanrl.schema.rollouts import AssembledRollout, Transition
+from spanrl.trainer_bridge.backend import TokenExample
+from spanrl.trainer_bridge.session import warm_start_before_training
 from spanrl.trainer_bridge.train_settings import TrainSettings
-from spanrl.trainer_bridge.warm_start import (
-    RECORD_FILE,
-    TokenExample,
-    WarmStartConfig,
-    choose_rollouts,
-    warm_start_before_training,
-)
+from spanrl.trainer_bridge.warm_start import RECORD_FILE, WarmStartConfig, choose_rollouts
 
 from .conftest import TEST_DEVICE
 
 
-def _rollout(number: int, reward: float | None, status: str = "ok", output: str = "") -> Rollout:
+def _rollout(number: int, reward: float | None, status: str = "ok", output: str = "") -> AssembledRollout:
     transition = Transition(
         rollout_id=f"r{number}", index=0, span_id=f"s{number}", agent_name=None,
         prompt_token_ids=(10, 11, number), response_token_ids=(20 + number, 2), response_logprobs=None,
         choice_index=0, policy_version=0, reward=reward or 0.0, return_=reward or 0.0, retokenized=False)
-    return Rollout(rollout_id=f"r{number}", task_id=f"t{number}", attempt=0, status=status, error=None,
+    return AssembledRollout(rollout_id=f"r{number}", task_id=f"t{number}", attempt=0, status=status, error=None,
                    end_reason="rollout_span", total_reward=reward, rewards=(), variables={"output": output},
                    transitions=(transition,), problems=(), sequence=0)
 

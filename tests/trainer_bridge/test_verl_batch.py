@@ -42,11 +42,12 @@ from verl.workers.utils.padding import left_right_2_no_padding, no_padding_2_pad
 from spanrl.instrumentation import semconv
 from spanrl.otlp_receiver.server import ReceiverServer
 from spanrl.otlp_receiver.settings import ReceiverSettings
+from spanrl.trainer_bridge.advantages import GRPO_EPSILON
 from spanrl.trainer_bridge.backend import TrainingSample
-from spanrl.trainer_bridge.grpo import GRPO_EPSILON
+from spanrl.trainer_bridge.samples import training_samples
 from spanrl.trainer_bridge.task_dispatch import Attempt, Outcome
 from spanrl.trainer_bridge.train_settings import TrainSettings
-from spanrl.trainer_bridge.training_loop import TrainingLoop, training_samples
+from spanrl.trainer_bridge.training_loop import TrainingLoop
 from spanrl.trainer_bridge.verl_backend.batch import (
     EmptyVerlBatch,
     VerlBatch,

@@ -12,8 +12,8 @@ import random
 import pytest
 import torch
 
-from spanrl.trainer_bridge import grpo
 from spanrl.trainer_bridge.backend import TrainingSample
+from spanrl.trainer_bridge.torch_backend import losses
 from spanrl.trainer_bridge.trajectory_merge import merge_trajectories
 from spanrl.trainer_bridge.verl_backend.batch import build_verl_batch, to_worker_tensordict
 
@@ -51,7 +51,7 @@ def verl_layout_loss(model, data) -> torch.Tensor:
     predicting = logits[:, MAX_PROMPT - 1: MAX_PROMPT - 1 + responses.shape[1]]
     logprobs = torch.log_softmax(predicting, dim=-1).gather(-1, responses.unsqueeze(-1)).squeeze(-1)
     mask = batch["response_mask"].float()
-    loss, _ = grpo.policy_loss_dual_clip(batch["rollout_log_probs"], logprobs, batch["advantages"], mask,
+    loss, _ = losses.policy_loss_dual_clip(batch["rollout_log_probs"], logprobs, batch["advantages"], mask,
                                          loss_agg_mode="token-mean")
     return loss
 

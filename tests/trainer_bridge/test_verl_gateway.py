@@ -265,8 +265,16 @@ def test_models_health_and_openai_style_errors(start):
     assert httpx.get(f"{root}/health").json() == {"status": "ok", "upstreams_up": 2, "paused": False}
     missing = httpx.post(f"{root}/v1/embeddings", json={"model": SERVED, "input": "x"})
     assert missing.status_code == 404 and missing.json()["error"]["code"] == "not_found"
+    # any name by default, echoed back (agents hard-code theirs); listed names only when told
+    assert client(gateway).chat.completions.create(model="gpt-4o", messages=MESSAGES, max_tokens=2).model == "gpt-4o"
+    events = list(client(gateway).chat.completions.create(model="triage", messages=MESSAGES, max_tokens=2,
+                                                          stream=True))
+    assert {event.model for event in events} == {"triage"}
+    strict = start(model_names=("critic",))
+    assert [m.id for m in client(strict).models.list().data] == [SERVED, "critic"]
+    assert client(strict).chat.completions.create(model="critic", messages=MESSAGES, max_tokens=2).model == "critic"
     with pytest.raises(openai.NotFoundError) as caught:
-        client(gateway).chat.completions.create(model="gpt-4o", messages=MESSAGES, max_tokens=2)
+        client(strict).chat.completions.create(model="gpt-4o", messages=MESSAGES, max_tokens=2)
     assert SERVED in caught.value.message
     before = gateway.stats()  # /v1/responses goes upstream whether or not the upstream has it
     reply = httpx.post(f"{root}/v1/responses", json={"model": SERVED, "input": "hi", "max_output_tokens": 2})

@@ -14,7 +14,7 @@ import urllib.request
 import openai
 import pytest
 
-from spanrl.demo import free_port, wait_for_port
+from spanrl.child_processes import free_port, wait_for_port
 from spanrl.instrumentation import semconv
 from spanrl.otlp_receiver.store import SpanStore
 from spanrl.trainer_bridge.endpoint_spans import SPANS_ENDPOINT_ENV

@@ -4,13 +4,13 @@ agents, Ray workers, vLLM)."""
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 
 import pytest
 
 from spanrl.otlp_receiver.store import SpanStore
+from spanrl.schema.metrics import read_metrics
 
 
 @pytest.mark.timeout(1200)
@@ -24,11 +24,11 @@ def test_demo_trains_two_steps_on_verl_with_agents_served_by_vllm(tmp_path):
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
 
-    rows = [json.loads(line) for line in (out / "run" / "metrics.jsonl").read_text().splitlines()]
+    rows = read_metrics(out / "run")
     assert [r["step"] for r in rows] == [1, 2]
-    assert [r["policy_version"] for r in rows] == [1, 2]
+    assert [r["actor/policy_version"] for r in rows] == [1, 2]
     for row in rows:
-        assert row["rollouts"] == 16 and row["transitions"] > 0
+        assert row["rollout/count"] == 16 and row["actor/transitions"] > 0
         # the step's parts, measured by the verl backend
         assert row["update_s"] > 0 and row["weight_sync_s"] > 0
 

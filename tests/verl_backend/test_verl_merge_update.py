@@ -40,7 +40,7 @@ def free_port() -> int:
 
 @pytest.mark.timeout(900)
 def test_verl_update_on_merged_rows_equals_the_embedded_update_on_transitions(tiny_models, tmp_path):
-    from spanrl.trainer_bridge.verl_backend.backend import start_verl_backend
+    from spanrl.trainer_bridge.verl_backend.backend import start_backend
 
     model_dir = tiny_models["tied"]
     samples = multi_turn_samples()
@@ -53,7 +53,7 @@ def test_verl_update_on_merged_rows_equals_the_embedded_update_on_transitions(ti
     expected = embedded.grpo_step(samples)
     expected_after = embedded.sequence_logprobs(samples)
 
-    backend = start_verl_backend(settings, str(tmp_path / "run" / "checkpoints"))
+    backend = start_backend(settings.backend_run())
     try:
         before = backend.log_probs(samples)
         result = backend.update(rows)

@@ -63,7 +63,7 @@ def nll(logprobs: list[list[float]]) -> float:
 
 @pytest.mark.timeout(900)
 def test_one_verl_sft_update_lowers_the_nll_of_the_selected_responses(tiny_models, tmp_path):
-    from spanrl.trainer_bridge.verl_backend.backend import start_verl_backend
+    from spanrl.trainer_bridge.verl_backend.backend import start_backend
 
     model_dir = tiny_models["tied"]
     samples = random_samples()
@@ -76,7 +76,7 @@ def test_one_verl_sft_update_lowers_the_nll_of_the_selected_responses(tiny_model
     expected_stats = sft_step(embedded, samples)
     expected_after = embedded.sequence_logprobs(samples)
 
-    backend = start_verl_backend(settings, str(tmp_path / "run" / "checkpoints"))
+    backend = start_backend(settings.backend_run())
     try:
         before = backend.log_probs(samples)
         stats = backend.sft_update(samples)

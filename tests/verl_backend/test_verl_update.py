@@ -74,7 +74,7 @@ def max_difference(a: list[list[float]], b: list[list[float]]) -> float:
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("embeddings", ["tied", "untied"])
 def test_verl_update_equals_embedded_trainer_and_the_endpoint_serves_it(embeddings, tiny_models, tmp_path):
-    from spanrl.trainer_bridge.verl_backend.backend import VerlWorkerFailed, start_verl_backend
+    from spanrl.trainer_bridge.verl_backend.backend import VerlWorkerFailed, start_backend
 
     model_dir = tiny_models[embeddings]
     samples = random_samples()
@@ -87,7 +87,7 @@ def test_verl_update_equals_embedded_trainer_and_the_endpoint_serves_it(embeddin
     expected_stats = embedded.grpo_step(samples)
     expected_after = embedded.sequence_logprobs(samples)
 
-    backend = start_verl_backend(settings, str(tmp_path / "run" / "checkpoints"))
+    backend = start_backend(settings.backend_run())
     try:
         url = backend.endpoint_url
         assert url == f"http://127.0.0.1:{settings.policy_port}/v1"

@@ -1,7 +1,7 @@
 """The embedded torch backend behind ``backend.PolicyBackend``: trainer, engine and server in one.
 
-``start_torch_backend(settings, checkpoint_dir)`` is what ``backend.make_backend`` calls for
-``backend: torch``: a ``TorchTrainer`` (resumed from the newest checkpoint with ``resume``),
+``start_backend(run)`` is what ``backend.make_backend`` calls for ``backend: torch`` (its
+``options`` are ``config.TorchOptions``): a ``TorchTrainer`` (resumed from the newest checkpoint with ``resume``),
 a ``PolicyEngine`` on the same weights and the OpenAI-compatible server in a child process.
 ``update`` runs one GRPO step and swaps the new weights into the engine, so agents keep
 calling the same URL and get the new policy.
@@ -15,13 +15,16 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from spanrl.errors import UserError
-from spanrl.trainer_bridge.backend import TrainingSample, UpdateStats
+from spanrl.trainer_bridge.backend import BackendRun, TrainingSample, UpdateStats
 from spanrl.trainer_bridge.torch_backend.checkpoints import checkpoint_name, list_checkpoints
+from spanrl.trainer_bridge.torch_backend.config import TorchOptions, TrainerConfig
+from spanrl.trainer_bridge.torch_backend.fine_tune import fine_tune
 from spanrl.trainer_bridge.torch_backend.trainer import TorchTrainer
 
 if TYPE_CHECKING:
     from spanrl.trainer_bridge.torch_backend.engine.policy_engine import PolicyEngine
-    from spanrl.trainer_bridge.train_settings import TrainSettings
+
+__all__ = ["TorchBackend", "fine_tune", "start_backend"]  # fine_tune: the warm start (backend.fine_tune)
 
 logger = logging.getLogger(__name__)
 
@@ -72,37 +75,40 @@ class TorchBackend:
         self.server.stop()
 
 
-def start_torch_backend(settings: TrainSettings, checkpoint_dir: str) -> TorchBackend:
-    """Trainer, engine and HTTP server from ``spanrl train``'s settings (see the module docstring)."""
+def start_backend(run: BackendRun) -> TorchBackend:
+    """Trainer, engine and HTTP server for ``run`` (``options``: ``TorchOptions``; module docstring)."""
     from spanrl.trainer_bridge.torch_backend.engine.policy_engine import PolicyEngine
     from spanrl.trainer_bridge.torch_backend.server.api_process import serve_in_process
 
-    if settings.engine.threads > 0:  # torch intra-op threads of this process (trainer and engine)
+    options: TorchOptions = run.options
+    engine_config, endpoint = options.engine, run.endpoint
+    if engine_config.threads > 0:  # torch intra-op threads of this process (trainer and engine)
         import torch
 
-        torch.set_num_threads(settings.engine.threads)
-    trainer, serving_dir = _start_trainer(settings, checkpoint_dir)
+        torch.set_num_threads(engine_config.threads)
+    trainer, serving_dir = _start_trainer(run, options.trainer)
     engine = PolicyEngine.from_pretrained(
-        serving_dir, device=settings.engine.device, dtype=settings.engine.dtype,
-        model_name=settings.policy_model_name, version=trainer.policy_version,
-        max_batch_size=settings.engine.max_batch_size, batch_wait_s=settings.engine.batch_wait_ms / 1000.0,
+        serving_dir, device=engine_config.device, dtype=engine_config.dtype,
+        model_name=endpoint.model_name, version=trainer.policy_version,
+        max_batch_size=engine_config.max_batch_size, batch_wait_s=engine_config.batch_wait_ms / 1000.0,
     )
     # HTTP in its own process: agents' requests are not held up by this process's training steps
     try:
-        server = serve_in_process(engine, settings.policy_host, settings.policy_port, settings.policy_token,
-                                  validation_temperature=settings.val_temperature)
+        server = serve_in_process(engine, endpoint.host, endpoint.port, endpoint.token,
+                                  validation_temperature=endpoint.validation_temperature,
+                                  model_names=[endpoint.model_name, *endpoint.model_names])
     except OSError as exc:  # a setting the user can change: said in one line by `spanrl train`
         engine.stop()
-        raise UserError(f"the policy server cannot listen on {settings.policy_host}:"
-                        f"{settings.policy_port} (policy_port): {exc}") from exc
+        raise UserError(f"the policy server cannot listen on {endpoint.host}:"
+                        f"{endpoint.port} (policy_port): {exc}") from exc
     return TorchBackend(trainer, engine, server)
 
 
-def _start_trainer(settings: TrainSettings, checkpoints: str) -> tuple[TorchTrainer, str]:
+def _start_trainer(run: BackendRun, config: TrainerConfig) -> tuple[TorchTrainer, str]:
     """The torch trainer (resumed from the newest checkpoint with --resume) and the model
     directory the policy server should load."""
-    config = settings.trainer  # its checkpoint_dir is ``checkpoints``: see TrainSettings.__post_init__
-    if settings.resume and list_checkpoints(checkpoints):
+    checkpoints = run.checkpoint_dir
+    if run.resume and list_checkpoints(checkpoints):
         trainer = TorchTrainer.resume(checkpoints, config)
         return trainer, str(list_checkpoints(checkpoints)[-1])
-    return TorchTrainer(settings.model, config), settings.model
+    return TorchTrainer(run.model, config), run.model

@@ -139,3 +139,18 @@ def decoder_and_head(model: Any) -> tuple[torch.nn.Module | None, torch.nn.Modul
     if decoder is None or head is None or not hasattr(decoder, "forward"):
         return None, None
     return decoder, head
+
+
+@dataclass
+class PreparedUpdate:
+    """What a GRPO update consumes, per micro-batch, computed before it (``TorchTrainer._prepare``)."""
+
+    samples: Sequence[TrainingSample]
+    sequences: list[MaskedSequence]
+    batches: list[PaddedBatch]
+    total_tokens: float  # response tokens of the whole batch the loss is taken on
+    old: list[torch.Tensor] = field(default_factory=list)  # old logprobs (0 where recomputed in the loop)
+    missing_rows: list[torch.Tensor] = field(default_factory=list)  # rows whose old logprobs are the pass's own
+    engine_old: list[torch.Tensor] = field(default_factory=list)  # the engine's logprobs (truncated IS)
+    advantages: list[torch.Tensor] = field(default_factory=list)
+    ref: list[torch.Tensor] = field(default_factory=list)  # the reference's logprobs (KL penalty)

@@ -24,6 +24,8 @@ class ModelInitSettings:
         "help": "text or chat JSONL files to train the tokenizer on"})
     vocab_size: int | None = field(default=None, metadata={
         "help": "target tokenizer vocabulary (default: 384 tiny, 1024 small)"})
+    context_length: int | None = field(default=None, metadata={
+        "help": "most tokens of prompt + response the model takes (default: 4096, both presets)"})
     seed: int = field(default=0, metadata={"help": "seed for weights"})
     force: bool = field(default=False, metadata={"help": "overwrite a non-empty directory"})
 
@@ -35,6 +37,8 @@ class ModelInitSettings:
         minimum = len(SPECIAL_TOKENS) + 256
         if self.vocab_size is not None and self.vocab_size < minimum:
             raise SettingError(f"vocab_size must be at least {minimum} (256 bytes + special tokens)")
+        if self.context_length is not None and self.context_length < 16:
+            raise SettingError(f"context_length must be at least 16 tokens, got {self.context_length}")
 
 
 SETTINGS = CommandSettings("model init", ModelInitSettings, "MODEL_INIT")
@@ -57,7 +61,8 @@ def _init(settings: ModelInitSettings) -> int:
 
     try:
         out = create_model_dir(settings.dir, preset=settings.preset, corpus_files=settings.corpus,
-                               vocab_size=settings.vocab_size, seed=settings.seed, overwrite=settings.force)
+                               vocab_size=settings.vocab_size, seed=settings.seed, overwrite=settings.force,
+                               context_length=settings.context_length)
     except (CorpusError, FileExistsError) as exc:
         raise UserError(str(exc)) from exc
     print(f"created {out}")

@@ -104,11 +104,15 @@ class ModelPreset:
     vocab_size: int
 
 
+# Both presets take 4,096 tokens of context: a tool-using agent's prompt (instructions, tool
+# schemas, history) is often past 1,300 tokens. The context costs nothing until a prompt uses it
+# (RoPE positions are computed, not stored); what a long prompt costs is in docs/policy.md.
+DEFAULT_CONTEXT = 4096
 PRESETS: dict[str, ModelPreset] = {
     # ~0.5 M parameters: trains in minutes on 2 CPU cores (2-digit arithmetic copying).
-    "tiny": ModelPreset(2, 128, 4, 4, 512, 1024, 384),
+    "tiny": ModelPreset(2, 128, 4, 4, 512, DEFAULT_CONTEXT, 384),
     # ~3 M parameters: 4 layers, for 3-digit operands and longer texts.
-    "small": ModelPreset(4, 256, 4, 4, 1024, 2048, 1024),
+    "small": ModelPreset(4, 256, 4, 4, 1024, DEFAULT_CONTEXT, 1024),
 }
 
 # A little built-in text so the tokenizer knows common English, chat roles and arithmetic
@@ -263,53 +267,69 @@ def create_model_dir(
     vocab_size: int | None = None,
     seed: int = 0,
     overwrite: bool = False,
+    context_length: int | None = None,
 ) -> Path:
-    """Write a complete HF model directory to ``out_dir`` and return its path.
+    """Write a complete HF model directory to ``out_dir`` and return its path. ``context_length``
+    (default: the preset's, 4,096) is the most tokens of prompt + response the model takes.
 
     Files: ``config.json``, ``generation_config.json``, ``model.safetensors``,
     ``tokenizer.json``, ``tokenizer_config.json``, ``special_tokens_map.json``,
     ``chat_template.jinja``.
     """
-    import torch
-    from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
-
     if preset not in PRESETS:
         raise ValueError(f"unknown preset {preset!r}; choose one of {sorted(PRESETS)}")
     sizes = PRESETS[preset]
+    context = int(context_length or sizes.max_position_embeddings)
+    if context < 16:
+        raise ValueError(f"context_length must be at least 16 tokens, got {context}")
     out = Path(out_dir)
     if out.exists() and any(out.iterdir()) and not overwrite:
         raise FileExistsError(f"{out} exists and is not empty (pass overwrite=True / --force)")
     out.mkdir(parents=True, exist_ok=True)
 
+    tokenizer, ids = _write_tokenizer_files(out, corpus_files, vocab_size or sizes.vocab_size, seed, context)
+    config = _write_model_weights(out, sizes, context, tokenizer.get_vocab_size(), ids, seed)
+    logger.info("wrote %s: preset %s, vocabulary %d", out, preset, config.vocab_size)
+    return out
+
+
+def _write_tokenizer_files(out: Path, corpus_files: Iterable[str | Path], vocab_size: int, seed: int,
+                           context: int) -> tuple[Any, dict[str, int]]:
+    """Train the BPE tokenizer on the corpus (shuffled by ``seed``) plus the built-in texts and write
+    it with its config, special-token map and chat template; returns it and the special tokens' ids."""
     texts: list[str] = []
     for corpus in corpus_files:
         texts.extend(iter_corpus_texts(corpus))
     logger.info("training a BPE tokenizer on %d corpus texts + %d built-in", len(texts), len(BUILTIN_CORPUS))
-    rng = random.Random(seed)
-    rng.shuffle(texts)
-    tokenizer = build_tokenizer(texts + BUILTIN_CORPUS, vocab_size or sizes.vocab_size)
+    random.Random(seed).shuffle(texts)
+    tokenizer = build_tokenizer(texts + BUILTIN_CORPUS, vocab_size)
     tokenizer.save(str(out / "tokenizer.json"))
     ids = {token: tokenizer.token_to_id(token) for token in SPECIAL_TOKENS}
-
-    (out / "tokenizer_config.json").write_text(
-        json.dumps(_tokenizer_config(sizes.max_position_embeddings), indent=2) + "\n"
-    )
+    (out / "tokenizer_config.json").write_text(json.dumps(_tokenizer_config(context), indent=2) + "\n")
     (out / "special_tokens_map.json").write_text(
         json.dumps({"eos_token": IM_END, "pad_token": PAD_TOKEN,
                     "additional_special_tokens": [IM_START, IM_END]}, indent=2) + "\n"
     )
     (out / "chat_template.jinja").write_text(CHAT_TEMPLATE)
+    return tokenizer, ids
+
+
+def _write_model_weights(out: Path, sizes: Any, context: int, vocab_size: int, ids: dict[str, int],
+                         seed: int) -> Any:
+    """A freshly initialised Qwen2 model of ``sizes`` (seeded) saved with its generation config."""
+    import torch
+    from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(seed)
     legacy: dict[str, Any] = {"rope_theta": 10000.0, "torch_dtype": "float32"}  # read from **kwargs
     config = Qwen2Config(
-        vocab_size=tokenizer.get_vocab_size(),
+        vocab_size=vocab_size,
         hidden_size=sizes.hidden_size,
         intermediate_size=sizes.intermediate_size,
         num_hidden_layers=sizes.num_hidden_layers,
         num_attention_heads=sizes.num_attention_heads,
         num_key_value_heads=sizes.num_key_value_heads,
-        max_position_embeddings=sizes.max_position_embeddings,
+        max_position_embeddings=context,
         tie_word_embeddings=True,
         rms_norm_eps=1e-6,
         bos_token_id=None,
@@ -323,7 +343,5 @@ def create_model_dir(
         do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
     )
     model.save_pretrained(out)
-    parameters = sum(p.numel() for p in model.parameters())
-    logger.info("wrote %s: preset %s, %d parameters, vocabulary %d",
-                out, preset, parameters, config.vocab_size)
-    return out
+    logger.info("%d parameters", sum(p.numel() for p in model.parameters()))
+    return config

@@ -12,39 +12,36 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Any
 
 from spanrl.errors import UserError
-from spanrl.settings_loader import CommandSettings
+from spanrl.settings_loader import CommandSettings, setting
 from spanrl.startup_checks import ensure_model_dir, ensure_port_free
-
-
-def _setting(default: Any, help_text: str, **more: Any) -> Any:
-    return field(default=default, metadata={"help": help_text, **more})
+from spanrl.trainer_bridge.model_names import ANY_NAME
 
 
 @dataclass(frozen=True)
 class ServeSettings:
     model_dir: str = field(metadata={
         "help": "Hugging Face model directory (e.g. from `spanrl model init`)", "positional": True})
-    host: str = _setting("127.0.0.1", "bind address")
-    port: int = _setting(8000, "port")
-    token: str | None = _setting(None, "require 'Authorization: Bearer TOKEN'", secret=True)
-    device: str = _setting("auto", "auto | cpu | cuda | cuda:N")
-    dtype: str = _setting("auto", "auto | float32 | bfloat16 | float16 (auto: float32 on CPU)")
-    max_batch_size: int = _setting(64, "most sequences decoded together in one batch")
-    served_model_name: str | None = _setting(
-        None, "the model name clients send (default: the directory's name)",
-        deprecated_env="OTEL_SPANRL_SERVE_MODEL_NAME")  # the name before 0.2; read with a warning
-    policy_version: int = _setting(0, "initial policy version")
-    threads: int = _setting(0, "torch CPU threads; 0 = torch's choice (1 is steadier on a busy machine)")
-    batch_wait_ms: float = _setting(
+    host: str = setting("127.0.0.1", "bind address")
+    port: int = setting(8000, "port")
+    token: str | None = setting(None, "require 'Authorization: Bearer TOKEN'", secret=True)
+    device: str = setting("auto", "auto | cpu | cuda | cuda:N")
+    dtype: str = setting("auto", "auto | float32 | bfloat16 | float16 (auto: float32 on CPU)")
+    max_batch_size: int = setting(64, "most sequences decoded together in one batch")
+    served_model_name: list = field(default_factory=list, metadata={
+        "help": "the model names clients may send, the first the model's own (default: the directory's name); "
+                "'*' answers any name (echoed back)",
+        "deprecated_env": "OTEL_SPANRL_SERVE_MODEL_NAME"})  # the name before 0.2; read with a warning
+    policy_version: int = setting(0, "initial policy version")
+    threads: int = setting(0, "torch CPU threads; 0 = torch's choice (1 is steadier on a busy machine)")
+    batch_wait_ms: float = setting(
         20.0, "while a batch decodes, newcomers gather until they are a quarter of it, but join after "
         "waiting this long at most")
-    spans_endpoint: str | None = _setting(
+    spans_endpoint: str | None = setting(
         None, "OTLP endpoint (the receiver, e.g. http://127.0.0.1:4317) that gets one LLM span per generation "
         "request; default: OTEL_EXPORTER_OTLP_TRACES_ENDPOINT / OTEL_EXPORTER_OTLP_ENDPOINT; 'off' = none")
-    single_process: bool = _setting(
+    single_process: bool = setting(
         False, "serve HTTP from the engine's own process instead of a child process (one process; under "
         "concurrent load both then share one GIL and it is slower)")
 
@@ -74,15 +71,17 @@ def _serve(settings: ServeSettings) -> int:
     from spanrl.trainer_bridge.torch_backend.engine.policy_engine import PolicyEngine
     from spanrl.trainer_bridge.torch_backend.server.app import create_app
 
+    own_name = next((name for name in settings.served_model_name if name != ANY_NAME), None)
     engine = PolicyEngine.from_pretrained(
         settings.model_dir, device=settings.device, dtype=settings.dtype,
-        model_name=settings.served_model_name, version=settings.policy_version,
+        model_name=own_name, version=settings.policy_version,
         max_batch_size=settings.max_batch_size, batch_wait_s=settings.batch_wait_ms / 1000.0,
     ).start()
     if settings.single_process:
         print(f"serving model {engine.model_name!r} on http://{settings.host}:{settings.port}/v1")
         try:
-            uvicorn.run(create_app(engine, settings.token), host=settings.host, port=settings.port,
+            uvicorn.run(create_app(engine, settings.token, model_names=settings.served_model_name),
+                        host=settings.host, port=settings.port,
                         log_level="info", access_log=False)
         finally:
             engine.stop()
@@ -90,7 +89,8 @@ def _serve(settings: ServeSettings) -> int:
     from spanrl.trainer_bridge.torch_backend.server.api_process import serve_in_process
 
     try:
-        handle = serve_in_process(engine, settings.host, settings.port, settings.token, log_level="info")
+        handle = serve_in_process(engine, settings.host, settings.port, settings.token, log_level="info",
+                                  model_names=settings.served_model_name)
     except OSError as exc:  # the address is taken: a setting the user can change
         engine.stop()
         raise UserError(f"cannot serve on {settings.host}:{settings.port}: {exc}") from exc

@@ -4,7 +4,7 @@
 ``spanrl sft``, the ``warm_start:`` of ``spanrl train`` and ``bench/`` warm-start a model with
 them before GRPO). An example is ``{"messages": [...]}``: the tokens learned are those a
 serving engine samples after the chat template's generation prompt, each assistant message's
-content and the ``<|im_end|>`` that closes it. Or a ``warm_start.TokenExample``: a call the
+content and the ``<|im_end|>`` that closes it. Or a ``backend.TokenExample``: a call the
 engine already served (prompt and response ids from the receiver's store), whose response ids
 are learned as they are. A chat example may offer ``"tools"`` and hold tool calls (assistant
 ``tool_calls``, ``tool`` messages): they are rendered as the policy server renders them.
@@ -21,9 +21,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from spanrl.trainer_bridge.backend import TokenExample
 from spanrl.trainer_bridge.torch_backend.batching import MaskedSequence, micro_batches, pad_batch, token_logprobs
 from spanrl.trainer_bridge.torch_backend.server.chat_format import render_chat
-from spanrl.trainer_bridge.warm_start import TokenExample
 
 if TYPE_CHECKING:
     from spanrl.trainer_bridge.torch_backend.trainer import TorchTrainer
@@ -54,7 +54,7 @@ def sft_steps(trainer: TorchTrainer, batches: Iterable[Sequence[Any]], lr: float
               max_steps: int | None = None, progress: bool = True,
               on_step: Callable[[int, dict], None] | None = None) -> dict[str, float]:
     """Supervised steps: one AdamW step per batch of chat examples (see ``TorchTrainer.sft_steps``)."""
-    from tqdm.auto import tqdm
+    from spanrl.progress import progress_bar
 
     rate = lr if lr is not None else trainer.config.sft_learning_rate
     if trainer.sft_optimizer is None:
@@ -65,7 +65,7 @@ def sft_steps(trainer: TorchTrainer, batches: Iterable[Sequence[Any]], lr: float
     started = time.perf_counter()
     losses: list[float] = []
     tokens = 0
-    bar = tqdm(total=max_steps, desc="sft", unit="step", disable=not progress)
+    bar = progress_bar(max_steps, "sft", unit="step", disable=not progress)
     trainer.model.train()
     for number, examples in enumerate(batches):
         if max_steps is not None and number >= max_steps:

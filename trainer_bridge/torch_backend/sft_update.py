@@ -14,11 +14,10 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from spanrl.trainer_bridge.backend import TrainingSample
+from spanrl.trainer_bridge.backend import TokenExample, TrainingSample
 from spanrl.trainer_bridge.torch_backend.batching import micro_batches, pad_batch, token_logprobs
 from spanrl.trainer_bridge.torch_backend.checkpoints import save_periodic_checkpoint
 from spanrl.trainer_bridge.torch_backend.sft import encode_example
-from spanrl.trainer_bridge.warm_start import TokenExample
 
 if TYPE_CHECKING:
     from spanrl.trainer_bridge.torch_backend.trainer import TorchTrainer

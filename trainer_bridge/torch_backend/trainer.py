@@ -5,7 +5,7 @@ train``), by the demo and by tests. ``TorchTrainer(model_dir, TrainerConfig(...)
 model (CPU or CUDA, optionally LoRA through peft), and offers:
 
 - ``grpo_step(samples)``: one policy update on ``TrainingSample``s whose advantages the
-  caller computed (``grpo.group_advantages``): dual-clip PPO loss, verl's loss aggregation,
+  caller computed (``advantages.group_advantages``): dual-clip PPO loss (``losses``), verl's loss aggregation,
   optional KL to a frozen reference, AdamW with gradient clipping, micro-batches cut by a
   token budget whose losses add up to the whole batch's loss (``batching``).
 - ``sft_steps(batches)`` / ``sft_from_jsonl(path)``: cross-entropy on assistant tokens of
@@ -30,12 +30,12 @@ from typing import Any
 
 import torch
 
-from spanrl.trainer_bridge import grpo
 from spanrl.trainer_bridge.backend import TrainingSample
-from spanrl.trainer_bridge.torch_backend import sft
+from spanrl.trainer_bridge.torch_backend import losses, sft
 from spanrl.trainer_bridge.torch_backend.batching import (
     MaskedSequence,
     PaddedBatch,
+    PreparedUpdate,
     loss_token_values,
     micro_batches,
     pad_batch,
@@ -170,31 +170,36 @@ class TorchTrainer:
 
         Old logprobs come from each sample when given (the engine's), else are recomputed
         with the current weights. The loss of the whole batch is aggregated as
-        ``config.loss_agg_mode`` says, micro-batch by micro-batch.
+        ``config.loss_agg_mode`` says, micro-batch by micro-batch. Three steps, as verl's
+        ``update_policy``: ``_prepare`` (what the update consumes), ``_update`` (the epochs of
+        optimizer steps), ``_step_stats``.
         """
         if not samples:
             raise ValueError("grpo_step needs at least one sample")
         started = time.perf_counter()
+        prepared = self._prepare(samples)
+        totals, grad_norm = self._update(prepared)
+        self.step += 1
+        self.policy_version += 1
+        stats = self._step_stats(prepared, totals, grad_norm, time.perf_counter() - started)
+        config = self.config
+        if config.checkpoint_every and self.step % config.checkpoint_every == 0:
+            save_periodic_checkpoint(self, str(config.checkpoint_dir), config.keep_checkpoints)
+        return stats
+
+    def _prepare(self, samples: Sequence[TrainingSample]) -> PreparedUpdate:
+        """Micro-batches of ``samples`` with what the update consumes: old logprobs (the engine's, or
+        recomputed up front with several epochs), the engine's for truncated IS, per-token
+        advantages, the reference's logprobs with a KL penalty."""
         config = self.config
         sequences = sample_sequences(samples)
-        groups = micro_batches(sequences, self.config.micro_batch_tokens)
-        batches = [self._pad(sequences, rows) for rows in groups]
-        total_tokens = float(sum(s.loss_token_count for s in samples))
-        total_sequences = float(len(samples))
-        scale_factor = config.loss_scale_factor or max(len(s.response_token_ids) for s in samples)
-        agg_kwargs = {"batch_num_tokens": total_tokens, "global_batch_size": total_sequences,
-                      "loss_scale_factor": scale_factor}
-
+        batches = [self._pad(sequences, rows) for rows in micro_batches(sequences, config.micro_batch_tokens)]
         # Old logprobs: the engine's when given. Missing ones are the current policy's; with a
         # single epoch the weights do not change before the loss is taken, so they are the
         # detached logprobs of the training forward pass itself (no extra forward pass).
         given_old = self._usable_old_logprobs(samples)
-        # Truncated IS (asynchronous training): old logprobs are the current weights', the
-        # engine's only weigh each token by min(exp(old - engine), cap).
-        is_cap = config.rollout_is_cap
-        engine_old: list[torch.Tensor] = []
-        old, missing_rows, ref, advantages = [], [], [], []
-        recompute_up_front = config.ppo_epochs > 1
+        is_cap = config.rollout_is_cap  # truncated IS: old logprobs are the current weights' then
+        prepared = PreparedUpdate(samples, sequences, batches, float(sum(s.loss_token_count for s in samples)))
         self.model.eval()
         with torch.no_grad():
             for batch in batches:
@@ -202,85 +207,100 @@ class TorchTrainer:
                 missing = torch.tensor([given_old[i] is None or is_cap > 0 for i in batch.rows],
                                        device=self.device).unsqueeze(1)
                 recomputed = (self._token_logprobs(self.model, batch)
-                              if recompute_up_front and bool(missing.any()) else None)
-                old_values = torch.zeros_like(batch.response_mask)
+                              if config.ppo_epochs > 1 and bool(missing.any()) else None)
+                given = torch.zeros_like(batch.response_mask)
                 adv = torch.zeros_like(batch.response_mask)
                 for b, i in enumerate(batch.rows):
-                    given = given_old[i]
-                    if given is not None:
-                        old_values[b, : lengths[b]] = torch.tensor(loss_token_values(samples[i], given))
-                    if recomputed is not None and (given is None or is_cap > 0):
-                        old_values[b] = recomputed[b].float()
+                    engine_values = given_old[i]
+                    if engine_values is not None:
+                        given[b, : lengths[b]] = torch.tensor(loss_token_values(samples[i], engine_values))
                     adv[b, : lengths[b]] = torch.tensor(loss_token_values(samples[i], samples[i].response_advantages))
+                old_values = given.clone()
+                if recomputed is not None:
+                    old_values = torch.where(missing, recomputed.float(), old_values)
                 if is_cap > 0:  # the engine's logprobs; NaN (weight 1) where a row has none
-                    engine = torch.full_like(batch.response_mask, float("nan"))
-                    for b, i in enumerate(batch.rows):
-                        given = given_old[i]
-                        if given is not None:
-                            engine[b, : lengths[b]] = torch.tensor(loss_token_values(samples[i], given))
-                    engine_old.append(engine)
-                old.append(old_values * batch.response_mask)
-                missing_rows.append(missing if recomputed is None else torch.zeros_like(missing))
-                advantages.append(adv)
+                    has_engine = torch.tensor([given_old[i] is not None for i in batch.rows],
+                                              device=self.device).unsqueeze(1)
+                    prepared.engine_old.append(torch.where(has_engine, given, torch.full_like(given, float("nan"))))
+                prepared.old.append(old_values * batch.response_mask)
+                prepared.missing_rows.append(missing if recomputed is None else torch.zeros_like(missing))
+                prepared.advantages.append(adv)
                 if config.kl_coef > 0:
-                    ref.append(self._reference_logprobs(batch))
+                    prepared.ref.append(self._reference_logprobs(batch))
         self.model.train()
+        return prepared
 
-        totals = {"pg_loss": 0.0, "kl_loss": 0.0, "pg_clipfrac": 0.0, "ppo_kl": 0.0, "pg_clipfrac_lower": 0.0}
-        if is_cap > 0:
+    def _update(self, prepared: PreparedUpdate) -> tuple[dict[str, float], float]:
+        """``ppo_epochs`` optimizer steps over the prepared micro-batches; summed statistics and the
+        last gradient norm."""
+        config = self.config
+        samples = prepared.samples
+        agg_kwargs = {"batch_num_tokens": prepared.total_tokens, "global_batch_size": float(len(samples)),
+                      "loss_scale_factor": config.loss_scale_factor or max(len(s.response_token_ids) for s in samples)}
+        totals = dict.fromkeys(("pg_loss", "kl_loss", "pg_clipfrac", "ppo_kl", "pg_clipfrac_lower"), 0.0)
+        if config.rollout_is_cap > 0:
             totals.update(rollout_is_mean=0.0, rollout_is_truncated=0.0)
         grad_norm = 0.0
         for _epoch in range(config.ppo_epochs):
             self.optimizer.zero_grad(set_to_none=True)
-            for number, batch in enumerate(batches):
-                logprobs = self._token_logprobs(self.model, batch)
-                old_logprobs = torch.where(missing_rows[number], logprobs.detach() * batch.response_mask,
-                                           old[number])
-                is_weights = None
-                if is_cap > 0:
-                    engine = torch.where(torch.isnan(engine_old[number]), old_logprobs, engine_old[number])
-                    is_weights, is_metrics = grpo.truncated_is_weights(old_logprobs, engine, batch.response_mask,
-                                                                       is_cap)
-                pg_loss, metrics = grpo.policy_loss_dual_clip(
-                    old_logprobs, logprobs, advantages[number], batch.response_mask,
-                    clip_ratio_low=config.clip_ratio_low, clip_ratio_high=config.clip_ratio_high,
-                    clip_ratio_c=config.clip_ratio_c, loss_agg_mode=config.loss_agg_mode,
-                    token_weights=is_weights, **agg_kwargs)
-                if is_weights is not None:
-                    metrics = {**metrics, **is_metrics}
-                loss = pg_loss
-                if config.kl_coef > 0:
-                    kl = grpo.kl_penalty(logprobs, ref[number], config.kl_estimator)
-                    kl_loss = grpo.agg_loss(kl, batch.response_mask, config.loss_agg_mode, **agg_kwargs)
-                    loss = loss + config.kl_coef * kl_loss
-                    totals["kl_loss"] += float(kl_loss.detach())
-                loss.backward()
-                share = float(batch.response_mask.sum()) / total_tokens
-                totals["pg_loss"] += float(pg_loss.detach())
-                for key in ("pg_clipfrac", "ppo_kl", "pg_clipfrac_lower", "rollout_is_mean", "rollout_is_truncated"):
-                    if key in totals:
-                        totals[key] += metrics[key] * share
+            for number in range(len(prepared.batches)):
+                self._micro_batch_loss(prepared, number, agg_kwargs, totals)
             grad_norm = self.clip_and_step(self.optimizer)
-        self.step += 1
-        self.policy_version += 1
-        seconds = time.perf_counter() - started
+        return totals, grad_norm
+
+    def _micro_batch_loss(self, prepared: PreparedUpdate, number: int, agg_kwargs: dict,
+                          totals: dict[str, float]) -> None:
+        """Forward and backward of micro-batch ``number``; its statistics added to ``totals``."""
+        config, batch = self.config, prepared.batches[number]
+        logprobs = self._token_logprobs(self.model, batch)
+        old_logprobs = torch.where(prepared.missing_rows[number], logprobs.detach() * batch.response_mask,
+                                   prepared.old[number])
+        is_weights: torch.Tensor | None = None
+        metrics: dict[str, float] = {}
+        if config.rollout_is_cap > 0:
+            engine = prepared.engine_old[number]
+            engine = torch.where(torch.isnan(engine), old_logprobs, engine)
+            is_weights, metrics = losses.truncated_is_weights(old_logprobs, engine, batch.response_mask,
+                                                              config.rollout_is_cap)
+        pg_loss, pg_metrics = losses.policy_loss_dual_clip(
+            old_logprobs, logprobs, prepared.advantages[number], batch.response_mask,
+            clip_ratio_low=config.clip_ratio_low, clip_ratio_high=config.clip_ratio_high,
+            clip_ratio_c=config.clip_ratio_c, loss_agg_mode=config.loss_agg_mode,
+            token_weights=is_weights, **agg_kwargs)
+        metrics = {**pg_metrics, **metrics}
+        loss = pg_loss
+        if config.kl_coef > 0:
+            kl = losses.kl_penalty(logprobs, prepared.ref[number], config.kl_estimator)
+            kl_loss = losses.agg_loss(kl, batch.response_mask, config.loss_agg_mode, **agg_kwargs)
+            loss = loss + config.kl_coef * kl_loss
+            totals["kl_loss"] += float(kl_loss.detach())
+        loss.backward()
+        share = float(batch.response_mask.sum()) / prepared.total_tokens
+        totals["pg_loss"] += float(pg_loss.detach())
+        for key in ("pg_clipfrac", "ppo_kl", "pg_clipfrac_lower", "rollout_is_mean", "rollout_is_truncated"):
+            if key in totals:
+                totals[key] += metrics[key] * share
+
+    def _step_stats(self, prepared: PreparedUpdate, totals: dict[str, float], grad_norm: float,
+                    seconds: float) -> dict[str, float]:
+        """The statistics of one ``grpo_step`` (per-epoch means of the summed losses)."""
+        config, samples = self.config, prepared.samples
+        tokens = float(sum(len(seq) for seq, _ in prepared.sequences))
         stats = {key: value / config.ppo_epochs for key, value in totals.items()}
         stats.update({
             "loss": stats["pg_loss"] + config.kl_coef * stats["kl_loss"],
             "grad_norm": grad_norm,
             "samples": float(len(samples)),
-            "response_tokens": total_tokens,
-            "tokens": float(sum(len(seq) for seq, _ in sequences)),
-            "micro_batches": float(len(batches)),
+            "response_tokens": prepared.total_tokens,
+            "tokens": tokens,
+            "micro_batches": float(len(prepared.batches)),
             "advantage_mean": sum(float(s.advantage) for s in samples) / len(samples),
             "lr": self.optimizer.param_groups[0]["lr"],
             "seconds": seconds,
-            "tokens_per_s": float(sum(len(seq) for seq, _ in sequences)) * config.ppo_epochs / max(seconds, 1e-9),
+            "tokens_per_s": tokens * config.ppo_epochs / max(seconds, 1e-9),
             "step": float(self.step),
             "policy_version": float(self.policy_version),
         })
-        if config.checkpoint_every and self.step % config.checkpoint_every == 0:
-            save_periodic_checkpoint(self, str(config.checkpoint_dir), config.keep_checkpoints)
         return stats
 
     @staticmethod

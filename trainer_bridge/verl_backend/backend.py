@@ -1,7 +1,8 @@
 """The verl backend behind ``backend.PolicyBackend``: verl's FSDP2 workers update, vLLM serves.
 
-``start_verl_backend(settings, checkpoint_dir)`` is what ``backend.make_backend`` calls for
-``backend: verl``. It composes verl's own config from spanrl's settings (``config.py``), starts
+``start_backend(run)`` is what ``backend.make_backend`` calls for ``backend: verl``, with a
+``BackendRun`` whose ``options`` are the ``verl:`` block. It composes verl's own config from the
+run (``config.py``: the neutral algorithm config mapped onto verl's actor), starts
 Ray, verl's actor workers and vLLM replicas (``workers.py``) and the gateway that gives agents
 one stable URL in front of the replicas (``gateway.py``). Each ``update``:
 
@@ -24,10 +25,12 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from spanrl.errors import UserError
-from spanrl.trainer_bridge.backend import BackendUnavailable, TrainingSample, UpdateStats
+from spanrl.trainer_bridge.backend import BackendRun, BackendUnavailable, TrainingSample, UpdateStats
+
+from .metrics import flatten_metrics
 
 if TYPE_CHECKING:
-    from spanrl.trainer_bridge.train_settings import TrainSettings
+    from .config import VerlConfig
 
 logger = logging.getLogger(__name__)
 
@@ -52,9 +55,10 @@ class VerlWorkerFailed(UserError):
 class VerlBackend:
     """A ``PolicyBackend`` over verl's workers and vLLM replicas, behind one gateway URL."""
 
-    def __init__(self, settings: TrainSettings, workers: Any, gateway: Any, tokenizer: Any,
+    def __init__(self, run: BackendRun, workers: Any, gateway: Any, tokenizer: Any,
                  policy_version: int = 0, step: int = 0) -> None:
-        self.settings = settings
+        self.run = run
+        self.verl: VerlConfig = run.options
         self.workers = workers
         self.gateway = gateway
         self.tokenizer = tokenizer
@@ -77,7 +81,7 @@ class VerlBackend:
         """verl's batch of ``samples``, padded with the tokenizer's pad id (eos when it has none)."""
         from .batch import build_verl_batch
 
-        verl = self.settings.verl
+        verl = self.verl
         pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.tokenizer.eos_token_id
         return build_verl_batch(samples, pad_token_id=int(pad_id), max_prompt_length=verl.max_prompt_length,
                                 max_response_length=verl.max_response_length, temperature=verl.temperature)
@@ -109,9 +113,9 @@ class VerlBackend:
             raise
         finally:
             self.gateway.resume()
-        every = self.settings.checkpoint_every
+        every = self.run.checkpoint_every
         if every and self.step % every == 0:
-            self.save_checkpoint(os.path.join(self.settings.output_dir, "checkpoints"))
+            self.save_checkpoint(self.run.checkpoint_dir)
         seconds = time.perf_counter() - started
         details = {**metrics, **timings, "dropped_overlong": float(batch.dropped_overlong),
                    "samples": float(len(samples) - batch.dropped_overlong - batch.dropped_empty)}
@@ -203,7 +207,7 @@ class VerlBackend:
         """verl's checkpoint of the actor (model, optimizer, RNG; resumable) under
         ``root/step-N/actor``; returns the Hugging Face model verl writes inside it."""
         path = os.path.join(os.path.abspath(root), f"step-{self.step:06d}")
-        keep = self.settings.trainer.keep_checkpoints or None
+        keep = self.verl.keep_checkpoints or None
         self.workers.actor.save_checkpoint(os.path.join(path, "actor"), None, self.step, keep)
         with open(os.path.join(path, VERSION_FILE), "w") as f:
             json.dump({"policy_version": self._policy_version, "step": self.step}, f)
@@ -214,18 +218,6 @@ class VerlBackend:
             self.gateway.stop()
         finally:
             self.workers.shutdown()
-
-
-def flatten_metrics(metrics: dict[str, Any]) -> dict[str, float]:
-    """verl's per-micro-batch metric lists as one float each (their mean); ``actor/`` dropped."""
-    flat: dict[str, float] = {}
-    for key, value in metrics.items():
-        values = value if isinstance(value, list) else [value]
-        plain = [getattr(v, "value", v) for v in values]  # verl's Metric objects carry .value
-        numbers = [float(v) for v in plain if isinstance(v, int | float)]
-        if numbers:
-            flat[key.removeprefix("actor/")] = sum(numbers) / len(numbers)
-    return flat
 
 
 def pad_to_multiple(data: Any, multiple: int) -> Any:
@@ -257,24 +249,24 @@ def _latest_checkpoint(checkpoint_dir: str) -> tuple[str, int, int] | None:
     return path, int(saved["policy_version"]), int(saved["step"])
 
 
-def check_backend(settings: TrainSettings) -> bool:
+def check_backend(run: BackendRun) -> bool:
     """What can be known before starting anything: a model directory, CPU mode possible or a
     GPU there, verl and vLLM installed (one line each). Returns whether CPU mode is on."""
     from .config import resolve_cpu_mode
 
-    if not os.path.isfile(os.path.join(settings.model, "config.json")):
-        raise UserError(f"model {settings.model!r} is not a Hugging Face model directory (no config.json); "
+    if not os.path.isfile(os.path.join(run.model, "config.json")):
+        raise UserError(f"model {run.model!r} is not a Hugging Face model directory (no config.json); "
                         "create one with `spanrl model init DIR`")
-    cpu_mode = resolve_cpu_mode(settings.verl)
+    cpu_mode = resolve_cpu_mode(run.options)
     check_verl_installed()
     return cpu_mode
 
 
-def start_verl_backend(settings: TrainSettings, checkpoint_dir: str) -> VerlBackend:
-    """verl's workers and vLLM replicas for ``settings``, behind a gateway (module docstring)."""
+def start_backend(run: BackendRun) -> VerlBackend:
+    """verl's workers and vLLM replicas for ``run``, behind a gateway (module docstring)."""
     from .config import verl_overrides
 
-    cpu_mode = check_backend(settings)
+    cpu_mode = check_backend(run)
     from .workers import apply_cpu_mode_environment
 
     if cpu_mode:
@@ -285,24 +277,25 @@ def start_verl_backend(settings: TrainSettings, checkpoint_dir: str) -> VerlBack
     from .gateway import GatewayConfig, start_gateway
     from .workers import start_verl_workers
 
-    tokenizer = AutoTokenizer.from_pretrained(settings.model)
-    config = compose_verl_config(verl_overrides(settings, cpu_mode))
-    workers = start_verl_workers(config, cpu_mode, settings.verl.ray_address, settings.verl.ray_num_cpus)
+    verl, endpoint = run.options, run.endpoint
+    tokenizer = AutoTokenizer.from_pretrained(run.model)
+    config = compose_verl_config(verl_overrides(run, cpu_mode))
+    workers = start_verl_workers(config, cpu_mode, verl.ray_address, verl.ray_num_cpus)
     policy_version, step = 0, 0
     try:
-        latest = _latest_checkpoint(checkpoint_dir) if settings.resume else None
+        latest = _latest_checkpoint(run.checkpoint_dir) if run.resume else None
         if latest is not None:
             path, policy_version, step = latest
             workers.actor.load_checkpoint(os.path.join(path, "actor"))
             workers.sync_weights(policy_version)
             logger.info("resumed from %s (policy version %d)", path, policy_version)
         gateway = start_gateway(
-            GatewayConfig(host=settings.policy_host, port=settings.policy_port,
-                          served_model_name=settings.policy_model_name, temperature=settings.verl.temperature,
-                          validation_temperature=settings.val_temperature, pause_wait_s=settings.verl.pause_wait_s),
+            GatewayConfig(host=endpoint.host, port=endpoint.port, served_model_name=endpoint.model_name,
+                          model_names=endpoint.model_names, temperature=verl.temperature,
+                          validation_temperature=endpoint.validation_temperature, pause_wait_s=verl.pause_wait_s),
             workers.server_urls,
         )
     except BaseException:
         workers.shutdown()
         raise
-    return VerlBackend(settings, workers, gateway, tokenizer, policy_version=policy_version, step=step)
+    return VerlBackend(run, workers, gateway, tokenizer, policy_version=policy_version, step=step)

@@ -32,8 +32,8 @@ from verl.utils import tensordict_utils as tu
 from verl.utils.model import compute_position_id_with_mask
 from verl.workers.utils.padding import left_right_2_no_padding
 
+from ..advantages import weigh_rollouts_equally
 from ..backend import TrainingSample
-from ..grpo import weigh_rollouts_equally
 
 logger = logging.getLogger(__name__)
 
@@ -97,6 +97,24 @@ def build_verl_batch(samples: Sequence[TrainingSample], *, pad_token_id: int, ma
     """
     if max_prompt_length < 1 or max_response_length < 1:
         raise ValueError("max_prompt_length and max_response_length must be at least 1")
+    kept, dropped_overlong, dropped_empty = _samples_that_fit(samples, max_prompt_length, max_response_length)
+    tensors = _row_tensors(kept, pad_token_id, max_prompt_length, max_response_length)
+    has_logprobs = "rollout_log_probs" in tensors
+    non_tensors = {
+        "uid": np.array([s.group_id for s in kept], dtype=object),
+        "rollout_id": np.array([s.rollout_id for s in kept], dtype=object),
+        "turn_index": np.array([s.turn_index for s in kept], dtype=np.int64),
+    }
+    data = DataProto(batch=TensorDict(tensors, batch_size=len(kept)), non_tensor_batch=non_tensors,
+                     meta_info={"temperature": float(temperature)})
+    return VerlBatch(data=data, dropped_overlong=dropped_overlong, dropped_empty=dropped_empty,
+                     has_rollout_log_probs=has_logprobs)
+
+
+def _samples_that_fit(samples: Sequence[TrainingSample], max_prompt_length: int,
+                      max_response_length: int) -> tuple[list[TrainingSample], int, int]:
+    """``(kept, dropped over the limits, dropped empty)``; the kept ones re-weighed when per-rollout
+    loss weights were folded in and some were dropped. ``EmptyVerlBatch`` when none is left."""
     empty = [s for s in samples if not s.prompt_token_ids or not s.response_token_ids or not s.loss_token_count]
     usable = [s for s in samples if s.prompt_token_ids and s.response_token_ids and s.loss_token_count]
     kept = [s for s in usable if _fits(s, max_prompt_length, max_response_length)]
@@ -112,7 +130,13 @@ def build_verl_batch(samples: Sequence[TrainingSample], *, pad_token_id: int, ma
             "raise the limits so the agents' calls fit")
     if len(kept) < len(samples) and any(s.loss_weight is not None for s in kept):
         kept = weigh_rollouts_equally(kept)
+    return kept, dropped_overlong, len(empty)
 
+
+def _row_tensors(kept: list[TrainingSample], pad_token_id: int, max_prompt_length: int,
+                 max_response_length: int) -> dict[str, torch.Tensor]:
+    """The batch's tensors (``build_verl_batch``'s layout), ``rollout_log_probs`` only when every
+    sample has usable engine logprobs."""
     rows = len(kept)
     prompts = torch.full((rows, max_prompt_length), pad_token_id, dtype=torch.int64)
     responses = torch.full((rows, max_response_length), pad_token_id, dtype=torch.int64)
@@ -122,7 +146,6 @@ def build_verl_batch(samples: Sequence[TrainingSample], *, pad_token_id: int, ma
     advantages = torch.zeros((rows, max_response_length), dtype=torch.float32)
     scores = torch.zeros((rows, max_response_length), dtype=torch.float32)
     logprobs = [_usable_logprobs(s) for s in kept]
-    has_logprobs = all(values is not None for values in logprobs)
     rollout_log_probs = torch.zeros((rows, max_response_length), dtype=torch.float32)
     for row, sample in enumerate(kept):
         prompt_length, response_length = len(sample.prompt_token_ids), len(sample.response_token_ids)
@@ -140,34 +163,20 @@ def build_verl_batch(samples: Sequence[TrainingSample], *, pad_token_id: int, ma
         if values is not None:
             rollout_log_probs[row, :response_length] = (torch.tensor(list(values), dtype=torch.float32)
                                                         * response_mask[row, :response_length])
-    if not has_logprobs:
-        logger.info("%d of %d samples carry no usable engine logprobs: old log-probs are recomputed by verl",
-                    sum(values is None for values in logprobs), rows)
-
     attention_mask = torch.cat([prompt_mask, response_attention], dim=1)
     tensors: dict[str, torch.Tensor] = {
-        "prompts": prompts,
-        "responses": responses,
-        "response_mask": response_mask,
-        "input_ids": torch.cat([prompts, responses], dim=1),
-        "attention_mask": attention_mask,
+        "prompts": prompts, "responses": responses, "response_mask": response_mask,
+        "input_ids": torch.cat([prompts, responses], dim=1), "attention_mask": attention_mask,
         "position_ids": compute_position_id_with_mask(attention_mask),
-        "advantages": advantages,
-        "returns": advantages.clone(),
-        "token_level_scores": scores,
-        "token_level_rewards": scores.clone(),
+        "advantages": advantages, "returns": advantages.clone(),
+        "token_level_scores": scores, "token_level_rewards": scores.clone(),
     }
-    if has_logprobs:
+    if all(values is not None for values in logprobs):
         tensors["rollout_log_probs"] = rollout_log_probs
-    non_tensors = {
-        "uid": np.array([s.group_id for s in kept], dtype=object),
-        "rollout_id": np.array([s.rollout_id for s in kept], dtype=object),
-        "turn_index": np.array([s.turn_index for s in kept], dtype=np.int64),
-    }
-    data = DataProto(batch=TensorDict(tensors, batch_size=rows), non_tensor_batch=non_tensors,
-                     meta_info={"temperature": float(temperature)})
-    return VerlBatch(data=data, dropped_overlong=dropped_overlong, dropped_empty=len(empty),
-                     has_rollout_log_probs=has_logprobs)
+    else:
+        logger.info("%d of %d samples carry no usable engine logprobs: old log-probs are recomputed by verl",
+                    sum(values is None for values in logprobs), rows)
+    return tensors
 
 
 def to_worker_tensordict(batch: VerlBatch | DataProto, **meta: Any) -> TensorDict:

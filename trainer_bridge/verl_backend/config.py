@@ -1,8 +1,9 @@
 """Settings of the verl backend (the ``verl:`` block of ``train.yaml``) and their verl config.
 
 ``VerlConfig`` is torch-free and verl-free, so ``spanrl train --help`` lists it without
-importing either. ``verl_overrides(settings)`` turns spanrl's train settings into the
-Hydra overrides of verl's own ``ppo_trainer`` config; ``compose_verl_config`` applies them with
+importing either. ``verl_overrides(run, cpu_mode)`` turns a ``BackendRun`` (the neutral
+algorithm config, the model, the places, this block) into the Hydra overrides of verl's own
+``ppo_trainer`` config; ``compose_verl_config`` applies them with
 verl's config files. ``overrides`` passes any other verl setting through, last, so it wins.
 docs/verl.md has the table of which spanrl setting maps to which verl key.
 """
@@ -10,37 +11,46 @@ docs/verl.md has the table of which spanrl setting maps to which verl key.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from spanrl.settings_loader import setting
+from spanrl.trainer_bridge.algorithm import AlgorithmConfig
+
 if TYPE_CHECKING:
-    from spanrl.trainer_bridge.train_settings import TrainSettings
+    from spanrl.trainer_bridge.backend import BackendRun
+
+# knobs of the verl: block that the trainer: block also has (verl read the trainer's before;
+# train_settings still applies a trainer: value verl: leaves at its default, with a warning)
+TRAINER_KNOBS_VERL_HAS = ("lora_rank", "lora_alpha", "gradient_checkpointing", "micro_batch_tokens",
+                          "keep_checkpoints")
 
 
-def _setting(default: Any, help_text: str) -> Any:
-    if isinstance(default, list):
-        return field(default_factory=lambda: list(default), metadata={"help": help_text})
-    return field(default=default, metadata={"help": help_text})
 
 
 @dataclass(frozen=True)
 class VerlConfig:
     """How verl runs the update and vLLM serves the agents (``backend: verl``)."""
 
-    cpu_mode: str = _setting("auto", "auto (CPU mode when no CUDA GPU is visible) | on | off")
-    nnodes: int = _setting(1, "machines in the Ray cluster that train")
-    n_gpus_per_node: int = _setting(1, "GPUs per machine (CPU mode: worker processes)")
-    ray_address: str = _setting("", "join this Ray cluster (e.g. auto, or ray://host:10001); empty = start one")
-    ray_num_cpus: int = _setting(0, "CPUs a locally started Ray may use; 0 = Ray's default (CPU mode: at least 8)")
-    tensor_parallel_size: int = _setting(1, "GPUs per vLLM replica; replicas = all GPUs / this")
-    gpu_memory_utilization: float = _setting(0.5, "share of each GPU vLLM may take (the rest trains)")
-    max_prompt_length: int = _setting(1024, "longer prompts are dropped from the update and counted")
-    max_response_length: int = _setting(512, "longer responses are dropped from the update and counted")
-    temperature: float = _setting(1.0, "sampling temperature of every agent request (the gateway sets it): "
+    cpu_mode: str = setting("auto", "auto (CPU mode when no CUDA GPU is visible) | on | off")
+    nnodes: int = setting(1, "machines in the Ray cluster that train")
+    n_gpus_per_node: int = setting(1, "GPUs per machine (CPU mode: worker processes)")
+    ray_address: str = setting("", "join this Ray cluster (e.g. auto, or ray://host:10001); empty = start one")
+    ray_num_cpus: int = setting(0, "CPUs a locally started Ray may use; 0 = Ray's default (CPU mode: at least 8)")
+    tensor_parallel_size: int = setting(1, "GPUs per vLLM replica; replicas = all GPUs / this")
+    gpu_memory_utilization: float = setting(0.5, "share of each GPU vLLM may take (the rest trains)")
+    max_prompt_length: int = setting(1024, "longer prompts are dropped from the update and counted")
+    max_response_length: int = setting(512, "longer responses are dropped from the update and counted")
+    temperature: float = setting(1.0, "sampling temperature of every agent request (the gateway sets it): "
                                   "the update recomputes log-probs at this temperature")
-    dtype: str = _setting("auto", "vLLM and FSDP dtype: auto (bfloat16 on GPU, float32 on CPU) | float32 | bfloat16")
-    pause_wait_s: float = _setting(300.0, "agent requests arriving during a weight sync wait this long, then 503")
-    overrides: list = _setting([], "any other verl setting as KEY=VALUE (Hydra override syntax), applied last")
+    dtype: str = setting("auto", "vLLM and FSDP dtype: auto (bfloat16 on GPU, float32 on CPU) | float32 | bfloat16")
+    pause_wait_s: float = setting(300.0, "agent requests arriving during a weight sync wait this long, then 503")
+    lora_rank: int = setting(0, "> 0 trains a LoRA adapter of this rank instead of all weights")
+    lora_alpha: int = setting(32, "LoRA alpha")
+    gradient_checkpointing: bool = setting(False, "recompute activations in backward to save memory")
+    micro_batch_tokens: int = setting(8192, "tokens per GPU in one forward/backward pass (ppo_max_token_len_per_gpu)")
+    keep_checkpoints: int = setting(2, "checkpoints kept (older ones are deleted); 0 = all")
+    overrides: list = setting([], "any other verl setting as KEY=VALUE (Hydra override syntax), applied last")
 
 
 def cuda_available() -> bool:
@@ -66,36 +76,25 @@ def resolve_cpu_mode(config: VerlConfig) -> bool:
     return not cuda_available()
 
 
-def verl_overrides(settings: TrainSettings, cpu_mode: bool) -> list[str]:
-    """Hydra overrides of verl's ``ppo_trainer`` config for ``settings`` (user overrides last)."""
-    verl, trainer = settings.verl, settings.trainer
+def verl_overrides(run: BackendRun, cpu_mode: bool) -> list[str]:
+    """Hydra overrides of verl's ``ppo_trainer`` config for ``run`` (user overrides last)."""
+    verl, algorithm = run.options, run.algorithm
     dtype = verl.dtype if verl.dtype != "auto" else ("float32" if cpu_mode else "bfloat16")
     actor, rollout, model = "actor_rollout_ref.actor", "actor_rollout_ref.rollout", "actor_rollout_ref.model"
     values: dict[str, Any] = {
-        f"{model}.path": os.path.abspath(settings.model),
-        f"{model}.enable_gradient_checkpointing": trainer.gradient_checkpointing,
-        f"{model}.lora_rank": trainer.lora_rank,
-        f"{model}.lora_alpha": trainer.lora_alpha,
+        **algorithm_values(algorithm),
+        f"{model}.path": os.path.abspath(run.model),
+        f"{model}.enable_gradient_checkpointing": verl.gradient_checkpointing,
+        f"{model}.lora_rank": verl.lora_rank,
+        f"{model}.lora_alpha": verl.lora_alpha,
         f"{actor}.strategy": "fsdp2",
-        f"{actor}.optim.lr": settings.learning_rate,
-        f"{actor}.optim.weight_decay": trainer.weight_decay,
-        f"{actor}.optim.betas": f"[{trainer.betas[0]},{trainer.betas[1]}]",
-        f"{actor}.optim.clip_grad": trainer.grad_clip if trainer.grad_clip > 0 else 1e9,
-        f"{actor}.ppo_epochs": trainer.ppo_epochs,
-        f"{actor}.clip_ratio_low": trainer.clip_ratio_low,
-        f"{actor}.clip_ratio_high": trainer.clip_ratio_high,
-        f"{actor}.clip_ratio_c": trainer.clip_ratio_c,
-        f"{actor}.loss_agg_mode": settings.loss_agg_mode,
-        f"{actor}.use_kl_loss": settings.kl_coef > 0,
-        f"{actor}.kl_loss_coef": settings.kl_coef,
-        f"{actor}.kl_loss_type": trainer.kl_estimator,
         f"{actor}.entropy_coeff": 0,
         f"{actor}.shuffle": False,
-        f"{actor}.data_loader_seed": settings.seed,
+        f"{actor}.data_loader_seed": run.seed,
         # micro-batches by tokens (batch sizes vary step to step), as the embedded trainer does
         f"{actor}.use_dynamic_bsz": True,
-        f"{actor}.ppo_max_token_len_per_gpu": trainer.micro_batch_tokens,
-        f"{actor}.fsdp_config.seed": settings.seed,
+        f"{actor}.ppo_max_token_len_per_gpu": verl.micro_batch_tokens,
+        f"{actor}.fsdp_config.seed": run.seed,
         # checkpoints are verl's own (resumable) plus the Hugging Face model, ready to serve
         f"{actor}.checkpoint.save_contents": "[model,optimizer,extra,hf_model]",
         f"{rollout}.name": "vllm",
@@ -105,35 +104,60 @@ def verl_overrides(settings: TrainSettings, cpu_mode: bool) -> list[str]:
         f"{rollout}.dtype": dtype,
         f"{rollout}.load_format": "auto",
         f"{rollout}.calculate_log_probs": True,
-        f"{rollout}.seed": settings.seed,
+        f"{rollout}.seed": run.seed,
         f"{rollout}.n": 1,
         "data.max_prompt_length": verl.max_prompt_length,
         "data.max_response_length": verl.max_response_length,
         "trainer.n_gpus_per_node": verl.n_gpus_per_node,
         "trainer.nnodes": verl.nnodes,
         "trainer.device": "cpu" if cpu_mode else "cuda",
-        "trainer.default_local_dir": os.path.abspath(os.path.join(settings.output_dir, "checkpoints")),
+        "trainer.default_local_dir": os.path.abspath(run.checkpoint_dir),
     }
     if dtype == "float32":  # verl's FSDP otherwise computes in bf16 (autocast) whatever the weights
         for role in ("actor", "ref"):
             values[f"+actor_rollout_ref.{role}.fsdp_config.mixed_precision"] = (
                 "{param_dtype:fp32,reduce_dtype:fp32,buffer_dtype:fp32}")
-    if settings.loss_agg_mode == "token-mean" and trainer.loss_scale_factor is not None:
-        values[f"{actor}.loss_scale_factor"] = trainer.loss_scale_factor
+    if algorithm.loss_agg_mode == "token-mean" and algorithm.loss_scale_factor is not None:
+        values[f"{actor}.loss_scale_factor"] = algorithm.loss_scale_factor
     if cpu_mode:
-        values.update({
-            # no flash-attention kernels on CPU: padded batches with sdpa are exact
-            f"{model}.use_remove_padding": False,
-            f"+{model}.override_config.attn_implementation": "sdpa",
-            f"{actor}.use_torch_compile": False,
-            f"{actor}.fsdp_config.use_torch_compile": False,
-            f"{actor}.fsdp_config.dtype": "float32",
-            f"{actor}.fsdp_config.model_dtype": "fp32",
-            f"{rollout}.enforce_eager": True,
-            f"{rollout}.free_cache_engine": False,
-            f"+{rollout}.enable_sleep_mode": False,
-        })
+        values.update(_cpu_mode_values())
     return [f"{key}={_hydra_value(value)}" for key, value in values.items()] + [str(o) for o in verl.overrides]
+
+
+def algorithm_values(algorithm: AlgorithmConfig) -> dict[str, Any]:
+    """verl's actor keys of the neutral algorithm config (docs/verl.md has the table)."""
+    actor = "actor_rollout_ref.actor"
+    return {
+        f"{actor}.optim.lr": algorithm.learning_rate,
+        f"{actor}.optim.weight_decay": algorithm.weight_decay,
+        f"{actor}.optim.betas": f"[{algorithm.betas[0]},{algorithm.betas[1]}]",
+        f"{actor}.optim.clip_grad": algorithm.grad_clip if algorithm.grad_clip > 0 else 1e9,
+        f"{actor}.ppo_epochs": algorithm.ppo_epochs,
+        f"{actor}.clip_ratio_low": algorithm.clip_ratio_low,
+        f"{actor}.clip_ratio_high": algorithm.clip_ratio_high,
+        f"{actor}.clip_ratio_c": algorithm.clip_ratio_c,
+        f"{actor}.loss_agg_mode": algorithm.loss_agg_mode,
+        f"{actor}.use_kl_loss": algorithm.kl_coef > 0,
+        f"{actor}.kl_loss_coef": algorithm.kl_coef,
+        f"{actor}.kl_loss_type": algorithm.kl_estimator,
+    }
+
+
+def _cpu_mode_values() -> dict[str, Any]:
+    """What verl and vLLM need on CPU (no flash-attention kernels: padded batches with sdpa are exact)."""
+    actor, rollout, model = "actor_rollout_ref.actor", "actor_rollout_ref.rollout", "actor_rollout_ref.model"
+    return {
+        # no flash-attention kernels on CPU: padded batches with sdpa are exact
+        f"{model}.use_remove_padding": False,
+        f"+{model}.override_config.attn_implementation": "sdpa",
+        f"{actor}.use_torch_compile": False,
+        f"{actor}.fsdp_config.use_torch_compile": False,
+        f"{actor}.fsdp_config.dtype": "float32",
+        f"{actor}.fsdp_config.model_dtype": "fp32",
+        f"{rollout}.enforce_eager": True,
+        f"{rollout}.free_cache_engine": False,
+        f"+{rollout}.enable_sleep_mode": False,
+    }
 
 
 def _hydra_value(value: Any) -> str:

@@ -14,7 +14,9 @@ Public API (called by the verl backend)::
     handle.stop()
 
 ``GatewayConfig``: ``served_model_name`` (the name agents call; each request's model becomes the
-upstream's own, read from its ``/v1/models``), ``host`` (127.0.0.1), ``port`` (0: a free one),
+upstream's own, read from its ``/v1/models``), ``model_names`` (other names it answers to, ``*``:
+any, the default; a reply carries the name its request asked for, ``trainer_bridge/model_names.py``),
+``host`` (127.0.0.1), ``port`` (0: a free one),
 ``temperature`` (None: the agent's; set: every request is sampled at it, since the trainer
 recomputes log-probs at that temperature; an agent's other value is logged once per process),
 ``pause_wait_s`` (how long a request waits while paused before its 503), ``retry_after_s`` (the
@@ -50,6 +52,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from spanrl.errors import SettingError, UserError
+from spanrl.trainer_bridge.model_names import ANY_NAME, ServedModelNames
 from spanrl.trainer_bridge.verl_backend.gateway_app import create_app
 from spanrl.trainer_bridge.verl_backend.gateway_relay import watch_upstreams
 from spanrl.trainer_bridge.verl_backend.gateway_state import GatewayState, GatewayStats
@@ -65,6 +68,7 @@ class GatewayConfig:
     """How the gateway listens and what it does to requests (the module docstring says each field)."""
 
     served_model_name: str
+    model_names: tuple[str, ...] = (ANY_NAME,)
     host: str = "127.0.0.1"
     port: int = 0
     temperature: float | None = None
@@ -77,9 +81,15 @@ class GatewayConfig:
     log_level: str = "warning"  # uvicorn's
     spans_endpoint: str | None = None  # OTLP endpoint of its LLM spans; None: the environment's; "off": none
 
+    @property
+    def names(self) -> ServedModelNames:
+        return ServedModelNames.of((self.served_model_name, *self.model_names), self.served_model_name)
+
     def __post_init__(self) -> None:
         if not self.served_model_name:
             raise SettingError("the gateway needs served_model_name: the model name the agents call")
+        if not isinstance(self.model_names, tuple):
+            object.__setattr__(self, "model_names", tuple(self.model_names))
         if not 0 <= self.port <= 65535:
             raise SettingError(f"gateway port {self.port} is not a port number (0 picks a free one)")
         if self.temperature is not None and self.temperature < 0:

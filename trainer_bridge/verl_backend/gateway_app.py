@@ -33,7 +33,12 @@ from spanrl.trainer_bridge.verl_backend.gateway_relay import (
     open_stream,
     unreachable,
 )
-from spanrl.trainer_bridge.verl_backend.gateway_rewrite import GENERATION_PATHS, encode_json, rewrite_request
+from spanrl.trainer_bridge.verl_backend.gateway_rewrite import (
+    GENERATION_PATHS,
+    answer_as,
+    encode_json,
+    rewrite_request,
+)
 from spanrl.trainer_bridge.verl_backend.gateway_spans import GatewaySpanMiddleware
 from spanrl.trainer_bridge.verl_backend.gateway_state import GatewayError, GatewayState, Lease
 from spanrl.trainer_bridge.verl_backend.gateway_upstreams import NoUpstreamError, rollout_key
@@ -68,10 +73,10 @@ async def generate(request: Request) -> Response:
     state = GatewayState.of(request)
     authorize(state, request)
     body = await read_json_object(request)
-    served = state.config.served_model_name
-    if body.get("model") != served:
-        raise GatewayError(404, f"the model {body.get('model')!r} does not exist; this gateway serves {served!r}",
-                           "model_not_found", "invalid_request_error")
+    names = state.config.names
+    if not names.accepts(body.get("model")):
+        raise GatewayError(404, names.not_found(body.get("model")), "model_not_found", "invalid_request_error")
+    answer_as(str(body["model"]))  # replies carry the name the agent asked for
     if not await state.gate.enter(state.config.pause_wait_s):
         raise GatewayError(503, f"the policy is being updated and the gateway is paused; retry in "
                                 f"{state.config.retry_after_s} s", "gateway_paused",
@@ -98,7 +103,7 @@ async def generate(request: Request) -> Response:
 
 
 async def list_models(request: Request) -> Response:
-    """The upstream's model card under the served name (so ``max_model_len`` and the like pass)."""
+    """The upstream's model card under each listed name (so ``max_model_len`` and the like pass)."""
     state = GatewayState.of(request)
     authorize(state, request)
     try:
@@ -113,9 +118,9 @@ async def list_models(request: Request) -> Response:
         state.pool.mark_down(upstream, f"GET /v1/models failed: {type(exc).__name__}: {exc}")
         raise unreachable(upstream, exc) from exc
     upstream.model = str(card["id"])
-    card["id"] = state.config.served_model_name
     card.pop("root", None)  # the upstream's checkpoint path means nothing to an agent
-    return Response(encode_json({"object": "list", "data": [card]}), media_type="application/json",
+    cards = [{**card, "id": name} for name in state.config.names.names]
+    return Response(encode_json({"object": "list", "data": cards}), media_type="application/json",
                     headers={semconv.POLICY_VERSION_HEADER: str(state.policy_version)})
 
 

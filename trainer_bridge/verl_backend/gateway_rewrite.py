@@ -3,9 +3,13 @@
 Used by ``gateway_app.py``. On the way in (``rewrite_request``): the agent's model name becomes
 the upstream's, the temperature is pinned when the gateway is told to (the trainer recomputes
 log-probs at that temperature), and ``return_token_ids`` and logprobs are asked for, so every
-span carries the engine's token ids and logprobs whatever the agent asked. On the way out
+span carries the engine's token ids and logprobs whatever the agent asked (logprobs not for a
+grammar-constrained request: ``constrains_output``). On the way out
 (``rewrite_reply``, ``rewrite_sse_event``): the model name goes back to the one the agent used
-and the top-level ``policy_version`` is set, as spanrl's embedded server writes it.
+(``answer_as``, set per request: the gateway may answer any name) and the top-level
+``policy_version`` is set, as spanrl's embedded server writes it. Structured-output fields
+(``response_format``, ``text.format``, ``tools``' ``strict``, ``tool_choice``) pass unchanged:
+vLLM enforces them itself.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+from contextvars import ContextVar
 from typing import Any
 
 from spanrl.instrumentation import semconv
@@ -43,6 +48,15 @@ class _OnceFlag:
 
 
 _TEMPERATURE_OVERRIDE_WARNING = _OnceFlag()
+# the model name the current request asked for; its reply (each stream event too) carries it back
+_answered_name: ContextVar[str | None] = ContextVar("spanrl_gateway_model_name", default=None)
+
+
+def answer_as(name: str) -> None:
+    """The current request's replies carry ``name`` as their ``model``; it also goes on the
+    request's span (``gen_ai.request.model``)."""
+    _answered_name.set(name)
+    gateway_spans.note_request_model(name)
 
 
 def rewrite_request(body: dict[str, Any], path: str, upstream_model: str,
@@ -59,7 +73,7 @@ def rewrite_request(body: dict[str, Any], path: str, upstream_model: str,
         payload["temperature"] = temperature
     if path == CHAT_PATH:
         payload[semconv.REQUEST_RETURN_TOKEN_IDS] = True
-        if not payload.get("logprobs"):
+        if not payload.get("logprobs") and not constrains_output(body):
             payload["logprobs"] = True
     elif path == COMPLETIONS_PATH:
         payload[semconv.REQUEST_RETURN_TOKEN_IDS] = True
@@ -68,11 +82,23 @@ def rewrite_request(body: dict[str, Any], path: str, upstream_model: str,
     return payload
 
 
+def constrains_output(body: dict[str, Any]) -> bool:
+    """Whether vLLM decodes this chat request under a grammar (``response_format`` JSON, a forced
+    tool call, vLLM's ``structured_outputs``). vLLM's logprobs of such a request are of the
+    masked logits (renormalized over the allowed tokens), not the policy's: the gateway does not
+    ask for them, so the update recomputes the old log-probs with verl's actor (docs/policy.md)."""
+    response_format = body.get("response_format")
+    if isinstance(response_format, dict) and response_format.get("type") in ("json_object", "json_schema"):
+        return True
+    tool_choice = body.get("tool_choice")
+    return tool_choice == "required" or isinstance(tool_choice, dict) or bool(body.get("structured_outputs"))
+
+
 def rewrite_reply(data: Any, served_model: str, version: int) -> Any:
     """A successful JSON reply as the agent gets it: its model name, the policy version."""
     if isinstance(data, dict) and not data.get("error"):  # Responses bodies carry "error": null
         if "model" in data:
-            data["model"] = served_model
+            data["model"] = _answered_name.get() or served_model
         data[semconv.RESPONSE_POLICY_VERSION] = version
         gateway_spans.observe_reply(data)  # the gateway's own LLM span reads what the agent gets
     return data
@@ -96,6 +122,9 @@ def rewrite_sse_event(lines: list[str], served_model: str, version: int) -> byte
         except json.JSONDecodeError:
             data = None
         if isinstance(data, dict):
+            response = data.get("response")  # a Responses stream event carries its response object
+            if isinstance(response, dict) and "model" in response:
+                response["model"] = _answered_name.get() or served_model
             payload = json.dumps(rewrite_reply(data, served_model, version), separators=(",", ":"))
     return "".join(f"{line}\n" for line in [*other, f"data: {payload}"]).encode() + b"\n"
 
@@ -111,5 +140,7 @@ def sse_error_event(body: dict[str, Any]) -> bytes:
     return f"data: {json.dumps(body, separators=(',', ':'))}\n\n".encode()
 
 
-__all__ = ["CHAT_PATH", "COMPLETIONS_PATH", "GENERATION_PATHS", "RESPONSES_PATH", "encode_json", "error_body",
+__all__ = ["CHAT_PATH", "COMPLETIONS_PATH", "GENERATION_PATHS", "RESPONSES_PATH", "answer_as", "constrains_output",
+           "encode_json",
+           "error_body",
            "rewrite_reply", "rewrite_request", "rewrite_sse_event", "sse_error_event"]

@@ -27,6 +27,13 @@ def observe_reply(data: Any) -> None:
         call.replies.append(data)
 
 
+def note_request_model(name: str) -> None:
+    """The model name the current call asked for (``gen_ai.request.model`` on its span)."""
+    call = _current.get()
+    if call is not None:
+        call.request_model = name
+
+
 class GatewaySpanMiddleware:
     """ASGI middleware: one ``ServedCall`` per generating request, handed to ``spans`` when done."""
 
@@ -59,4 +66,4 @@ class GatewaySpanMiddleware:
                 self.spans.submit(call)
 
 
-__all__ = ["GatewaySpanMiddleware", "GENERATING_PATHS", "observe_reply"]
+__all__ = ["GatewaySpanMiddleware", "GENERATING_PATHS", "note_request_model", "observe_reply"]

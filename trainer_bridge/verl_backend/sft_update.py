@@ -66,7 +66,7 @@ def sft_actor_update(workers: Any, data: Any) -> dict[str, float]:
     response token before the step, ``grad_norm``, ``lr``, ...)."""
     from verl.utils import tensordict_utils as tu
 
-    from .backend import flatten_metrics
+    from .metrics import flatten_metrics
 
     td = sft_tensordict(data, workers.config.actor_rollout_ref.actor)
     output = workers.actor.update_actor(td)

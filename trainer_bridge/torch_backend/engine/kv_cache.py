@@ -26,6 +26,7 @@ class Row:
     choice: int
     generator: torch.Generator | None  # its own random stream when the request has a seed
     queued_at: float = 0.0  # time.monotonic() when it started waiting
+    matcher: Any = None  # its grammar's llguidance matcher when the request constrains its output (grammar.py)
     ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
@@ -61,6 +62,7 @@ class RunningBatch:
         self.positions = positions  # [rows]: position id of each row's next input token
         self.next_ids = torch.empty(0, dtype=torch.long)  # [rows]: each row's last sampled token, once sampled
         self.sampling = BatchSampling.for_rows(rows, attention.device)
+        self.prefetched_masks: Any = None  # the constrained rows' next masks (grammar.PrefetchedMasks)
 
     def append_column(self) -> torch.Tensor:
         """One more real column for every row (the token a decode step feeds); the new mask."""

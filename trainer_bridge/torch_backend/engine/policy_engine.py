@@ -20,6 +20,7 @@ import torch
 
 from spanrl.trainer_bridge.torch_backend.devices import resolve_device, resolve_dtype
 from spanrl.trainer_bridge.torch_backend.engine.detokenize import Detokenizer, end_of_sequence_ids
+from spanrl.trainer_bridge.torch_backend.engine.grammar import Grammars
 from spanrl.trainer_bridge.torch_backend.engine.kv_cache import AttentionMasks
 from spanrl.trainer_bridge.torch_backend.engine.requests import (
     ChoiceResult,
@@ -65,7 +66,8 @@ class PolicyEngine:
         self._scheduler = Scheduler(
             model, self._detokenizer, Sampler(self.device), self._masks,
             pad_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0,
-            version=version, max_batch_size=max_batch_size, batch_wait_s=batch_wait_s)
+            version=version, max_batch_size=max_batch_size, batch_wait_s=batch_wait_s,
+            grammars=Grammars(tokenizer, self._detokenizer))
         self.stats: EngineStats = self._scheduler.stats
 
     # ------------------------------------------------------------------ construction

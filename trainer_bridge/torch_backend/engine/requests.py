@@ -41,7 +41,9 @@ class EngineStoppedError(EngineError):
 
 @dataclass
 class SamplingParams:
-    """How to sample one request. ``top_k`` 0 or -1 and ``top_p`` 1.0 mean off."""
+    """How to sample one request. ``top_k`` 0 or -1 and ``top_p`` 1.0 mean off. ``grammar``: an
+    llguidance grammar (Lark text or its JSON form) every choice's tokens must follow (the
+    server's ``structured_output.py`` builds them); None: unconstrained, at no cost."""
 
     max_tokens: int | None = None
     temperature: float = 1.0
@@ -52,6 +54,7 @@ class SamplingParams:
     seed: int | None = None
     logprobs: bool = False
     top_logprobs: int = 0
+    grammar: str | None = None
 
     def validate(self, max_n: int) -> None:
         if self.temperature < 0:
@@ -217,6 +220,11 @@ class EngineLimits:
     max_n: int
 
 
+# how a user gets a longer context, said with every context error
+RAISE_CONTEXT = (" (the model's config.json max_position_embeddings; `spanrl model init --context-length N` "
+                 "creates a model with more)")
+
+
 def check_request(prompt_ids: list[int], params: SamplingParams, limits: EngineLimits) -> int:
     """Raise ``EngineError`` for bad params or a prompt that does not fit; return the most
     tokens the request may generate (``max_tokens``, else the room left in the context)."""
@@ -230,11 +238,11 @@ def check_request(prompt_ids: list[int], params: SamplingParams, limits: EngineL
     if room < 1:
         raise PromptTooLongError(
             f"the prompt has {len(prompt_ids)} tokens; this model's context is "
-            f"{limits.context_length} tokens", "messages")
+            f"{limits.context_length} tokens{RAISE_CONTEXT}", "messages")
     if params.max_tokens is not None and params.max_tokens > room:
         raise PromptTooLongError(
             f"prompt ({len(prompt_ids)} tokens) + max_tokens ({params.max_tokens}) exceeds "
-            f"this model's context of {limits.context_length} tokens", "max_tokens")
+            f"this model's context of {limits.context_length} tokens{RAISE_CONTEXT}", "max_tokens")
     return params.max_tokens or room
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -43,6 +43,7 @@ class BatchSampling:
     seeded: list[tuple[int, torch.Generator]]  # (index, its generator) of sampled rows with a seed
     want_logprobs: bool  # some row asked for logprobs
     want_top: int  # the most top logprobs a row asked for
+    constrained: list[tuple[int, Any]]  # (index, its grammar matcher) of rows whose output is constrained
 
     @classmethod
     def for_rows(cls, rows: list[Row], device: torch.device) -> BatchSampling:
@@ -61,7 +62,8 @@ class BatchSampling:
             shared=torch.tensor(shared, dtype=torch.long, device=device) if shared else None,
             seeded=[(i, r.generator) for i, r in enumerate(rows) if not greedy[i] and r.generator is not None],
             want_logprobs=any(p.logprobs for p in params),
-            want_top=max(p.top_logprobs for p in params))
+            want_top=max(p.top_logprobs for p in params),
+            constrained=[(i, r.matcher) for i, r in enumerate(rows) if r.matcher is not None])
 
 
 class Sampler:

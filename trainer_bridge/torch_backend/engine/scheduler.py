@@ -6,8 +6,10 @@ join the running batch at the next step (one prefill pass for the newcomers, who
 then merged into the batch's, see ``kv_cache.py``), and finished rows leave it at once. One
 forward pass per step decodes a token for every row (``sampling.py``), whose text and stop
 conditions ``detokenize.py`` follows; each token goes to its request as it is sampled, so
-streaming works inside a batch. New weights are applied only when no row is decoding (while a
-swap is pending no new row joins), so every sequence is produced by exactly one policy version.
+streaming works inside a batch. Rows whose request constrains its output (a grammar) sample
+from logits masked by ``grammar.py``, in the same batch as free rows, which are not touched.
+New weights are applied only when no row is decoding (while a swap is pending no new row
+joins), so every sequence is produced by exactly one policy version.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from typing import Any, NamedTuple
 import torch
 
 from spanrl.trainer_bridge.torch_backend.engine.detokenize import Detokenizer
+from spanrl.trainer_bridge.torch_backend.engine.grammar import Grammars, advance
 from spanrl.trainer_bridge.torch_backend.engine.kv_cache import (
     AttentionMasks,
     Row,
@@ -66,8 +69,9 @@ class Scheduler:
     """
 
     def __init__(self, model: Any, detokenizer: Detokenizer, sampler: Sampler, masks: AttentionMasks, *,
-                 pad_id: int, version: int, max_batch_size: int, batch_wait_s: float):
+                 pad_id: int, version: int, max_batch_size: int, batch_wait_s: float, grammars: Grammars):
         self.model = model
+        self.grammars = grammars
         self.detokenizer = detokenizer
         self.sampler = sampler
         self.masks = masks
@@ -102,6 +106,7 @@ class Scheduler:
         if self.thread is not None:
             self.thread.join(timeout)
             self.thread = None
+        self.grammars.close()
 
     def enqueue(self, request: GenerationRequest) -> None:
         if self.thread is None or self._stopping:
@@ -206,9 +211,17 @@ class Scheduler:
         if not isinstance(item, GenerationRequest):  # _WAKE
             return
         now = time.monotonic()
+        matchers: list[Any] = [None] * item.params.n
+        if item.params.grammar is not None:
+            try:
+                matchers = self.grammars.matchers(item.params.grammar, item.params.n)
+            except Exception as exc:  # a grammar llguidance refuses fails its request, not the engine
+                item.fail(exc if isinstance(exc, EngineError) else EngineError(f"output constraint: {exc}"))
+                return
         for choice in range(item.params.n):
             generator = self.sampler.generator_for(item.params, choice)
-            self._waiting.append(Row(request=item, choice=choice, generator=generator, queued_at=now))
+            self._waiting.append(Row(request=item, choice=choice, generator=generator, queued_at=now,
+                                     matcher=matchers[choice]))
 
     def _admit_waiting(self, running: RunningBatch | None) -> RunningBatch | None:
         """Continuous batching: waiting rows join the running batch now, at the next step,
@@ -296,8 +309,10 @@ class Scheduler:
         self.stats.forward_passes += 1
         self.stats.max_rows_in_batch = max(self.stats.max_rows_in_batch, len(batch.rows))
         logits = logits.float()
-        next_ids = self.sampler.sample(logits, batch.sampling)
-        chosen, top = sampled_logprobs(logits, next_ids, batch.sampling)
+        constrained = batch.sampling.constrained
+        allowed = self.grammars.mask(logits, constrained, batch.prefetched_masks) if constrained else logits
+        next_ids = self.sampler.sample(allowed, batch.sampling)
+        chosen, top = sampled_logprobs(logits, next_ids, batch.sampling)  # of the raw logits: see grammar.py
         next_list = next_ids.tolist()
         for i, row in enumerate(batch.rows):
             if row.request.is_cancelled:
@@ -305,6 +320,9 @@ class Scheduler:
                 continue
             self._append_token(row, i, next_list[i], None if chosen is None else chosen[i], top)
         batch.next_ids = next_ids
+        if constrained:  # the next step's masks, computed while its forward pass runs
+            going_on = [row.matcher for row in batch.rows if row.matcher is not None and not row.finished]
+            batch.prefetched_masks = self.grammars.prefetch(going_on) if going_on else None
 
     def _append_token(self, row: Row, index: int, token_id: int, logprob: float | None,
                       top: TopLogprobs | None) -> None:
@@ -312,6 +330,8 @@ class Scheduler:
         request = row.request
         params = request.params
         row.ids.append(token_id)
+        if row.matcher is not None:
+            advance(row.matcher, token_id)
         self.stats.tokens_generated += 1
         top_list = None
         if params.logprobs and logprob is not None:  # not None whenever a row of the batch wants logprobs

@@ -21,6 +21,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -83,7 +84,8 @@ class ProcessServerHandle:
 
 def serve_in_process(engine: PolicyEngine, host: str = "127.0.0.1", port: int = 0, api_token: str | None = None,
                      log_level: str = "warning", startup_timeout: float = 60.0,
-                     validation_temperature: float | None = None) -> ProcessServerHandle:
+                     validation_temperature: float | None = None,
+                     model_names: Sequence[str] = ()) -> ProcessServerHandle:
     """Serve ``engine`` over HTTP from a child process; ``port=0`` picks a free one.
 
     Starts the engine if it is not running (and then stops it in ``handle.stop()``). Raises
@@ -96,7 +98,7 @@ def serve_in_process(engine: PolicyEngine, host: str = "127.0.0.1", port: int = 
         logger.warning("no Unix socketpair here: the policy server's HTTP runs in this process")
         # a thread's handle: the same url, base_url and stop(), but no process to wait() for
         return serve_in_thread(engine, host, port, api_token, log_level,  # type: ignore[return-value]
-                               validation_temperature=validation_temperature)
+                               validation_temperature=validation_temperature, model_names=model_names)
     listener = socket.create_server((host, port), backlog=1024)
     bound_port = listener.getsockname()[1]
     ours, theirs = socket.socketpair()
@@ -114,6 +116,8 @@ def serve_in_process(engine: PolicyEngine, host: str = "127.0.0.1", port: int = 
         env[VALIDATION_TEMPERATURE_ENV] = repr(float(validation_temperature))
     command = [sys.executable, "-m", MODULE, "--engine-fd", str(theirs.fileno()),
                "--listen-fd", str(listener.fileno()), "--log-level", log_level]
+    for name in model_names:
+        command += ["--model-name", name]
     try:
         process = subprocess.Popen(command, pass_fds=(theirs.fileno(), listener.fileno()), env=env)
     finally:
@@ -133,7 +137,7 @@ def serve_in_process(engine: PolicyEngine, host: str = "127.0.0.1", port: int = 
     return handle
 
 
-def _run_front_end(engine_fd: int, listen_fd: int, log_level: str) -> int:
+def _run_front_end(engine_fd: int, listen_fd: int, log_level: str, model_names: Sequence[str] = ()) -> int:
     import uvicorn
 
     from spanrl.trainer_bridge.torch_backend.server.app import create_app
@@ -143,7 +147,8 @@ def _run_front_end(engine_fd: int, listen_fd: int, log_level: str) -> int:
     listener = socket.socket(fileno=listen_fd)
     validation_temperature = os.environ.get(VALIDATION_TEMPERATURE_ENV)
     app = create_app(engine, os.environ.get(TOKEN_ENV) or None,
-                     validation_temperature=None if validation_temperature is None else float(validation_temperature))
+                     validation_temperature=None if validation_temperature is None else float(validation_temperature),
+                     model_names=model_names)
     config = uvicorn.Config(app, log_level=log_level,
                             access_log=False, lifespan="off")
     server = uvicorn.Server(config)
@@ -165,9 +170,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--engine-fd", type=int, required=True, help="socket to the engine's process")
     parser.add_argument("--listen-fd", type=int, required=True, help="bound, listening HTTP socket")
     parser.add_argument("--log-level", default="warning")
+    parser.add_argument("--model-name", action="append", default=[], help="a name the server answers to ('*': any)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
-    return _run_front_end(args.engine_fd, args.listen_fd, args.log_level)
+    return _run_front_end(args.engine_fd, args.listen_fd, args.log_level, args.model_name)
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ import logging
 import secrets
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -23,6 +24,7 @@ from fastapi import Depends, FastAPI, Request
 
 from spanrl.instrumentation import semconv
 from spanrl.trainer_bridge.endpoint_spans import EndpointSpans
+from spanrl.trainer_bridge.model_names import ServedModelNames
 from spanrl.trainer_bridge.torch_backend.server import chat_completions, completions, models, policy, responses
 from spanrl.trainer_bridge.torch_backend.server.call_spans import CallSpanMiddleware
 from spanrl.trainer_bridge.torch_backend.server.errors import (
@@ -49,18 +51,20 @@ SPANS_FROM_ENVIRONMENT = "environment"  # create_app's default: EndpointSpans.fr
 
 def create_app(engine: ServedEngine, api_token: str | None = None,
                spans: EndpointSpans | None | str = SPANS_FROM_ENVIRONMENT,
-               validation_temperature: float | None = None) -> FastAPI:
+               validation_temperature: float | None = None, model_names: Sequence[str] = ()) -> FastAPI:
     """A FastAPI app serving ``engine``; requires ``Authorization: Bearer <api_token>`` if set.
 
     ``spans``: where its LLM span per generation request goes (``trainer_bridge/endpoint_spans.py``):
     by default as the environment says (off when it names no OTLP endpoint), None for none.
-    ``validation_temperature``: what validation rollouts are sampled at (``serving.ServerState``)."""
+    ``validation_temperature``: what validation rollouts are sampled at (``serving.ServerState``).
+    ``model_names``: the names it answers to (``*``: any; none: only the engine's own name)."""
     # a dependency rather than an HTTP middleware: Starlette's BaseHTTPMiddleware costs every
     # request an extra task and stream, which shows at small models' request rates; and only
     # when a token is set, since solving a dependency costs each request too
     dependencies = [Depends(_bearer_token_check(api_token))] if api_token else []
     app = FastAPI(title="spanrl policy server", docs_url=None, redoc_url=None, dependencies=dependencies)
-    app.state.server = ServerState(engine, validation_temperature=validation_temperature)
+    app.state.server = ServerState(engine, validation_temperature=validation_temperature,
+                                   model_names=ServedModelNames.of(model_names, engine.model_name))
     install_error_handlers(app)
     app.add_middleware(_BodyLimit, max_bytes=MAX_BODY_BYTES)
     if spans == SPANS_FROM_ENVIRONMENT:
@@ -144,7 +148,8 @@ class ServerHandle:
 
 def serve_in_thread(engine: PolicyEngine, host: str = "127.0.0.1", port: int = 0,
                     api_token: str | None = None, log_level: str = "warning",
-                    startup_timeout: float = 30.0, validation_temperature: float | None = None) -> ServerHandle:
+                    startup_timeout: float = 30.0, validation_temperature: float | None = None,
+                    model_names: Sequence[str] = ()) -> ServerHandle:
     """Run the server for ``engine`` in a daemon thread of this process; ``port=0`` picks a free one.
 
     Starts the engine if it is not running (and then stops it in ``handle.stop()``).
@@ -153,7 +158,7 @@ def serve_in_thread(engine: PolicyEngine, host: str = "127.0.0.1", port: int = 0
 
     owns_engine = not engine.is_running
     engine.start()
-    app = create_app(engine, api_token, validation_temperature=validation_temperature)
+    app = create_app(engine, api_token, validation_temperature=validation_temperature, model_names=model_names)
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level,
                             access_log=False, lifespan="off")
     server = uvicorn.Server(config)

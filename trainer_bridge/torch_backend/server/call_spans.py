@@ -42,6 +42,13 @@ def track_job(job: Any) -> None:
         record.job = job
 
 
+def note_request_model(name: str) -> None:
+    """The model name the current call asked for (``gen_ai.request.model`` on its span)."""
+    record = _current.get()
+    if record is not None:
+        record.served.request_model = name
+
+
 def note_response(body: Any) -> None:
     """A JSON response is being sent: remember its ``id``."""
     record = _current.get()
@@ -113,4 +120,5 @@ class CallSpanMiddleware:
         self.spans.submit(served)
 
 
-__all__ = ["CallSpanMiddleware", "GENERATING_PATHS", "note_response", "track_job", "watch_stream"]
+__all__ = ["CallSpanMiddleware", "GENERATING_PATHS", "note_request_model", "note_response", "track_job",
+           "watch_stream"]

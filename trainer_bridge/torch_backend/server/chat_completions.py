@@ -6,7 +6,9 @@ tokenize the messages (``chat_format``), hand the prompt to the engine (``servin
 the prompt by the chat template, a ``tool_choice`` that names a function (or ``required``) is
 steered by the opening of a call written at the end of the prompt (``tool_calls.tool_setup``),
 and the reply's calls are parsed into ``tool_calls`` (streamed as ``ToolCallStream`` deltas).
-The fields listed in ``protocol.IGNORED_CHAT_FIELDS`` are accepted and ignored (logged once).
+``response_format``, strict tools and forced calls become a grammar the engine decodes under
+(``structured_output.reply_grammar``). The fields listed in ``protocol.IGNORED_CHAT_FIELDS``
+are accepted and ignored (logged once).
 """
 
 from __future__ import annotations
@@ -56,6 +58,11 @@ from spanrl.trainer_bridge.torch_backend.server.serving import (
     token_events,
     wait_result,
 )
+from spanrl.trainer_bridge.torch_backend.server.structured_output import (
+    StructuredOutputError,
+    chat_answer_format,
+    reply_grammar,
+)
 from spanrl.trainer_bridge.torch_backend.server.tool_calls import (
     CallDelta,
     ParsedReply,
@@ -71,14 +78,17 @@ router = APIRouter()
 
 @router.post("/v1/chat/completions")
 async def create_chat_completion(request: Request) -> Response:
-    engine = ServerState.of(request).engine
+    state = ServerState.of(request)
+    engine = state.engine
     body = await read_body(request, ChatCompletionRequest)
-    check_model(engine, body.model)
+    check_model(state, body.model)
     setup = request_tool_setup(body)
+    grammar = request_grammar(body, setup)
     prompt_ids = encode_messages(engine, body, setup)
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
     top_logprobs = body.top_logprobs or 0
     params = sampling_params(body, max_tokens, body.logprobs or top_logprobs > 0, top_logprobs)
+    params.grammar = grammar
     response_id, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
     if body.stream:
         job, bridge = start_stream(engine, prompt_ids, params)
@@ -101,6 +111,15 @@ def request_tool_setup(body: ChatCompletionRequest) -> ToolSetup:
         return tool_setup(body.tools, body.tool_choice, body.parallel_tool_calls)
     except ToolChoiceError as exc:
         raise InvalidRequestError(str(exc), param="tool_choice") from exc
+
+
+def request_grammar(body: ChatCompletionRequest, setup: ToolSetup) -> str | None:
+    """The grammar the reply must follow (``response_format``, strict tools, a forced call), or
+    None; 400 naming the field for a format or schema that cannot be enforced."""
+    try:
+        return reply_grammar(chat_answer_format(body.response_format), setup)
+    except StructuredOutputError as exc:
+        raise InvalidRequestError(str(exc), param=exc.param) from exc
 
 
 def request_messages(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
@@ -156,7 +175,7 @@ def build_completion(engine: ServedEngine, body: ChatCompletionRequest, result: 
     completion_tokens = sum(len(c.token_ids) for c in result.choices)
     prompt_ids = result.prompt_token_ids
     return ChatCompletionResponse(
-        id=response_id, created=created, model=engine.model_name, choices=choices,
+        id=response_id, created=created, model=body.model, choices=choices,
         usage=Usage.of(len(prompt_ids), completion_tokens),
         prompt_token_ids=prompt_ids if body.return_token_ids else None,
         policy_version=result.policy_version)
@@ -194,7 +213,7 @@ class ChunkWriter:
 
     def chunk(self, choices: list[ChatCompletionChunkChoice], usage: Usage | None = None,
               prompt_token_ids: list[int] | None = None) -> ChatCompletionChunk:
-        return ChatCompletionChunk(id=self.response_id, created=self.created, model=self.engine.model_name,
+        return ChatCompletionChunk(id=self.response_id, created=self.created, model=self.body.model,
                                    choices=choices, usage=usage, prompt_token_ids=prompt_token_ids,
                                    policy_version=self.version)
 
@@ -242,4 +261,4 @@ def delta_tool_calls(pieces: Sequence[CallDelta]) -> list[DeltaToolCall]:
 
 
 __all__ = ["router", "assistant_message", "build_completion", "delta_tool_calls", "encode_messages",
-           "finish_reason_of", "request_messages", "request_tool_setup", "ChunkWriter"]
+           "finish_reason_of", "request_grammar", "request_messages", "request_tool_setup", "ChunkWriter"]

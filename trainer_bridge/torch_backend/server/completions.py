@@ -55,9 +55,10 @@ DEFAULT_MAX_TOKENS = 16  # OpenAI's default for this endpoint
 
 @router.post("/v1/completions")
 async def create_completion(request: Request) -> Response:
-    engine = ServerState.of(request).engine
+    state = ServerState.of(request)
+    engine = state.engine
     body = await read_body(request, CompletionRequest)
-    check_model(engine, body.model)
+    check_model(state, body.model)
     if body.echo:
         raise InvalidRequestError("echo is not supported by this server", param="echo")
     if isinstance(body.prompt, str):
@@ -104,7 +105,7 @@ def build_completion(engine: ServedEngine, body: CompletionRequest, result: Gene
             prompt_token_ids=result.prompt_token_ids if with_ids else None,
             token_ids=choice.token_ids if with_ids else None))
     completion_tokens = sum(len(c.token_ids) for c in result.choices)
-    return CompletionResponse(id=response_id, created=created, model=engine.model_name, choices=choices,
+    return CompletionResponse(id=response_id, created=created, model=body.model, choices=choices,
                               usage=Usage.of(len(result.prompt_token_ids), completion_tokens),
                               policy_version=result.policy_version)
 
@@ -119,7 +120,7 @@ class CompletionChunkWriter:
         self.response_id, self.created, self.version = response_id, created, version
 
     def chunk(self, choices: list[CompletionChoice], usage: Usage | None = None) -> CompletionResponse:
-        return CompletionResponse(id=self.response_id, created=self.created, model=self.engine.model_name,
+        return CompletionResponse(id=self.response_id, created=self.created, model=self.body.model,
                                   choices=choices, usage=usage, policy_version=self.version)
 
     async def events(self, bridge: StreamBridge) -> AsyncIterator[str]:

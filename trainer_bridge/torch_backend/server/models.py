@@ -1,6 +1,6 @@
-"""``GET /v1/models``: the one model this server serves, its context length, and per route the
-request fields it implements and those it accepts but ignores (``protocol.REQUEST_FIELDS``,
-``responses_protocol.RESPONSES_REQUEST_FIELDS``).
+"""``GET /v1/models``: the names this server's one model answers to (``model_names.py``; the
+first is its own), its context length, and per route the request fields it implements and
+those it accepts but ignores (``protocol.REQUEST_FIELDS``, ``responses_protocol.RESPONSES_REQUEST_FIELDS``).
 
 Included by ``app.create_app``. The header carries the serving policy version, which the
 engine's side pushes to a front end in another process as weights are swapped in.
@@ -20,10 +20,12 @@ router = APIRouter()
 
 @router.get("/v1/models")
 async def list_models(request: Request) -> Response:
-    engine = ServerState.of(request).engine
-    card = ModelCard(id=engine.model_name, max_model_len=engine.context_length,
-                     request_fields={**REQUEST_FIELDS, **RESPONSES_REQUEST_FIELDS})
-    return json_response(ModelList(data=[card]), engine.version)
+    state = ServerState.of(request)
+    engine = state.engine
+    fields = {**REQUEST_FIELDS, **RESPONSES_REQUEST_FIELDS}
+    cards = [ModelCard(id=name, max_model_len=engine.context_length, request_fields=fields)
+             for name in state.served_names().names]
+    return json_response(ModelList(data=cards), engine.version)
 
 
 __all__ = ["router"]

@@ -7,8 +7,8 @@ Used by every route module (``chat_completions.py``, ``completions.py``, ``model
 (as the field's wire alias); an extra is left out of a body when it was not asked for.
 
 Tool calling (``tools``, ``tool_choice``, ``parallel_tool_calls``, ``messages[].tool_calls``,
-``messages[].tool_call_id``) is implemented; the replies' ``tool_calls`` are ``ToolCallOut`` (and,
-streamed, ``DeltaToolCall`` pieces).
+``messages[].tool_call_id``) and structured outputs (``response_format``) are implemented; the
+replies' ``tool_calls`` are ``ToolCallOut`` (and, streamed, ``DeltaToolCall`` pieces).
 
 Requests accept fields they do not implement (OpenAI clients send many): ``ignored_fields``
 names them so the routes can log them, and ``REQUEST_FIELDS`` lists what is implemented and
@@ -92,6 +92,9 @@ class ChatCompletionRequest(SamplingRequest):
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None  # "auto" (default with tools), "none", "required", a function
     parallel_tool_calls: bool | None = None  # false: at most one call is returned
+    # {"type": "text" | "json_object"} or {"type": "json_schema", "json_schema": {"name", "schema", "strict"}}:
+    # enforced by grammar-constrained decoding (structured_output.py)
+    response_format: dict[str, Any] | None = None
 
     def ignored_fields(self) -> list[str]:
         names = set(super().ignored_fields())
@@ -117,7 +120,7 @@ class WeightsRequest(_Lenient):
 # Fields OpenAI's (or vLLM's) API defines that this server accepts and ignores. Any other
 # unknown field is ignored as well; every ignored field is logged once per server.
 IGNORED_CHAT_FIELDS = (
-    "functions", "function_call", "response_format",
+    "functions", "function_call",
     "frequency_penalty", "presence_penalty", "logit_bias", "user", "metadata", "store", "service_tier",
     "reasoning_effort", "modalities", "audio", "prediction", "web_search_options",
     "messages[].name",

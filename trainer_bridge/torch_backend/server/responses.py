@@ -11,8 +11,10 @@ answers with a response object, or with the event sequence the ``openai`` client
 docs/policy.md, Tool calling). As vLLM does on this route: ``enable_response_messages`` returns the
 prompt's and the reply's ids (``input_messages`` / ``output_messages``), ``include:
 ["message.output_text.logprobs"]`` the logprobs, and a reply cut by ``max_output_tokens`` ends
-with ``response.completed`` whose status is ``incomplete``. With ``store`` (the default) the
-conversation is kept (``response_store``) for follow-ups and ``GET /v1/responses/{id}``.
+with ``response.completed`` whose status is ``incomplete``. ``text.format``, strict function tools
+and a forced call become a grammar the engine decodes under (``structured_output.reply_grammar``).
+With ``store`` (the default) the conversation is kept (``response_store``) for follow-ups and
+``GET /v1/responses/{id}``.
 """
 
 from __future__ import annotations
@@ -62,6 +64,11 @@ from spanrl.trainer_bridge.torch_backend.server.serving import (
     token_events,
     wait_result,
 )
+from spanrl.trainer_bridge.torch_backend.server.structured_output import (
+    StructuredOutputError,
+    reply_grammar,
+    responses_answer_format,
+)
 from spanrl.trainer_bridge.torch_backend.server.tool_calls import (
     CallDelta,
     ParsedReply,
@@ -84,13 +91,15 @@ async def create_response(request: Request) -> Response:
     ignored = body.ignored_fields()
     if ignored:
         state.ignored_fields.note(request.url.path, ignored)
-    check_model(engine, body.model)
+    check_model(state, body.model)
     conversation = previous_conversation(state.response_store, body.previous_response_id)
     conversation += input_messages(body.input)
     if not conversation:
         raise InvalidRequestError("input: the request has no message to answer", param="input")
-    turn = ResponseTurn(engine, state.response_store, body, conversation, response_tool_setup(body))
+    setup = response_tool_setup(body)
+    turn = ResponseTurn(engine, state.response_store, body, conversation, setup)
     params = sampling_params(body)
+    params.grammar = response_grammar(body, setup)
     if body.stream:
         job, bridge = start_stream(engine, turn.prompt_ids, params)
         version = await stream_version(engine, job, bridge)
@@ -141,6 +150,7 @@ def response_tool_setup(body: ResponsesRequest) -> ToolSetup:
     """The request's function tools in the chat-completions form the template renders, and what
     its tool_choice asks for (400 naming the field)."""
     tools = []
+    strict = set()
     for index, tool in enumerate(body.tools or ()):
         if tool.get("type") != "function" or not isinstance(tool.get("name"), str):
             raise InvalidRequestError(f"tools[{index}]: this server offers function tools only, "
@@ -148,10 +158,20 @@ def response_tool_setup(body: ResponsesRequest) -> ToolSetup:
                                       param=f"tools[{index}]")
         function = {key: value for key, value in tool.items() if key not in ("type", "strict")}
         tools.append({"type": "function", "function": function})
+        if tool.get("strict") is not False:  # the Responses API's function tools are strict by default
+            strict.add(tool["name"])
     try:
-        return tool_setup(tools, body.tool_choice, body.parallel_tool_calls)
+        return tool_setup(tools, body.tool_choice, body.parallel_tool_calls, strict=frozenset(strict))
     except ToolChoiceError as exc:
         raise InvalidRequestError(str(exc), param="tool_choice") from exc
+
+
+def response_grammar(body: ResponsesRequest, setup: ToolSetup) -> str | None:
+    """The grammar the reply must follow (``text.format``, strict tools, a forced call), or None."""
+    try:
+        return reply_grammar(responses_answer_format(body.text), setup)
+    except StructuredOutputError as exc:
+        raise InvalidRequestError(str(exc), param=exc.param) from exc
 
 
 def sampling_params(body: ResponsesRequest) -> SamplingParams:
@@ -190,9 +210,11 @@ class ResponseTurn:
         body = self.body
         tool_fields: dict[str, Any] = {"tools": body.tools or [], "tool_choice": body.tool_choice or "auto",
                                        "parallel_tool_calls": body.parallel_tool_calls is not False}
+        if body.text and isinstance(body.text.get("format"), dict):  # echoed, as OpenAI does
+            tool_fields["text"] = {"format": body.text["format"]}
         return ResponsesResponse(**tool_fields,
             id=self.response_id, created_at=self.created_at, status=status, instructions=body.instructions,
-            max_output_tokens=body.max_output_tokens, metadata=body.metadata, model=self.engine.model_name,
+            max_output_tokens=body.max_output_tokens, metadata=body.metadata, model=body.model,
             output=output or [], previous_response_id=body.previous_response_id, store=body.store,
             temperature=params.temperature, top_p=params.top_p, top_logprobs=body.top_logprobs,
             policy_version=version, **fields)

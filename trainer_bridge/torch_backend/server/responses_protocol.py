@@ -52,6 +52,9 @@ class ResponsesRequest(_Lenient):
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None  # "auto", "none", "required", {"type": "function", "name"}
     parallel_tool_calls: bool | None = None
+    # {"format": {"type": "text" | "json_object"}} or {"format": {"type": "json_schema", "name", "schema",
+    # "strict"}}: enforced by grammar-constrained decoding (structured_output.py)
+    text: dict[str, Any] | None = None
 
     def ignored_fields(self) -> list[str]:
         return sorted(self.model_extra or ())
@@ -102,7 +105,7 @@ ITEM_MODELS: dict[str, type[_Lenient]] = {
 
 # Fields OpenAI's Responses API defines that this server accepts and ignores (logged once).
 IGNORED_RESPONSES_FIELDS = (
-    "max_tool_calls", "text", "reasoning", "truncation",
+    "max_tool_calls", "reasoning", "truncation",
     "user", "service_tier", "background", "prompt", "prompt_cache_key", "safety_identifier", "conversation",
 )
 RESPONSES_REQUEST_FIELDS: dict[str, dict[str, list[str]]] = {

@@ -23,6 +23,7 @@ from pydantic import BaseModel
 
 from spanrl.bridge_protocol import is_validation_rollout
 from spanrl.instrumentation import semconv
+from spanrl.trainer_bridge.model_names import ServedModelNames
 from spanrl.trainer_bridge.torch_backend.engine.requests import (
     EngineLimits,
     GenerationRequest,
@@ -93,6 +94,10 @@ class ServerState:
     # the temperature validation rollouts are sampled at (``spanrl train``'s val_temperature; 0:
     # greedy), whatever the agent asked for; None: the agent's own
     validation_temperature: float | None = None
+    model_names: ServedModelNames | None = None  # None: only the engine's own name
+
+    def served_names(self) -> ServedModelNames:
+        return self.model_names or ServedModelNames((self.engine.model_name,))
 
     @staticmethod
     def of(request: Request) -> ServerState:
@@ -126,10 +131,12 @@ def pin_validation_temperature(request: Request, body: Any) -> None:
         body.temperature = temperature
 
 
-def check_model(engine: ServedEngine, name: str) -> None:
-    if name != engine.model_name:
-        raise NotFoundError(f"the model {name!r} does not exist; this server serves {engine.model_name!r}",
-                            param="model", code="model_not_found")
+def check_model(state: ServerState, name: str) -> None:
+    """404 for a model name the server does not answer to; the name goes on the call's span."""
+    names = state.served_names()
+    if not names.accepts(name):
+        raise NotFoundError(names.not_found(name), param="model", code="model_not_found")
+    call_spans.note_request_model(name)
 
 
 def version_headers(version: int) -> dict[str, str]:

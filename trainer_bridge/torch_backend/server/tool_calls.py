@@ -109,11 +109,17 @@ def parse_tool_calls(text: str) -> ParsedReply:
 class ToolSetup:
     """What a request's ``tools`` / ``tool_choice`` / ``parallel_tool_calls`` mean for one call:
     the tools rendered into the prompt (none for ``tool_choice: none``), the text the server
-    writes at the start of the reply (``forced_prefix``), and whether replies are parsed for calls."""
+    writes at the start of the reply (``forced_prefix``), whether replies are parsed for calls,
+    and, for structured outputs (``structured_output.py``): the ``mode`` (``none``, ``auto``,
+    ``required``), the function a call is forced to (``chosen``: a named ``tool_choice``, or
+    ``required`` with one tool) and the names of the strict tools."""
 
     tools: tuple[dict[str, Any], ...] = ()
     forced_prefix: str = ""
     parallel: bool = True
+    mode: str = "none"
+    chosen: str | None = None
+    strict: frozenset[str] = frozenset()
 
     @property
     def parses_calls(self) -> bool:
@@ -140,8 +146,10 @@ def chosen_function(tool_choice: Any) -> str | None:
     return name
 
 
-def tool_setup(tools: list[dict[str, Any]] | None, tool_choice: Any, parallel_tool_calls: bool | None) -> ToolSetup:
-    """The ``ToolSetup`` of a request (``tools`` in the chat-completions form)."""
+def tool_setup(tools: list[dict[str, Any]] | None, tool_choice: Any, parallel_tool_calls: bool | None,
+               strict: frozenset[str] | None = None) -> ToolSetup:
+    """The ``ToolSetup`` of a request (``tools`` in the chat-completions form). ``strict``: the
+    names of the strict tools (default: those whose ``function.strict`` is true)."""
     offered = tuple(tools or ())
     if tool_choice is None:
         tool_choice = "auto"
@@ -151,19 +159,24 @@ def tool_setup(tools: list[dict[str, Any]] | None, tool_choice: Any, parallel_to
         return ToolSetup()
     names = [name for name in (tool_name(tool) for tool in offered) if name is not None]
     named = chosen_function(tool_choice)
+    mode = "required"
     if named is not None:
         if named not in names:
             raise ToolChoiceError(f"tool_choice names {named!r}, which is not among the tools offered: "
                                   f"{', '.join(str(n) for n in names)}")
-        prefix = forced_prefix(named)
     elif tool_choice == "required":
-        prefix = forced_prefix(names[0]) if len(names) == 1 else CALL_OPEN + '\n{"name": "'
+        named = names[0] if len(names) == 1 else None
     elif tool_choice == "auto":
-        prefix = ""
+        mode = "auto"
     else:
         raise ToolChoiceError(f"tool_choice must be \"auto\", \"none\", \"required\" or a named function, "
                               f"got {tool_choice!r}")
-    return ToolSetup(tools=offered, forced_prefix=prefix, parallel=parallel_tool_calls is not False)
+    prefix = "" if mode == "auto" else forced_prefix(named) if named is not None else CALL_OPEN + '\n{"name": "'
+    if strict is None:
+        strict = frozenset(name for name, tool in zip(map(tool_name, offered), offered, strict=True)
+                           if name is not None and (tool.get("function") or {}).get("strict") is True)
+    return ToolSetup(tools=offered, forced_prefix=prefix, parallel=parallel_tool_calls is not False, mode=mode,
+                     chosen=named, strict=strict)
 
 
 def forced_prefix(name: str) -> str:

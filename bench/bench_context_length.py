@@ -1,0 +1,80 @@
+"""What a long prompt costs the embedded engine: time and memory by prompt length, per preset.
+
+``spanrl model init`` presets take 4,096 tokens of context. The context itself costs nothing
+(RoPE positions are computed, not stored; the weights do not grow); a prompt that uses it does:
+the prefill pass's attention and the KV cache grow with its length, each decode step reads the
+whole cache. For each preset and prompt length this creates a model, runs one request
+(prompt + ``--max-tokens``) a few times on the engine alone and prints the prefill time, the
+time per decoded token, and the process's peak resident memory (``ru_maxrss``) growth over the
+run at that length. One process per measurement, so peaks do not carry over.
+
+    python bench/bench_context_length.py [--presets tiny small --lengths 256 1024 2048 4000 --max-tokens 32]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+
+def measure(model_dir: str, length: int, max_tokens: int, repeat: int) -> dict:
+    """In this process: prefill seconds, seconds per decoded token, peak RSS growth (MiB)."""
+    import torch
+
+    from spanrl.trainer_bridge.torch_backend.engine.policy_engine import PolicyEngine, SamplingParams
+
+    torch.set_num_threads(1)
+    engine = PolicyEngine.from_pretrained(model_dir, device="cpu", dtype="float32").start()
+    engine.eos_ids = set()  # decode exactly max_tokens
+    try:
+        prompt = [3 + (i % 200) for i in range(length)]
+        engine.generate(prompt[:16], SamplingParams(max_tokens=2))  # warm-up
+        base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        prefill, per_token = [], []
+        for _ in range(repeat):
+            started = time.perf_counter()
+            engine.generate(prompt, SamplingParams(max_tokens=1))
+            prefill.append(time.perf_counter() - started)
+            started = time.perf_counter()
+            engine.generate(prompt, SamplingParams(max_tokens=max_tokens))
+            per_token.append((time.perf_counter() - started - prefill[-1]) / (max_tokens - 1))
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    finally:
+        engine.stop()
+    return {"prefill_s": min(prefill), "decode_s_per_token": min(per_token), "peak_growth_mib": (peak - base) / 1024}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--presets", nargs="+", default=["tiny", "small"])
+    parser.add_argument("--lengths", nargs="+", type=int, default=[256, 1024, 2048, 4000])
+    parser.add_argument("--max-tokens", type=int, default=32)
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--one", nargs=2, metavar=("MODEL_DIR", "LENGTH"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.one:
+        print(json.dumps(measure(args.one[0], int(args.one[1]), args.max_tokens, args.repeat)))
+        return
+    with tempfile.TemporaryDirectory() as scratch:
+        for preset in args.presets:
+            model_dir = str(Path(scratch) / preset)
+            subprocess.run([sys.executable, "-m", "spanrl", "--log-level", "WARNING", "model", "init", model_dir,
+                            "--preset", preset], check=True, stdout=subprocess.DEVNULL)
+            for length in args.lengths:
+                done = subprocess.run([sys.executable, __file__, "--one", model_dir, str(length),
+                                       "--max-tokens", str(args.max_tokens), "--repeat", str(args.repeat)],
+                                      check=True, capture_output=True, text=True)
+                row = json.loads(done.stdout.strip().splitlines()[-1])
+                print(f"{preset:6s} prompt {length:5d} tokens: prefill {1000 * row['prefill_s']:7.1f} ms, "
+                      f"decode {1000 * row['decode_s_per_token']:6.2f} ms/token, "
+                      f"peak memory +{row['peak_growth_mib']:6.1f} MiB", flush=True)
+
+
+if __name__ == "__main__":
+    main()

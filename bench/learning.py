@@ -1,0 +1,264 @@
+"""Does training make the agents better on tasks they have not seen? Held-out accuracy per arm.
+
+For each task (``sql_agent``: LangGraph, writer + rewriter trained; ``retrieval_qa``: OpenAI Agents
+SDK; ``calc_autogen``: AutoGen AgentChat, in ``.venv-autogen``) and each seed: one local model
+warm-started on the task's demonstrations, then every arm trained from that same warm model with
+the same number of rollouts (``steps x tasks_per_step x group_size``), its held-out accuracy
+(greedy, ``val.jsonl``, never trained on) measured after the warm start and every ``--val-every``
+steps. Arms:
+
+- ``warm``: the warm start alone (its accuracy, step 0);
+- ``grpo``: GRPO;
+- ``sft``: SFT from rollouts (``algorithm: sft``: the rollouts that scored 1 are learned by NLL);
+- SQL ablations: ``grpo_no_air`` (the receiver's AIR rules off), ``grpo_identical`` (credit
+  ``identical`` instead of ``discounted``), ``grpo_all_agents`` (the checker trained too).
+
+Writes ``results.json``, one PNG per task (mean over seeds, spread shaded) into ``--output-dir``
+and, with ``--results FILE``, the table between the markers of FILE (``docs/results.md``)::
+
+    python bench/learning.py --seeds 0 1 2 --steps 10 --results docs/results.md
+    python bench/learning.py --quick            # 1-2 steps of each arm: checks that everything runs
+
+Plan on minutes per step on a 2-core CPU (most of it the agents' rollouts).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+from spanrl.schema import metrics as keys
+
+ARMS = ("grpo", "sft", "grpo_no_air", "grpo_identical", "grpo_all_agents")
+SQL_ONLY_ARMS = ("grpo_no_air", "grpo_identical", "grpo_all_agents")
+TASKS = ("sql_agent", "retrieval_qa", "calc_autogen")
+BEGIN, END = "<!-- bench/learning.py: begin -->", "<!-- bench/learning.py: end -->"
+
+
+def load_task(name: str):
+    if name == "sql_agent":
+        from spanrl.examples.sql_agent.pipeline import TASK
+    elif name == "retrieval_qa":
+        from spanrl.examples.retrieval_qa.pipeline import TASK
+    elif name == "calc_autogen":
+        from spanrl.examples.calc_autogen.pipeline import TASK, check_autogen_venv
+
+        check_autogen_venv()
+    else:
+        raise SystemExit(f"unknown task {name!r}; choose from {', '.join(TASKS)}")
+    return TASK
+
+
+def arm_run(arm: str, base, task_name: str):
+    """The ``TrainingRun`` of ``arm`` (``base`` is the GRPO run)."""
+    if arm == "sft":
+        return replace(base, algorithm="sft", learning_rate=base.settings.get("sft_learning_rate", base.learning_rate),
+                       settings={k: v for k, v in base.settings.items() if k != "sft_learning_rate"})
+    settings = {k: v for k, v in base.settings.items() if k != "sft_learning_rate"}
+    if arm == "grpo_no_air":
+        return replace(base, air=False, settings=settings)
+    if arm == "grpo_identical":
+        return replace(base, credit="identical", settings={**settings, "advantage_level": "rollout"})
+    if arm == "grpo_all_agents":
+        return replace(base, agents=(), settings=settings)
+    return replace(base, settings=settings)
+
+
+def validation_subset(task, count: int, out: Path) -> str:
+    """The first ``count`` validation tasks in a file of their own (``--quick``)."""
+    lines = Path(task.val_tasks).read_text(encoding="utf-8").splitlines()[:count]
+    path = out / f"{task.name}-val-{count}.jsonl"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return str(path)
+
+
+def run_seed(task, seed: int, args: argparse.Namespace, out: Path) -> dict:
+    from spanrl.examples.task_pipeline import TrainingRun, WarmStart, held_out_accuracy, prepare_model
+
+    seed_dir = out / task.name / f"seed-{seed}"
+    val_tasks = validation_subset(task, args.val_subset, out) if args.val_subset else None
+    started = time.monotonic()
+    warm = WarmStart(preset=args.preset, steps=args.sft_steps, batch_size=args.sft_batch_size, seed=seed,
+                     device=args.device, share=args.share, learning_rate=args.sft_learning_rate)
+    warm_dir = prepare_model(task, str(seed_dir / "model"), warm, progress=False)
+    warm_accuracy = held_out_accuracy(task, warm_dir, str(seed_dir / "warm-validation"), seed=seed,
+                                      device=args.device, concurrency=args.concurrency, val_tasks=val_tasks)
+    result: dict = {"warm": {"accuracy": {0: warm_accuracy}, "seconds": time.monotonic() - started}}
+    print(f"{task.name} seed {seed}: warm start {warm_accuracy:.3f} ({result['warm']['seconds']:.0f} s)", flush=True)
+    extra = dict(json.loads(args.settings)) if args.settings else {}
+    if args.sft_arm_learning_rate is not None:
+        extra["sft_learning_rate"] = args.sft_arm_learning_rate
+    base = TrainingRun(output_dir="", model_dir=warm_dir, steps=args.steps, group_size=args.group_size,
+                       tasks_per_step=args.tasks_per_step, learning_rate=args.learning_rate,
+                       val_every=args.val_every, concurrency=args.concurrency, seed=seed, device=args.device,
+                       val_tasks=val_tasks, settings=extra)
+    for arm in args.arms:
+        if arm in SQL_ONLY_ARMS and task.name != "sql_agent":
+            continue
+        from spanrl.examples.task_pipeline import train
+
+        started = time.monotonic()
+        summary = train(task, replace(arm_run(arm, base, task.name), output_dir=str(seed_dir / arm)), progress=False)
+        rows = summary["rows"]
+        result[arm] = {"accuracy": {0: warm_accuracy, **summary["accuracy"]}, "seconds": time.monotonic() - started,
+                       "train_reward": [r[keys.REWARD_MEAN] for r in rows],
+                       "rollouts": sum(r[keys.ROLLOUTS] for r in rows)}
+        curve = " ".join(f"{s}:{a:.2f}" for s, a in result[arm]["accuracy"].items())
+        print(f"{task.name} seed {seed} {arm}: {curve} ({result[arm]['seconds']:.0f} s)", flush=True)
+    return result
+
+
+def summarise(per_seed: dict[int, dict]) -> dict[str, dict]:
+    """Per arm: mean and spread (population std) of the accuracy at each step over seeds."""
+    summary: dict[str, dict] = {}
+    arms = {arm for result in per_seed.values() for arm in result}
+    for arm in sorted(arms):
+        curves = [result[arm]["accuracy"] for result in per_seed.values() if arm in result]
+        steps = sorted(set.intersection(*(set(map(int, c)) for c in curves)))
+        by_step = {s: [float(c[s] if s in c else c[str(s)]) for c in curves] for s in steps}
+        summary[arm] = {
+            "steps": steps,
+            "mean": [statistics.fmean(by_step[s]) for s in steps],
+            "std": [statistics.pstdev(by_step[s]) for s in steps],
+            "final": by_step[steps[-1]],
+            "seconds": [result[arm]["seconds"] for result in per_seed.values() if arm in result],
+            "rollouts": [result[arm].get("rollouts", 0) for result in per_seed.values() if arm in result],
+        }
+    return summary
+
+
+def plot(task_name: str, summary: dict[str, dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for arm, data in summary.items():
+        steps = data["steps"] if arm != "warm" else [0, max((max(d["steps"]) for d in summary.values()), default=0)]
+        mean = data["mean"] if arm != "warm" else data["mean"] * 2
+        std = data["std"] if arm != "warm" else data["std"] * 2
+        ax.plot(steps, mean, marker="o" if arm != "warm" else None, linestyle="--" if arm == "warm" else "-",
+                label=arm)
+        ax.fill_between(steps, [m - s for m, s in zip(mean, std, strict=True)],
+                        [m + s for m, s in zip(mean, std, strict=True)], alpha=0.15)
+    ax.set_xlabel("training step (0 = warm start)")
+    ax.set_ylabel("held-out accuracy (greedy)")
+    ax.set_ylim(0, 1)
+    ax.set_title(task_name)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def table(results: dict, args: argparse.Namespace, command: str) -> str:
+    """The markdown that goes between the markers of ``--results``."""
+    lines = [BEGIN, "", f"`{command}`", "",
+             f"Measured {datetime.date.today().isoformat()} on {platform.machine()} with {os.cpu_count()} CPU cores "
+             f"({args.machine_note}); device {args.device}, preset {args.preset}, seeds {args.seeds}, "
+             f"{args.steps} steps x {args.tasks_per_step} tasks x {args.group_size} rollouts per arm, "
+             f"warm start {args.sft_steps} SFT steps. Held-out accuracy is greedy, over the validation file "
+             "(failed rollouts count as wrong); mean ± spread (population std) over seeds.", ""]
+    for task_name, data in results["tasks"].items():
+        summary = data["summary"]
+        warm = summary["warm"]["mean"][0]
+        lines += [f"### {task_name}", "", f"![{task_name}](results/learning-{task_name}.png)", "",
+                  "| arm | accuracy after warm start | final accuracy | change | per seed (final) | rollouts "
+                  "| wall time per seed |",
+                  "|---|---|---|---|---|---|---|"]
+        for arm, arm_data in summary.items():
+            final_mean, final_std = arm_data["mean"][-1], arm_data["std"][-1]
+            per_seed = " ".join(f"{v:.2f}" for v in arm_data["final"])
+            seconds = statistics.fmean(arm_data["seconds"]) if arm_data["seconds"] else 0.0
+            rollouts = arm_data["rollouts"][0] if arm_data["rollouts"] else 0
+            lines.append(f"| {arm} | {warm:.3f} | {final_mean:.3f} ± {final_std:.3f} | {final_mean - warm:+.3f} | "
+                         f"{per_seed} | {rollouts} | {seconds:.0f} s |")
+        lines.append("")
+    lines.append(END)
+    return "\n".join(lines)
+
+
+def write_results(path: Path, block: str) -> None:
+    """Put ``block`` between the markers of ``path`` (appended when it has none); the rest stays."""
+    text = path.read_text(encoding="utf-8") if path.exists() else "# Results\n"
+    if BEGIN in text and END in text:
+        head, rest = text.split(BEGIN, 1)
+        text = head + block + rest.split(END, 1)[1]
+    else:
+        text = text.rstrip("\n") + "\n\n" + block + "\n"
+    path.write_text(text, encoding="utf-8")
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--tasks", nargs="+", default=list(TASKS), choices=TASKS)
+    parser.add_argument("--arms", nargs="*", default=list(ARMS), choices=ARMS,
+                        help="arms trained from each warm start (none: the warm start's accuracy only)")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--val-every", type=int, default=2)
+    parser.add_argument("--group-size", type=int, default=8)
+    parser.add_argument("--tasks-per-step", type=int, default=8)
+    parser.add_argument("--learning-rate", type=float, default=2e-4)
+    parser.add_argument("--sft-arm-learning-rate", type=float, default=None,
+                        help="the sft arm's learning rate (default: --learning-rate)")
+    parser.add_argument("--sft-steps", type=int, default=400, help="warm-start SFT steps")
+    parser.add_argument("--sft-batch-size", type=int, default=32, help="warm-start SFT batch size")
+    parser.add_argument("--sft-learning-rate", type=float, default=1e-3, help="warm-start SFT learning rate")
+    parser.add_argument("--share", type=float, default=None,
+                        help="the demonstrations' share of the weaker behaviour (default: each task's)")
+    parser.add_argument("--preset", default="tiny")
+    parser.add_argument("--settings", default="", help="more train settings as JSON, e.g. '{\"kl_coef\": 0.01}'")
+    parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--val-subset", type=int, default=0, help="score only the first N validation tasks")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--output-dir", default="runs/learning")
+    parser.add_argument("--results", default="", help="write the table into this markdown file (docs/results.md)")
+    parser.add_argument("--machine-note", default="the machine's load not recorded")
+    parser.add_argument("--quick", action="store_true",
+                        help="1 seed, 2 steps of 2 tasks x 2 rollouts, 30 SFT steps of 8, 4 validation tasks: checks "
+                             "that every arm runs (its figures mean nothing)")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.seeds, args.steps, args.val_every, args.tasks_per_step, args.group_size = [0], 2, 1, 2, 2
+        args.sft_steps, args.sft_batch_size, args.val_subset, args.concurrency = 30, 8, args.val_subset or 4, 4
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    out = Path(args.output_dir).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    command = "python bench/learning.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    results: dict = {"settings": vars(args), "command": command, "tasks": {}}
+    for task_name in args.tasks:
+        task = load_task(task_name)
+        per_seed = {seed: run_seed(task, seed, args, out) for seed in args.seeds}
+        summary = summarise(per_seed)
+        results["tasks"][task_name] = {"seeds": per_seed, "summary": summary}
+        plot(task_name, summary, out / f"learning-{task_name}.png")
+        (out / "results.json").write_text(json.dumps(results, indent=2, default=str) + "\n")
+    block = table(results, args, command)
+    print(block)
+    if args.results:
+        results_path = Path(args.results)
+        figures = results_path.parent / "results"
+        figures.mkdir(parents=True, exist_ok=True)
+        for task_name in results["tasks"]:
+            (figures / f"learning-{task_name}.png").write_bytes((out / f"learning-{task_name}.png").read_bytes())
+        write_results(results_path, block)
+    print(f"results: {out / 'results.json'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

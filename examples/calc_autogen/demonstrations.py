@@ -1,0 +1,106 @@
+"""Warm-start demonstrations of the AutoGen calculator agent for a locally created model.
+
+Each demonstration is one run of ``agent.py``'s ``solver`` on a training problem, as AutoGen sends
+it (its system message, the ``calculator`` tool as autogen-ext offers it, the tool's replies), by
+a demonstrator who never gets a sum wrong:
+
+- with probability ``mental_share`` it works the problem out in its head and replies with the
+  right number at once;
+- otherwise it evaluates every step with ``calculator`` (copying the numbers from the question and
+  from the tool's replies) and replies with the last result.
+
+A small model cannot multiply new two- and three-digit numbers in its head, so imitating the first
+behaviour fails on new problems while the second generalises. With ``mental_share`` above one half
+the warm model's greedy choice is to answer at once, and RL has to find out from the reward that
+the calculator pays. This module needs nothing of AutoGen (the warm start
+runs in the trainer's environment): ``TOOL_SCHEMA`` is the tool exactly as autogen-ext sends it,
+which the example's test checks against the prompt the policy served.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+from collections.abc import Iterator
+
+from .calculator import evaluate
+from .problems import make_tasks
+
+SYSTEM_PROMPT = "Solve the problem. Use calculator for arithmetic. Reply with the final number only."  # agent.py's
+MENTAL_SHARE = 0.6
+TOOL_SCHEMA = {"type": "function", "function": {
+    "name": "calculator", "description": "Evaluate an arithmetic expression (+ - * / and parentheses).",
+    "parameters": {"type": "object", "properties": {
+        "expression": {"description": "expression", "title": "Expression", "type": "string"}},
+        "required": ["expression"], "additionalProperties": False},
+    "strict": False}}
+
+
+def _calculator_call(expression: str, number: int) -> list[dict]:
+    call_id = f"call_{number}"
+    return [{"role": "assistant", "content": None, "tool_calls": [{
+                "id": call_id, "type": "function",
+                "function": {"name": "calculator", "arguments": json.dumps({"expression": expression})}}]},
+            {"role": "tool", "tool_call_id": call_id, "content": evaluate(expression)}]
+
+
+def demonstration(task: dict, rng: random.Random, mental_share: float = MENTAL_SHARE) -> dict:
+    """One run of the solver on ``task`` (``{"messages": [...], "tools": [...]}``)."""
+    messages: list[dict] = [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": task["question"]}]
+    steps = task["steps"]
+    evaluated = 0 if rng.random() < mental_share else len(steps)
+    for number, expression in enumerate(steps[:evaluated]):
+        messages += _calculator_call(expression, number)
+    messages.append({"role": "assistant", "content": str(task["answer"])})
+    return {"messages": messages, "tools": [TOOL_SCHEMA]}
+
+
+def demonstration_batches(steps: int, batch_size: int, seed: int = 0,
+                          mental_share: float = MENTAL_SHARE) -> Iterator[list[dict]]:
+    """``steps`` batches of demonstrations on the training problems (never validation's)."""
+    train, _ = make_tasks(seed=0)
+    rng = random.Random(seed)
+    for _ in range(steps):
+        yield [demonstration(rng.choice(train), rng, mental_share) for _ in range(batch_size)]
+
+
+def write_demonstrations(path: str, count: int = 2000, seed: int = 0, mental_share: float = MENTAL_SHARE) -> None:
+    train, _ = make_tasks(seed=0)
+    rng = random.Random(seed)
+    with open(path, "w", encoding="utf-8") as f:
+        for _ in range(count):
+            f.write(json.dumps(demonstration(rng.choice(train), rng, mental_share)) + "\n")
+
+
+def write_tokenizer_corpus(path: str, demonstrations_file: str) -> None:
+    """Text the tokenizer also learns from: the tool schema and tool-call lines as the chat template
+    writes them (the demonstrations' message contents leave them out)."""
+    from spanrl.trainer_bridge.torch_backend.model_init import TOOLS_INTRO, TOOLS_OUTRO
+
+    lines = [json.dumps(TOOL_SCHEMA), "<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>",
+             TOOLS_INTRO, TOOLS_OUTRO]
+    with open(demonstrations_file, encoding="utf-8") as f:
+        for line in f:
+            for message in json.loads(line)["messages"]:
+                for call in message.get("tool_calls") or []:
+                    lines.append(f'{{"name": "calculator", "arguments": {call["function"]["arguments"]}}}')
+    with open(path, "w", encoding="utf-8") as out:
+        out.write("\n".join(line.replace("\n", " ") for line in lines) + "\n")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--count", type=int, default=2000)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--mental-share", type=float, default=MENTAL_SHARE)
+    parser.add_argument("--tokenizer-text", help="also write the tool-call text lines for `spanrl model init --corpus`")
+    args = parser.parse_args()
+    write_demonstrations(args.out, args.count, args.seed, args.mental_share)
+    if args.tokenizer_text:
+        write_tokenizer_corpus(args.tokenizer_text, args.out)
+
+
+if __name__ == "__main__":
+    main()

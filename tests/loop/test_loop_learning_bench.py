@@ -1,0 +1,59 @@
+"""bench/learning.py's bookkeeping, on results made up here (the runs themselves are the examples'
+training tests): the mean and spread over seeds, which arms each task runs, and the table written
+between the markers of docs/results.md, leaving the hand-written rest of the file alone."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("bench_learning", REPO / "bench" / "learning.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _seeds() -> dict:
+    return {0: {"warm": {"accuracy": {0: 0.2}, "seconds": 5.0},
+                "grpo": {"accuracy": {0: 0.2, 2: 0.4, 4: 0.6}, "seconds": 10.0, "rollouts": 64}},
+            1: {"warm": {"accuracy": {0: 0.4}, "seconds": 7.0},
+                "grpo": {"accuracy": {"0": 0.4, "2": 0.4, "4": 0.8}, "seconds": 30.0, "rollouts": 64}}}
+
+
+def test_summary_is_the_mean_and_spread_over_seeds_at_each_step(bench):
+    summary = bench.summarise(_seeds())
+    assert summary["grpo"]["steps"] == [0, 2, 4]
+    assert summary["grpo"]["mean"] == pytest.approx([0.3, 0.4, 0.7])
+    assert summary["grpo"]["std"] == pytest.approx([0.1, 0.0, 0.1])
+    assert summary["grpo"]["final"] == [0.6, 0.8] and summary["warm"]["mean"] == pytest.approx([0.3])
+
+
+def test_the_sql_ablations_change_one_thing_each(bench):
+    from spanrl.examples.task_pipeline import TrainingRun
+
+    base = TrainingRun(output_dir="", model_dir="m", settings={"kl_coef": 0.01})
+    assert bench.arm_run("grpo", base, "sql_agent") == base
+    assert bench.arm_run("sft", base, "sql_agent").algorithm == "sft"
+    assert bench.arm_run("grpo_no_air", base, "sql_agent").air is False
+    identical = bench.arm_run("grpo_identical", base, "sql_agent")
+    assert identical.credit == "identical" and identical.settings == {"kl_coef": 0.01, "advantage_level": "rollout"}
+    assert bench.arm_run("grpo_all_agents", base, "sql_agent").agents == ()
+
+
+def test_the_table_replaces_only_the_block_between_the_markers(bench, tmp_path):
+    args = bench.parse_args(["--quick", "--tasks", "retrieval_qa"])
+    block = bench.table({"tasks": {"retrieval_qa": {"summary": bench.summarise(_seeds())}}}, args, "python x")
+    assert "| grpo | 0.300 | 0.700 ± 0.100 | +0.400 | 0.60 0.80 | 64 | 20 s |" in block
+    results = tmp_path / "results.md"
+    results.write_text(f"# Results\n\nbefore\n\n{bench.BEGIN}\nold table\n{bench.END}\n\nafter: the log\n")
+    bench.write_results(results, block)
+    text = results.read_text()
+    assert "old table" not in text and block in text
+    assert text.startswith("# Results\n\nbefore\n\n") and text.endswith("\n\nafter: the log\n")

@@ -1,0 +1,80 @@
+"""The retrieval QA example's data and reward: the generated world and corpus, the multi-hop
+questions and their split, BM25 search (bm25s), the reward and the warm-start demonstrations."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+from spanrl.examples.retrieval_qa import corpus, demonstrations, questions
+from spanrl.examples.retrieval_qa.reward import exact_match, reward, token_f1
+from spanrl.examples.retrieval_qa.search import search
+
+EXAMPLE_DIR = Path(__file__).resolve().parents[2] / "examples" / "retrieval_qa"
+
+
+def test_committed_files_are_what_the_generators_write():
+    assert corpus.load_corpus() == corpus.documents(corpus.build_world()), "regenerate corpus.jsonl with corpus.py"
+    train, validation = questions.make_tasks(seed=0)
+    for name, tasks in (("train.jsonl", train), ("val.jsonl", validation)):
+        lines = (EXAMPLE_DIR / name).read_text().splitlines()
+        assert [json.loads(line) for line in lines] == tasks, f"regenerate {name} with questions.py"
+
+
+def test_every_answer_takes_each_hop_of_its_chain_through_search():
+    """Searching each hop's entity shows the next hop's entity (or the answer), and the question
+    itself names neither: two or more look-ups are needed."""
+    train, validation = questions.make_tasks(seed=0)
+    for task in train + validation:
+        chain = [*task["hops"], task["answer"]]
+        assert len(task["hops"]) >= 2
+        for entity, following in zip(chain, chain[1:], strict=False):
+            assert following in search(entity), (task, entity)
+        assert task["hops"][0] in task["question"]
+        assert not any(entity in task["question"] for entity in chain[1:])
+
+
+def test_validation_asks_about_subjects_training_never_asks_about():
+    train, validation = questions.make_tasks(seed=0)
+    assert 150 <= len(train) and 40 <= len(validation)
+    assert {t["hops"][0] for t in train}.isdisjoint({t["hops"][0] for t in validation})
+    assert {t["kind"] for t in validation} == {"founder_birthplace", "company_country", "person_country",
+                                               "founder_country"}
+    assert questions.make_tasks(seed=1) != questions.make_tasks(seed=0)
+
+
+def test_search_ranks_the_named_entity_first_and_says_when_nothing_matches():
+    world = corpus.build_world()
+    company, founder = next(iter(world.company_founder.items()))
+    assert search(company).splitlines()[0].startswith(f"{company} was founded by {founder}")
+    assert search(founder).splitlines()[0] == f"{founder} was born in {world.person_birthplace[founder]}."
+    assert search("qqq zzz") == "no results" and search("") == "no results"
+
+
+def test_reward_is_normalised_exact_match_and_f1_is_partial_credit():
+    assert exact_match("  the Hulix. ", "Hulix") == 1.0
+    assert exact_match("Hulix Losat", "Hulix") == 0.0 and exact_match("", "") == 0.0
+    assert token_f1("Hulix Losat", "Hulix") == 2 * 0.5 * 1.0 / 1.5
+    assert reward({"answer": "Hulix"}, {"output": "hulix"}) == 1.0
+    assert reward({"answer": "Hulix"}, {}) == 0.0
+
+
+def test_demonstrations_show_the_tool_results_the_agent_would_see():
+    train, _ = questions.make_tasks(seed=0)
+    rng = random.Random(0)
+    examples = [demonstrations.demonstration(task, rng) for task in train]
+    full = skipped = 0
+    for task, example in zip(train, examples, strict=True):
+        messages = example["messages"]
+        assert messages[0]["content"] == demonstrations.INSTRUCTIONS and messages[1]["content"] == task["question"]
+        assert messages[-1] == {"role": "assistant", "content": task["answer"]}
+        calls = [m for m in messages if m.get("tool_calls")]
+        results = [m["content"] for m in messages if m["role"] == "tool"]
+        queries = [json.loads(m["tool_calls"][0]["function"]["arguments"])["query"] for m in calls]
+        assert queries == task["hops"][:len(queries)] and results == [search(q) for q in queries]
+        full += len(queries) == len(task["hops"])
+        skipped += len(queries) < len(task["hops"])
+        assert example["tools"] == [demonstrations.tool_schema()]
+    assert full and skipped  # both of the demonstrator's behaviours
+    assert demonstrations.tool_schema()["function"]["name"] == "search"

@@ -1,0 +1,102 @@
+"""Scoring: an assembled rollout of the store -> a ``ScoredRollout``, or the reason it is left out.
+
+A rollout's score is its total reward (``reward: events``; only the receiver's AIR rule rewards
+with ``trust_agent_rewards: false``) or the configured reward function's value on its task and
+variables. Only the calls of the selected agents (``agents``) are kept for training. A rollout
+that failed, has no usable transition, no reward, or whose reward function raised is left out
+with a reason the step's metrics count (``LEFT_OUT_*``). Called by
+``training_loop.TrainingLoop.collect``; ``load_reward_function`` also by the warm start.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable
+from typing import Any
+
+from spanrl.bridge_protocol import Attempt
+from spanrl.schema.rollouts import AssembledRollout
+from spanrl.schema.scored import ScoredRollout
+
+logger = logging.getLogger(__name__)
+
+AIR_SOURCE_PREFIX = "air:"  # Reward.source of a reward made by one of the receiver's AIR rules
+# why a rollout of the store is left out (the keys of a step's rollouts_left_out)
+LEFT_OUT_FAILED = "failed"
+LEFT_OUT_NO_TRANSITIONS = "no_transitions"
+LEFT_OUT_NO_SELECTED_AGENT = "no_selected_agent"
+LEFT_OUT_REWARD_ERROR = "reward_error"
+LEFT_OUT_NO_REWARD = "no_reward"
+
+
+class RewardFunctionError(Exception):
+    """The configured reward function raised on a rollout (which is then left out)."""
+
+
+def load_reward_function(spec: str, python_path: list) -> Callable[..., Any]:
+    """The ``module:function`` reward, importable from ``python_path`` folders; it is called
+    as ``reward(task, variables)`` and returns a number."""
+    from spanrl.import_path import load_callable
+
+    return load_callable(spec, python_path)
+
+
+def rule_reward(rollout: AssembledRollout) -> float | None:
+    """The sum of a rollout's AIR rule rewards (None when it has none): what counts when the
+    agent's own reward events are not trusted."""
+    values = [r.value for r in rollout.rewards if r.source.startswith(AIR_SOURCE_PREFIX)]
+    return sum(values) if values else None
+
+
+class RolloutScorer:
+    """Scores rollouts as ``reward``, ``trust_agent_rewards`` and ``agents`` say (module docstring)."""
+
+    def __init__(self, reward: str, python_path: list, trust_agent_rewards: bool = True,
+                 agents: list | None = None) -> None:
+        self.reward = reward
+        self.reward_fn = None if reward == "events" else load_reward_function(reward, python_path)
+        self.trust_agent_rewards = trust_agent_rewards
+        self.agents = list(agents or [])
+
+    def scored(self, attempt: Attempt, rollout: AssembledRollout) -> ScoredRollout | str:
+        """``rollout`` (of ``attempt``) scored, or why it is left out (a ``LEFT_OUT_*`` reason)."""
+        if rollout.status != "ok":
+            return LEFT_OUT_FAILED
+        if not rollout.transitions:
+            return LEFT_OUT_NO_TRANSITIONS
+        # selective optimisation: only the named agents' calls are trained on
+        transitions = tuple(t for t in rollout.transitions if not self.agents or t.agent_name in self.agents)
+        if not transitions:
+            return LEFT_OUT_NO_SELECTED_AGENT
+        try:
+            score = self.score(attempt, rollout)
+        except RewardFunctionError:
+            return LEFT_OUT_REWARD_ERROR
+        if score is None:
+            return LEFT_OUT_NO_REWARD
+        return ScoredRollout(attempt, score, transitions, self.reward_source(rollout))
+
+    def reward_source(self, rollout: AssembledRollout) -> str:
+        if self.reward_fn is not None:
+            return f"reward function {self.reward}"
+        return "events: " + ", ".join(sorted({r.source for r in rollout.rewards}))
+
+    def score(self, attempt: Attempt, rollout: AssembledRollout) -> float | None:
+        """The rollout's score: its total reward (``reward: events``) or the reward function's
+        value; ``None`` when there is none (no reward event, a non-finite value). Raises
+        ``RewardFunctionError`` (logged, with the task id) when the reward function raised."""
+        if self.reward_fn is None:
+            total = rollout.total_reward if self.trust_agent_rewards else rule_reward(rollout)
+            return total if total is not None and math.isfinite(total) else None
+        try:
+            score = float(self.reward_fn(attempt.task, dict(rollout.variables)))
+        except Exception as exc:  # a broken reward function must not kill training: skip the rollout
+            logger.exception("reward function %s failed on task %s (rollout %s): rollout left out",
+                             self.reward, attempt.task_id, rollout.rollout_id)
+            raise RewardFunctionError(f"reward function failed on task {attempt.task_id}") from exc
+        if not math.isfinite(score):
+            logger.warning("reward function gave %r for task %s (rollout %s): left out", score,
+                           attempt.task_id, rollout.rollout_id)
+            return None
+        return score
