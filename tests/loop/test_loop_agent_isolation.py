@@ -76,7 +76,7 @@ def run_one_round(loop, api, receiver, tmp_path, agent_settings: dict):
     assert report.left_out == {"no_transitions": 1}  # the agent made no LLM call: nothing to train
     (attempt,) = attempts
     rollout = loop.store.assembled_rollout(attempt.rollout_id)
-    return attempt, loop.score(attempt, rollout), rollout, output
+    return attempt, loop.scorer.score(attempt, rollout), rollout, output
 
 
 def stored_span_bodies(store: str) -> list[bytes]:
