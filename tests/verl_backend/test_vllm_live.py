@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -19,6 +18,7 @@ import httpx
 import openai
 import pytest
 
+from spanrl.child_processes import free_port
 from spanrl.instrumentation import semconv
 from spanrl.otlp_receiver.server import ReceiverServer
 from spanrl.otlp_receiver.settings import ReceiverSettings
@@ -34,12 +34,6 @@ VLLM_CPU_ENV = {"VLLM_TARGET_DEVICE": "cpu", "VLLM_CPU_KVCACHE_SPACE": "1", "VLL
 READY_TIMEOUT_S = 420.0
 # the first test also waits for vLLM to start (measured 30-90 s on 2 quiet cores, minutes on busy ones)
 pytestmark = pytest.mark.timeout(900)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
