@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import fnmatch
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -74,8 +75,8 @@ def rule_from_dict(data: Any, where: str) -> AirRule:
     if not isinstance(name, str) or not name:
         raise AirRuleError(f"{where}: 'name' must be a non-empty string")
     reward = data.get("reward")
-    if isinstance(reward, bool) or not isinstance(reward, (int, float)):
-        raise AirRuleError(f"{where}: 'reward' must be a number")
+    if isinstance(reward, bool) or not isinstance(reward, (int, float)) or not math.isfinite(reward):
+        raise AirRuleError(f"{where}: 'reward' must be a finite number, got {reward!r}")
     when = data.get("when") or {}
     if not isinstance(when, dict):
         raise AirRuleError(f"{where}: 'when' must be a mapping")

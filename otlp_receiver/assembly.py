@@ -12,8 +12,9 @@ wrapper and is dropped, unless it alone carries token ids, then the spans below 
 duplicates; a framework LLM span that is not an ancestor of the SDK span of the same call, as
 openinference's LangChain tracer makes them, is merged into it when the SDK span lies in its
 time window with the same output text; the policy endpoint's own span of a call is merged with
-the agent side's by response id, ``endpoint_spans``); attach rewards and AIR rewards to calls by
-structure, never by timing; one transition per call and choice, in call start order; credit assignment; variables.
+the agent side's by response id, ``endpoint_spans``, whose token ids win); attach rewards (the
+events that pass ``rewards.RewardPolicy``) and AIR rewards to calls by structure, never by
+timing; one transition per call and choice, in call start order; credit assignment; variables.
 
 Which call a span's reward (or AIR signal) judges, ``call_for_span``:
 1. the span is a call -> that call;
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 import bisect
 import logging
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,11 +40,19 @@ from spanrl.instrumentation import semconv
 from spanrl.otlp_receiver.agent_names import AgentNames
 from spanrl.otlp_receiver.air import AirRule
 from spanrl.otlp_receiver.credit import credit_function
-from spanrl.otlp_receiver.endpoint_spans import same_call_by_response_id
+from spanrl.otlp_receiver.endpoint_spans import same_call_by_response_id, token_id_mismatches
 from spanrl.otlp_receiver.retokenize import RetokenizeError, Retokenizer
+from spanrl.otlp_receiver.rewards import RewardPolicy, event_rewards
 from spanrl.otlp_receiver.rollout_status import rollout_status
 from spanrl.otlp_receiver.span_tree import SpanRecord, SpanTree, as_list
-from spanrl.schema.rollouts import STATUS_FAILED, STATUS_OK, AssembledRollout, Reward, Transition
+from spanrl.schema.rollouts import (
+    COUNTER_TOKEN_ID_MISMATCHES,
+    STATUS_FAILED,
+    STATUS_OK,
+    AssembledRollout,
+    Reward,
+    Transition,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -57,6 +67,7 @@ class AssemblyOptions:
     credit: str = "identical"
     gamma: float = 1.0
     air_rules: tuple[AirRule, ...] = ()
+    rewards: RewardPolicy = RewardPolicy()
     retokenizer: Retokenizer | None = field(default=None, compare=False)
 
 
@@ -109,6 +120,11 @@ class _Calls:
         self.merged_into = self._unnested_duplicates(kept)
         for key, same_call in same_call_by_response_id(kept, self.merged_into).items():  # the endpoint's span
             self.merged_into.setdefault(key, same_call)
+        for key, target in self.merged_into.items():  # a framework span -> SDK span -> endpoint span
+            while target.key in self.merged_into:
+                target = self.merged_into[target.key]
+            self.merged_into[key] = target
+        self.token_id_mismatches = token_id_mismatches(order[i] for i in range(n) if ids[i])
         self.duplicates += len(self.merged_into)
         self.kept = [r for r in kept if r.key not in self.merged_into]
         self._index = kept
@@ -201,7 +217,12 @@ def assemble_rollout(
             f"{calls.duplicates} LLM span(s) recorded the same call as another span and were merged"
         )
 
-    rewards = _event_rewards(tree, calls, problems)
+    counters: Counter = Counter()
+    for agent_span, endpoint_span in calls.token_id_mismatches:
+        counters[COUNTER_TOKEN_ID_MISMATCHES] += 1
+        problems.append(f"LLM span {agent_span.key} recorded other token ids than the endpoint's record"
+                        f" {endpoint_span.key} of the same call; the endpoint's were used")
+    rewards = event_rewards(tree, calls, options.rewards, problems, counters)
     rewards += _air_rewards(tree, calls, options.air_rules)
     reward_per_call: dict[str, float] = {}
     for reward in rewards:
@@ -240,6 +261,7 @@ def assemble_rollout(
         variables=_variables(tree, problems),
         transitions=transitions,
         problems=tuple(problems),
+        counters={name: count for name, count in sorted(counters.items()) if count},
         sequence=0,
     )
 
@@ -253,45 +275,6 @@ def _identity(tree: SpanTree) -> dict[str, Any]:
         if len(identity) == 2:
             break
     return identity
-
-
-def _event_rewards(tree: SpanTree, calls: _Calls, problems: list[str]) -> list[Reward]:
-    rewards: list[Reward] = []
-    for record in tree.order:
-        for event in record.events:
-            if event.name == semconv.REWARD_EVENT:
-                value = event.attributes.get(semconv.REWARD_VALUE)
-                name = event.attributes.get(semconv.REWARD_NAME) or semconv.DEFAULT_REWARD_NAME
-            elif event.name == semconv.GENAI_EVALUATION_EVENT:
-                value = event.attributes.get(semconv.GENAI_EVALUATION_SCORE)
-                name = event.attributes.get(semconv.GENAI_EVALUATION_NAME) or "evaluation"
-            else:
-                continue
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                problems.append(
-                    f"{event.name} event on span {record.key} has no numeric value ({value!r}); ignored"
-                )
-                continue
-            call = None
-            response_id = event.attributes.get(semconv.REWARD_RESPONSE_ID) or event.attributes.get(
-                semconv.GENAI_RESPONSE_ID
-            )
-            if isinstance(response_id, str):
-                call = calls.by_response_id.get(response_id)
-                if call is None:
-                    problems.append(
-                        f"reward {name!r} names response id {response_id!r}, which no call has;"
-                        " attached by parentage instead"
-                    )
-            if call is None:
-                call = calls.call_for_span(record)
-            rewards.append(
-                Reward(
-                    name=str(name), value=float(value), source=event.name, span_id=record.key,
-                    call_span_id=None if call is None else call.key,
-                )
-            )
-    return rewards
 
 
 def _air_rewards(tree: SpanTree, calls: _Calls, rules: tuple[AirRule, ...]) -> list[Reward]:

@@ -186,6 +186,8 @@ def show_rollout(args) -> int:
     )
     if rollout.variables:
         print("variables: " + ", ".join(f"{k}={v!r}" for k, v in rollout.variables.items()))
+    if rollout.counters:  # the receiver's reward and token-id checks (docs/trust.md)
+        print("counted: " + ", ".join(f"{k} {v}" for k, v in rollout.counters.items()))
     print()
     _print_transitions(rollout.transitions, {} if trained is None else {rollout.rollout_id: trained})
     for problem in rollout.problems:

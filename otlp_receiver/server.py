@@ -25,6 +25,7 @@ from spanrl.otlp_receiver.export_service import ExportService
 from spanrl.otlp_receiver.grpc_service import GrpcExportServer
 from spanrl.otlp_receiver.http_service import HttpExportServer
 from spanrl.otlp_receiver.ingest import IngestWriter
+from spanrl.otlp_receiver.rewards import RewardPolicy
 from spanrl.otlp_receiver.settings import ReceiverSettings
 from spanrl.otlp_receiver.span_tree import records_from_bodies
 from spanrl.otlp_receiver.store import SpanStore, StoredSpan, StoreError
@@ -46,6 +47,8 @@ def assembly_options(settings: ReceiverSettings) -> AssemblyOptions:
         credit=settings.credit,
         gamma=settings.gamma,
         air_rules=load_rules(settings.air_rules),
+        rewards=RewardPolicy(settings.reward_min, settings.reward_max, settings.reward_out_of_range,
+                             settings.evaluation_rewards),
         retokenizer=retokenizer,
     )
 

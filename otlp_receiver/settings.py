@@ -8,6 +8,7 @@ agent-side exporter reads the same token variable).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from spanrl.errors import SettingError
@@ -16,8 +17,10 @@ from spanrl.settings_loader import setting
 ENV_PREFIX_NAME = "RECEIVER"  # OTEL_SPANRL_RECEIVER_<FIELD>
 SYNC_MODES = ("full", "normal", "extra")
 CREDIT_MODES = ("identical", "discounted")
-
-
+# What the receiver does with a reward event whose value lies outside [reward_min, reward_max].
+OUT_OF_RANGE_MODES = ("reject", "clip")
+REWARD_MIN_DEFAULT = -100.0
+REWARD_MAX_DEFAULT = 100.0
 
 
 @dataclass
@@ -40,6 +43,14 @@ class ReceiverSettings:
     credit: str = setting("identical", "credit assignment: identical or discounted")
     gamma: float = setting(1.0, "discount of the discounted credit assignment")
     air_rules: str = setting("off", "AIR rules: off, default, or a JSON/YAML rules file")
+    reward_min: float = setting(
+        REWARD_MIN_DEFAULT, "smallest reward value an agent's reward event may carry (see reward_out_of_range)")
+    reward_max: float = setting(REWARD_MAX_DEFAULT, "largest reward value an agent's reward event may carry")
+    reward_out_of_range: str = setting(
+        "reject", "a reward value outside [reward_min, reward_max]: reject (drop the event) or clip (to the range);"
+        " counted in the rollout's counters either way")
+    evaluation_rewards: bool = setting(
+        False, "count gen_ai.evaluation.result events as rewards (off: only spanrl.reward events count)")
     retokenize_with: str | None = setting(None, "tokenizer directory allowed to rebuild missing token ids (flagged)")
     tls_cert: str | None = setting(
         None, "PEM certificate (chain) file: serve both ports over TLS (with --tls-key); none = plaintext")
@@ -71,6 +82,12 @@ class ReceiverSettings:
             raise SettingError(f"sync must be full, normal or extra, got {self.sync!r}")
         if self.credit not in CREDIT_MODES:
             raise SettingError(f"credit must be identical or discounted, got {self.credit!r}")
+        if self.reward_out_of_range not in OUT_OF_RANGE_MODES:
+            raise SettingError(f"reward_out_of_range must be reject or clip, got {self.reward_out_of_range!r}")
+        if not (math.isfinite(self.reward_min) and math.isfinite(self.reward_max)
+                and self.reward_min < self.reward_max):
+            raise SettingError(f"reward_min and reward_max must be finite numbers with reward_min < reward_max,"
+                               f" got {self.reward_min!r} and {self.reward_max!r}")
         if (self.tls_cert is None) != (self.tls_key is None):
             raise SettingError("TLS needs both tls_cert and tls_key (PEM files); give both or neither")
         for name in ("max_message_mb", "max_pending_mb", "workers", "poll_s", "max_concurrent_rpcs", "read_timeout_s"):

@@ -16,8 +16,6 @@ import inspect
 import json
 import logging
 import os
-import signal
-import subprocess
 import sys
 import threading
 from collections.abc import Callable
@@ -34,6 +32,15 @@ from spanrl.instrumentation import (
     rollout,
     set_variable,
     start_rollout_span,
+)
+
+from .agent_process import (
+    AgentTimedOut,
+    ChildResult,
+    command_environment,
+    run_child,
+    task_needs_a_file,
+    write_task_file,
 )
 
 logger = logging.getLogger(__name__)
@@ -53,17 +60,38 @@ class AgentFailed(Exception):
     """The agent crashed or exited with an error."""
 
 
-class AgentTimedOut(Exception):
-    """The agent did not finish within the rollout timeout."""
+class AbandonedAgents:
+    """In-process agent threads still running past their rollout timeout (a Python thread
+    cannot be killed), and how many the runner tolerates (``limit``) before it stops."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._threads: list[threading.Thread] = []
+        self._lock = threading.Lock()
+
+    def add(self, thread: threading.Thread) -> None:
+        with self._lock:
+            self._threads.append(thread)
+
+    def count(self) -> int:
+        """How many are still running (those that finished at last are forgotten)."""
+        with self._lock:
+            self._threads = [t for t in self._threads if t.is_alive()]
+            return len(self._threads)
+
+    def full(self) -> bool:
+        return self.count() >= self.limit
 
 
 def run_callable_attempt(
-    agent: Callable[[dict], Any], claim: ClaimedAttempt, *, tracer_provider: TracerProvider | None = None
+    agent: Callable[[dict], Any], claim: ClaimedAttempt, *, tracer_provider: TracerProvider | None = None,
+    abandoned: AbandonedAgents | None = None,
 ) -> AttemptResult:
     """Call ``agent(task)`` in its own thread inside the rollout's span (a new trace).
 
     The span is ended here, not by the agent's thread: an agent that hangs past the timeout
-    is abandoned (a thread cannot be killed) but its rollout still ends, with status ERROR.
+    is abandoned (a thread cannot be killed; it is added to ``abandoned``) but its rollout
+    still ends, with status ERROR.
     """
     identity = RolloutIdentity(claim.rollout_id, claim.task_id, claim.attempt)
     span, rollout_context = start_rollout_span(
@@ -93,8 +121,12 @@ def run_callable_attempt(
     if not finished:
         error = f"agent did not finish within {claim.rollout_timeout_s:g} s (abandoned)"
         end_rollout_span(span, error)
-        abandoned = sum(t.name.startswith("agent-") and t.is_alive() for t in threading.enumerate())
-        logger.warning("%s; %d abandoned agent thread(s) still running", error, abandoned)
+        if abandoned is not None:
+            abandoned.add(thread)
+            running = abandoned.count()
+        else:
+            running = sum(t.name.startswith("agent-") and t.is_alive() for t in threading.enumerate())
+        logger.warning("%s; %d abandoned agent thread(s) still running", error, running)
         return AttemptResult("timeout", error)
     if "exception" in outcome:
         exc = outcome["exception"]
@@ -108,25 +140,6 @@ async def _await(awaitable: Any) -> Any:
     return await awaitable
 
 
-def command_environment(claim: ClaimedAttempt, otlp_endpoint: str, extra_env: dict) -> dict[str, str]:
-    """The child's environment: rollout identity, policy endpoint, OTLP endpoint, the task."""
-    env = dict(os.environ)
-    env.update({str(k): str(v) for k, v in extra_env.items()})
-    attributes = RolloutIdentity(claim.rollout_id, claim.task_id, claim.attempt).as_attributes()
-    identity = ",".join(f"{key}={value}" for key, value in attributes.items())
-    existing = env.get("OTEL_RESOURCE_ATTRIBUTES", "").strip(",")
-    env["OTEL_RESOURCE_ATTRIBUTES"] = f"{existing},{identity}" if existing else identity
-    env["OPENAI_BASE_URL"] = claim.policy_base_url
-    env["OPENAI_MODEL"] = claim.model
-    env.setdefault("OPENAI_API_KEY", "spanrl")
-    env["OTEL_EXPORTER_OTLP_ENDPOINT"] = otlp_endpoint
-    env.setdefault("OTEL_TRACES_EXPORTER", "otlp")
-    env.setdefault("OTEL_SERVICE_NAME", "spanrl-agent")
-    env.setdefault("OTEL_BSP_SCHEDULE_DELAY", "200")
-    env["SPANRL_TASK"] = json.dumps(claim.task)
-    return env
-
-
 def opentelemetry_instrument_path() -> str:
     beside_python = os.path.join(os.path.dirname(sys.executable), "opentelemetry-instrument")
     return beside_python if os.path.exists(beside_python) else "opentelemetry-instrument"
@@ -137,45 +150,31 @@ def run_command_attempt(
     extra_env: dict | None = None, *, tracer_provider: TracerProvider | None = None,
 ) -> AttemptResult:
     """Run the agent command once; its last stdout line is the output. The child names its
-    rollout through ``OTEL_RESOURCE_ATTRIBUTES``; the rollout span is made here."""
+    rollout through ``OTEL_RESOURCE_ATTRIBUTES``; the rollout span is made here. How the child
+    is started and read: ``agent_process``."""
     argv = ([opentelemetry_instrument_path()] if wrap else []) + [str(c) for c in command]
-    env = command_environment(claim, otlp_endpoint, extra_env or {})
+    task_json = json.dumps(claim.task)
+    task_file = write_task_file(claim.task) if task_needs_a_file(task_json) else None
+    env = command_environment(claim, otlp_endpoint, extra_env or {}, task_json, task_file)
     try:
         with rollout(claim.task_id, attempt=claim.attempt, rollout_id=claim.rollout_id,
                      tracer_provider=tracer_provider):
-            output = _run_child(argv, env, json.dumps(claim.task), claim.rollout_timeout_s)
+            output = _agent_output(run_child(argv, env, task_json.encode(), claim.rollout_timeout_s))
             set_variable(OUTPUT_VARIABLE, output, tracer_provider=tracer_provider)
     except AgentTimedOut as exc:
         return AttemptResult("timeout", str(exc))
     except (AgentFailed, OSError) as exc:
         return AttemptResult("failed", str(exc))
+    finally:
+        if task_file is not None:
+            os.unlink(task_file)
     return AttemptResult("ok", output=output)
 
 
-def _run_child(argv: list[str], env: dict[str, str], stdin_text: str, timeout_s: float) -> str:
-    child = subprocess.Popen(
-        argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
-        start_new_session=True,  # its own process group: a timeout kills its children too
-    )
-    try:
-        stdout, stderr = child.communicate(stdin_text.encode(), timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        _kill_group(child)
-        child.communicate()
-        raise AgentTimedOut(f"agent did not finish within {timeout_s:g} s (killed)") from None
-    finally:
-        if child.poll() is None:
-            _kill_group(child)
-            child.wait()
-    if child.returncode != 0:
-        tail = stderr.decode(errors="replace")[-STDERR_TAIL_CHARS:].strip()
-        raise AgentFailed(f"agent exited with code {child.returncode}: {tail}")
-    lines = stdout.decode(errors="replace").strip().splitlines()
+def _agent_output(result: ChildResult) -> str:
+    """The last line of the child's stdout; ``AgentFailed`` with the end of its stderr when it failed."""
+    if result.returncode != 0:
+        tail = result.stderr_tail.decode(errors="replace")[-STDERR_TAIL_CHARS:].strip()
+        raise AgentFailed(f"agent exited with code {result.returncode}: {tail}")
+    lines = result.stdout_tail.decode(errors="replace").strip().splitlines()
     return lines[-1].strip() if lines else ""
-
-
-def _kill_group(child: subprocess.Popen) -> None:
-    try:
-        os.killpg(child.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass

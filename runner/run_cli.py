@@ -37,9 +37,11 @@ def run_command(settings: RunnerSettings) -> int:
     from spanrl.exporter.in_process import start_tracing, stop_tracing
     from spanrl.startup_checks import wait_until_reachable
 
+    from .agent_process import forget_runner_settings
     from .bridge_client import BridgeUnavailable
     from .runner import Runner
 
+    forget_runner_settings()  # read into `settings` already; agents and their tools must not find them
     # without a receiver every rollout's spans would be dropped: say so instead of running blind
     wait_until_reachable(settings.otlp_endpoint, settings.bridge_wait_s, "the receiver (otlp_endpoint)",
                          "start `spanrl receive` first, or point --otlp-endpoint at its OTLP/gRPC port")
@@ -60,6 +62,6 @@ def run_command(settings: RunnerSettings) -> int:
         stop_tracing()
     print("rollouts: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
     if runner.gave_up:
-        print(f"spanrl run: the bridge at {settings.bridge_url} stayed unreachable; stopped", file=sys.stderr)
+        print(f"spanrl run: {runner.stop_reason}; stopped", file=sys.stderr)
         return 1
     return 0

@@ -20,7 +20,7 @@ from opentelemetry.trace import TracerProvider
 from spanrl.bridge_protocol import BridgeInfo, ClaimedAttempt
 from spanrl.import_path import load_callable
 
-from .attempts import AttemptResult, run_callable_attempt, run_command_attempt
+from .attempts import AbandonedAgents, AttemptResult, run_callable_attempt, run_command_attempt
 from .bridge_client import BridgeClient, BridgeRefused, BridgeUnavailable, TrainingFinished
 from .settings import RunnerSettings
 
@@ -37,14 +37,17 @@ class Runner:
         self.client = BridgeClient(settings.bridge_url, token=settings.bridge_token, stop=self._stop)
         self.counts: Counter[str] = Counter()
         self._counts_lock = threading.Lock()
-        self.gave_up = False  # a worker stopped because the bridge stayed unreachable
+        self.gave_up = False  # a worker stopped: the bridge stayed unreachable, or agents hang
+        self.stop_reason: str | None = None  # why, when gave_up
+        self.abandoned = AbandonedAgents(settings.max_abandoned_agents)
         self._run_attempt: Callable[[ClaimedAttempt], AttemptResult] = self._prepare_agent()
 
     def _prepare_agent(self) -> Callable[[ClaimedAttempt], AttemptResult]:
         settings, provider = self.settings, self.tracer_provider
         if settings.agent is not None:
             agent = load_callable(settings.agent, settings.python_path)
-            return lambda claim: run_callable_attempt(agent, claim, tracer_provider=provider)
+            return lambda claim: run_callable_attempt(agent, claim, tracer_provider=provider,
+                                                      abandoned=self.abandoned)
         command = list(settings.command or [])
         return lambda claim: run_command_attempt(
             command, claim, settings.otlp_endpoint, settings.wrap_command, settings.env,
@@ -95,9 +98,23 @@ class Runner:
         with self._counts_lock:
             self.counts[key] += 1
 
+    def _give_up(self, reason: str, stop_all: bool) -> None:
+        logger.error("giving up: %s", reason)
+        self.gave_up = True
+        self.stop_reason = reason
+        if stop_all:
+            self._stop.set()
+
     def _work(self) -> None:
         unreachable_since: float | None = None
         while not self._stop.is_set():
+            if self.abandoned.full():  # claim nothing more: each new hang would add a thread
+                self._give_up(
+                    f"{self.abandoned.count()} in-process agent threads still run past their rollout timeout "
+                    f"(max_abandoned_agents: {self.abandoned.limit}); a Python thread cannot be killed: make the "
+                    "agent's own calls time out, or run it as a command (command: [...]), which the runner kills "
+                    "at the timeout", stop_all=True)
+                return
             try:
                 claim = self.client.claim()
                 unreachable_since = None
@@ -105,16 +122,14 @@ class Runner:
                 self._stop.set()  # one worker hearing it is enough: the bridge goes away next
                 return
             except BridgeRefused as exc:
-                logger.error("giving up: %s", exc)
-                self.gave_up = True
-                self._stop.set()
+                self._give_up(str(exc), stop_all=True)
                 return
             except BridgeUnavailable as exc:
                 now = time.monotonic()
                 unreachable_since = unreachable_since or now
                 if now - unreachable_since > self.settings.bridge_wait_s:
-                    logger.error("giving up: %s", exc)
-                    self.gave_up = True
+                    self._give_up(f"the bridge at {self.settings.bridge_url} stayed unreachable: {exc}",
+                                  stop_all=False)
                     return
                 time.sleep(0.5)
                 continue

@@ -22,7 +22,8 @@ class RunnerSettings:
     command: list | None = field(
         default=None,
         metadata={"help": "the agent as a command (JSON list or comma-separated); the task "
-                  "arrives as JSON on stdin and in SPANRL_TASK"},
+                  "arrives as JSON on stdin and in SPANRL_TASK (a task over 96 KiB: in the file SPANRL_TASK_FILE "
+                  "names instead)"},
     )
     wrap_command: bool = field(
         default=True, metadata={"help": "run the command under opentelemetry-instrument"}
@@ -56,6 +57,13 @@ class RunnerSettings:
                                  "cannot be reached this long"}
     )
 
+    max_abandoned_agents: int = field(
+        default=16,
+        metadata={"help": "an in-process agent (agent: module:function) that outlives its rollout timeout keeps "
+                  "running in its thread (it cannot be killed); with this many such threads the runner stops "
+                  "claiming and exits with an error"},
+    )
+
     def __post_init__(self) -> None:
         if (self.agent is None) == (self.command is None):
             raise SettingError("set exactly one of 'agent' (module:function) or 'command'")
@@ -65,3 +73,5 @@ class RunnerSettings:
             raise SettingError("command is empty: give the program to run, e.g. [\"python\", \"agent.py\"]")
         if self.concurrency < 1:
             raise SettingError(f"concurrency must be at least 1, got {self.concurrency}")
+        if self.max_abandoned_agents < 1:
+            raise SettingError(f"max_abandoned_agents must be at least 1, got {self.max_abandoned_agents}")

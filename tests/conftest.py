@@ -1,13 +1,64 @@
-"""Fixtures every test folder may use: a self-signed TLS certificate made here (``cryptography``),
+"""The skip rule of every test run (the main suite, `.venv-verl`'s tests/verl_backend, the
+frameworks' tests/frameworks: all collect this file): a skipped test fails the run unless its
+reason says that this machine has no GPU, the one thing CI cannot install. A package CI installs
+is imported plainly (a missing one fails the test that needs it), and a skip for any other
+reason is listed under "skips that are not allowed" and turns the exit status to 1.
+
+Folders whose environment a run lacks (tests/verl_backend without vLLM, tests/frameworks before
+their venvs are built) are not collected there (``collect_ignore``), which is no skip.
+
+And fixtures every test folder may use: a self-signed TLS certificate made here (``cryptography``),
 for the servers that speak HTTPS from ``tls_cert``/``tls_key`` (receiver, bridge, policy
-server, gateway)."""
+server, gateway, proxy).
+"""
 
 from __future__ import annotations
 
 import datetime
 import ipaddress
+import re
 
 import pytest
+
+ALLOWED_SKIP = re.compile(r"\bno (CUDA )?GPU\b", re.IGNORECASE)  # e.g. "no GPU on this machine"
+
+_not_allowed: list[tuple[str, str]] = []
+
+
+def skip_reason(report: pytest.CollectReport | pytest.TestReport) -> str:
+    longrepr = report.longrepr
+    if isinstance(longrepr, tuple) and len(longrepr) == 3:  # (path, line, "Skipped: reason")
+        return str(longrepr[2]).removeprefix("Skipped: ")
+    return str(longrepr)
+
+
+def _check(report: pytest.CollectReport | pytest.TestReport) -> None:
+    if report.skipped and not hasattr(report, "wasxfail"):
+        reason = skip_reason(report)
+        if not ALLOWED_SKIP.search(reason):
+            _not_allowed.append((report.nodeid, reason))
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    _check(report)
+
+
+def pytest_collectreport(report: pytest.CollectReport) -> None:
+    _check(report)
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    if _not_allowed:
+        terminalreporter.section("skips that are not allowed", red=True)
+        terminalreporter.line("only a missing GPU may skip a test (its reason says 'no GPU'); install what the "
+                              "others need (README, 'Tests and development')")
+        for nodeid, reason in _not_allowed:
+            terminalreporter.line(f"{nodeid}: {reason}")
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if _not_allowed and exitstatus == pytest.ExitCode.OK:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 @pytest.fixture(scope="session")

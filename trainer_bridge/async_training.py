@@ -55,8 +55,8 @@ class GroupDispatcher(TaskDispatcher):
     """A ``TaskDispatcher`` whose single round never closes: groups are added while earlier
     ones still run, and ``take_finished_groups`` removes the ones whose attempts all ended."""
 
-    def __init__(self, rollout_timeout_s: float) -> None:
-        super().__init__(rollout_timeout_s)
+    def __init__(self, rollout_timeout_s: float, hidden_task_fields: tuple[str, ...] = ()) -> None:
+        super().__init__(rollout_timeout_s, hidden_task_fields)
         self._round = _Round(step=0, attempts={})
         self._groups: dict[str, tuple[list[str], int]] = {}  # group key -> (rollout ids, version), oldest first
 
@@ -181,7 +181,8 @@ class AsyncTrainingLoop(TrainingLoop):
 
     def __init__(self, settings: LoopSettings) -> None:
         super().__init__(settings)
-        self.dispatcher: GroupDispatcher = GroupDispatcher(settings.rollout_timeout_s)
+        self.dispatcher: GroupDispatcher = GroupDispatcher(settings.rollout_timeout_s,
+                                                            tuple(settings.hidden_task_fields))
         self._assembled: dict[str, AssembledRollout] = {}  # rollouts read from the store whose group is not trained yet
         self._collecting: set[str] = set()  # the rollouts of the groups this step took
 
@@ -221,7 +222,8 @@ class AsyncTrainingLoop(TrainingLoop):
         if staleness.off_policy_dropped:
             left_out["off_policy"] += staleness.off_policy_dropped
         rollout_seconds = time.monotonic() - started
-        row = self.train_on(step, backend, attempts, StepReport(staleness.kept, left_out), rollout_seconds, started)
+        row = self.train_on(step, backend, attempts, StepReport(staleness.kept, left_out, report.receiver_counters),
+                           rollout_seconds, started)
         scores = [item.score for item in report.scored]  # what the agents scored, stale ones included
         row.update({
             keys.REWARD_MEAN: sum(scores) / len(scores) if scores else 0.0,

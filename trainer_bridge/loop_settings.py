@@ -39,6 +39,11 @@ class LoopSettings:
         metadata={"help": "with reward 'events', score a rollout by every reward its spans carry; off = only "
                   "the receiver's AIR rule rewards count (an agent cannot award itself)"},
     )
+    hidden_task_fields: list = field(
+        default_factory=list,
+        metadata={"help": "task fields (e.g. the gold answer) that reach the reward function but never the agent: "
+                  "runners get each task without them, so they are in no agent's environment, stdin or spans"},
+    )
     backend: str = field(
         default="torch",
         metadata={"help": "training backend: torch (embedded, one machine) or verl (verl's workers train, vLLM "

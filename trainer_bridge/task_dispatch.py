@@ -9,6 +9,7 @@ training. Stdlib only.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -23,6 +24,7 @@ from spanrl.bridge_protocol import (
     TrainingFinished,
     new_rollout_id,
 )
+from spanrl.errors import UserError
 from spanrl.schema.tasks import Task
 
 logger = logging.getLogger(__name__)
@@ -32,7 +34,8 @@ logger = logging.getLogger(__name__)
 STATUS_LOST = "lost"
 OUTCOMES = (*REPORTABLE_STATUSES, STATUS_LOST)
 
-__all__ = ["OUTCOMES", "STATUS_LOST", "Attempt", "Outcome", "TaskDispatcher", "TrainingFinished"]
+__all__ = ["OUTCOMES", "STATUS_LOST", "Attempt", "Outcome", "TaskDispatcher", "TrainingFinished",
+           "check_hidden_task_fields"]
 
 
 @dataclass(frozen=True)
@@ -53,11 +56,25 @@ class _Round:
     outcomes: dict[str, Outcome] = field(default_factory=dict)
 
 
-class TaskDispatcher:
-    """Thread-safe queue of attempts; one round open at a time."""
+def check_hidden_task_fields(hidden: Sequence[str], tasks: Sequence[Task], path: str) -> None:
+    """A hidden field no task has is a typo that would hand the agent the field it should not see;
+    the task id names every rollout (its spans, the runner's variables), so it cannot be hidden."""
+    named_id = [name for name in hidden if name in ("id", "task_id")]
+    if named_id:
+        raise UserError(f"hidden_task_fields cannot hide {named_id}: the task id travels with every rollout")
+    unknown = [name for name in hidden if not any(name in task.task for task in tasks)]
+    if unknown:
+        raise UserError(f"hidden_task_fields names {unknown}, which no task in {path} has; "
+                        f"check the spelling (the fields of the first task: {sorted(tasks[0].task)})")
 
-    def __init__(self, rollout_timeout_s: float) -> None:
+
+class TaskDispatcher:
+    """Thread-safe queue of attempts; one round open at a time. Attempts keep the whole task (the
+    reward function gets it); ``claim`` hands runners the task without ``hidden_task_fields``."""
+
+    def __init__(self, rollout_timeout_s: float, hidden_task_fields: tuple[str, ...] = ()) -> None:
         self.rollout_timeout_s = rollout_timeout_s
+        self.hidden_task_fields = tuple(hidden_task_fields)
         self._lock = threading.Condition()
         self._round: _Round | None = None
         self._finished = False
@@ -87,14 +104,21 @@ class TaskDispatcher:
             if current is None:
                 return None
             if claim_id is not None and claim_id in current.by_claim_id:
-                return current.attempts[current.by_claim_id[claim_id]]
+                return self._as_agent_sees_it(current.attempts[current.by_claim_id[claim_id]])
             if not current.unclaimed:
                 return None
             rollout_id = current.unclaimed.popleft()
             current.claimed_at[rollout_id] = self._last_claim_at = time.monotonic()
             if claim_id is not None:
                 current.by_claim_id[claim_id] = rollout_id
-            return current.attempts[rollout_id]
+            return self._as_agent_sees_it(current.attempts[rollout_id])
+
+    def _as_agent_sees_it(self, attempt: Attempt) -> Attempt:
+        """``attempt`` with its task stripped of the hidden fields (what leaves this process)."""
+        if not self.hidden_task_fields:
+            return attempt
+        visible = {k: v for k, v in attempt.task.items() if k not in self.hidden_task_fields}
+        return dataclasses.replace(attempt, task=visible)
 
     def finish(self, rollout_id: str, status: str, error: str | None = None) -> bool:
         """Record a runner's report; False when the rollout is not part of the open round.

@@ -19,7 +19,7 @@ import sqlite3
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from spanrl.otlp_receiver import trained_rewards
 from spanrl.schema import metrics as keys
@@ -32,7 +32,7 @@ from .loop_settings import LoopSettings
 from .rejection_sampling import sft_samples, sft_update
 from .samples import sample_advantages, trained_rollout, training_samples
 from .scoring import RolloutScorer
-from .task_dispatch import Attempt, Outcome, TaskDispatcher
+from .task_dispatch import Attempt, Outcome, TaskDispatcher, check_hidden_task_fields
 from .trajectory_merge import update_rows
 
 logger = logging.getLogger(__name__)
@@ -47,6 +47,8 @@ class StepReport:
 
     scored: list[ScoredRollout]
     left_out: Counter
+    # what the receiver's checks counted in the step's rollouts (AssembledRollout.counters summed)
+    receiver_counters: Counter = field(default_factory=Counter)
 
 
 @dataclass(frozen=True)
@@ -69,7 +71,8 @@ class TrainingLoop:
         self.scorer = RolloutScorer(settings.reward, settings.python_path, settings.trust_agent_rewards,
                                     settings.agents)
         self.rng = random.Random(settings.seed)
-        self.dispatcher = TaskDispatcher(settings.rollout_timeout_s)
+        check_hidden_task_fields(settings.hidden_task_fields, self.tasks, settings.tasks)
+        self.dispatcher = TaskDispatcher(settings.rollout_timeout_s, tuple(settings.hidden_task_fields))
         self._task_order: list[int] = []
 
         from spanrl.otlp_receiver.store import SpanStore
@@ -103,13 +106,15 @@ class TrainingLoop:
         if waiting.keys() - found.keys():
             left_out[LEFT_OUT_UNASSEMBLED] += len(waiting.keys() - found.keys())
         scored = []
+        receiver_counters: Counter = Counter()
         for rollout_id, rollout in found.items():
+            receiver_counters.update(rollout.counters)
             result = self.scorer.scored(waiting[rollout_id], rollout)
             if isinstance(result, str):
                 left_out[result] += 1
             else:
                 scored.append(result)
-        return StepReport(scored, left_out)
+        return StepReport(scored, left_out, receiver_counters)
 
     def wait_for_rollouts(self, rollout_ids: set[str]) -> dict[str, AssembledRollout]:
         """The assembled rollouts of ``rollout_ids`` that reach the store within ``assembly_wait_s``."""
@@ -200,6 +205,7 @@ def step_row(step: int, policy_version: int, attempts: list[Attempt], report: St
         keys.ROLLOUTS: len(attempts),
         keys.ROLLOUTS_USED: len(report.scored) - update.groups_of_one,
         keys.ROLLOUTS_LEFT_OUT: dict(report.left_out),
+        keys.RECEIVER_COUNTERS: dict(report.receiver_counters),  # rewards clipped, rejected, replayed, ...
         keys.GROUPS_OF_ONE_DROPPED: update.groups_of_one,
         keys.ROLLOUTS_PER_S: len(attempts) / max(rollout_seconds, 1e-9),
         keys.ROLLOUT_SECONDS: rollout_seconds,  # waiting for the step's rollouts

@@ -24,6 +24,7 @@ REWARD_MEAN = "rollout/reward_mean"
 ROLLOUTS = "rollout/count"
 ROLLOUTS_USED = "rollout/used"
 ROLLOUTS_LEFT_OUT = "rollout/left_out"  # {reason: count}
+RECEIVER_COUNTERS = "rollout/receiver_counters"  # {AssembledRollout.counters name: count}, summed over the step
 GROUPS_OF_ONE_DROPPED = "rollout/groups_of_one_dropped"
 ROLLOUTS_PER_S = "rollout/per_s"
 BELOW_SFT_MIN_REWARD = "rollout/below_sft_min_reward"
@@ -49,6 +50,7 @@ LEGACY_KEYS: dict[str, str] = {
     "rollouts": ROLLOUTS,
     "rollouts_used": ROLLOUTS_USED,
     "rollouts_left_out": ROLLOUTS_LEFT_OUT,
+    "receiver_counters": RECEIVER_COUNTERS,
     "groups_of_one_dropped": GROUPS_OF_ONE_DROPPED,
     "rollouts_per_s": ROLLOUTS_PER_S,
     "rollouts_below_sft_min_reward": BELOW_SFT_MIN_REWARD,

@@ -10,7 +10,7 @@ the field names, except ``return_`` (``return`` is a Python keyword), written ``
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 VariableValue = str | int | float | bool
@@ -25,6 +25,17 @@ END_ROLLOUT_SPAN = "rollout_span"
 END_EXPLICIT = "explicit"
 END_IDLE_TIMEOUT = "idle_timeout"
 END_REASONS = (END_ROLLOUT_SPAN, END_EXPLICIT, END_IDLE_TIMEOUT)
+# What assembly counted in ``AssembledRollout.counters`` (only counts above zero are kept): reward
+# events clipped to or rejected for the receiver's reward range (or a non-finite, non-numeric
+# value), reward events that repeated an earlier one, gen_ai.evaluation.result events not counted
+# as rewards (not opted in), calls whose agent-side token ids differ from the endpoint's record.
+COUNTER_REWARDS_CLIPPED = "rewards_clipped"
+COUNTER_REWARDS_REJECTED = "rewards_rejected"
+COUNTER_REWARDS_REPLAYED = "rewards_replayed"
+COUNTER_EVALUATIONS_IGNORED = "evaluations_ignored"
+COUNTER_TOKEN_ID_MISMATCHES = "token_id_mismatches"
+ROLLOUT_COUNTERS = (COUNTER_REWARDS_CLIPPED, COUNTER_REWARDS_REJECTED, COUNTER_REWARDS_REPLAYED,
+                    COUNTER_EVALUATIONS_IGNORED, COUNTER_TOKEN_ID_MISMATCHES)
 
 
 @dataclass(frozen=True)
@@ -83,6 +94,8 @@ class AssembledRollout:
     # Set on an ``ok`` rollout whose status is unverified (no spanrl.rollout span arrived):
     # why, e.g. "...; 2 span(s) ended with status ERROR; no reward". None otherwise.
     status_reason: str | None = None
+    # What the receiver's checks counted while assembling it: ROLLOUT_COUNTERS -> count (> 0).
+    counters: dict[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.status not in ROLLOUT_STATUSES:
@@ -150,4 +163,5 @@ def rollout_from_dict(data: dict[str, Any]) -> AssembledRollout:
     values["variables"] = dict(data["variables"])
     values["transitions"] = tuple(transition_from_dict(t) for t in data["transitions"])
     values["problems"] = tuple(data["problems"])
+    values["counters"] = dict(data.get("counters", {}))
     return AssembledRollout(**values)

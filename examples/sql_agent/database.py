@@ -5,11 +5,19 @@ every run, test and machine sees the same database). ``connect()`` builds it in 
 in well under a millisecond: each query of the agent, the question generator and the reward runs
 on a fresh copy, so a query can neither change the data nor see another's. ``SCHEMA_TEXT`` is the
 one-line description the agent's prompts show the model.
+
+The queries come from a model in training, so they are treated as hostile: an authorizer
+(``_authorize``) denies ``ATTACH`` (which would create a file; ``VACUUM`` attaches its target
+too, so ``VACUUM INTO`` is denied with it) and every ``PRAGMA`` but a few that only read the
+schema (so ``PRAGMA query_only = OFF`` cannot undo the read-only mode); a progress handler
+stops a query that runs longer than ``QUERY_TIMEOUT_S`` (a recursive CTE can loop forever), and
+no value may grow beyond ``MAX_VALUE_BYTES``.
 """
 
 from __future__ import annotations
 
 import sqlite3
+import time
 
 DEPARTMENTS = ("Sales", "Research", "Support", "Finance", "Legal")
 CITIES = ("Paris", "Berlin", "Oslo", "Rome", "Madrid")
@@ -48,28 +56,60 @@ SCHEMA = (
 SCHEMA_TEXT = "employees(name, dept, city, salary, age); projects(name, dept, budget)"
 
 
+# Pragmas a query may use: each only reads the schema (with a table or index name as argument).
+READ_ONLY_PRAGMAS = frozenset({"table_info", "table_xinfo", "table_list", "index_list", "index_info",
+                               "index_xinfo", "foreign_key_list"})
+QUERY_TIMEOUT_S = 2.0  # the agent's queries take microseconds on this database
+MAX_VALUE_BYTES = 1_000_000  # a string or blob a query makes (SQLite's default: 1 GB, e.g. x || x in a loop)
+PROGRESS_EVERY = 10_000  # SQLite virtual machine instructions between two looks at the clock
+
+
+def _authorize(action: int, argument1: str | None, argument2: str | None, database: str | None,
+               trigger: str | None) -> int:
+    """SQLite's authorizer: deny ATTACH (VACUUM INTO runs one too) and pragmas outside ``READ_ONLY_PRAGMAS``."""
+    if action == sqlite3.SQLITE_ATTACH:
+        return sqlite3.SQLITE_DENY
+    if action == sqlite3.SQLITE_PRAGMA and (argument1 or "").lower() not in READ_ONLY_PRAGMAS:
+        return sqlite3.SQLITE_DENY
+    return sqlite3.SQLITE_OK
+
+
 def connect() -> sqlite3.Connection:
-    """A fresh in-memory copy of the database, read-only (``PRAGMA query_only``)."""
+    """A fresh in-memory copy of the database, read-only (``PRAGMA query_only``), with the
+    authorizer on (set after the copy is built: building it needs writes)."""
     db = sqlite3.connect(":memory:", check_same_thread=False)
     db.executescript(SCHEMA)
     db.executemany("INSERT INTO employees VALUES (?, ?, ?, ?, ?)", EMPLOYEES)
     db.executemany("INSERT INTO projects VALUES (?, ?, ?)", PROJECTS)
     db.commit()
     db.execute("PRAGMA query_only = ON")
+    db.set_authorizer(_authorize)
+    db.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, MAX_VALUE_BYTES)
     return db
 
 
 MAX_ROWS = 50  # a query returning more is cut: a model's runaway query must not flood the prompt
 
 
-def run_query(query: str) -> list[tuple]:
+class QueryTimeout(sqlite3.OperationalError):
+    """The query ran longer than its deadline and was stopped."""
+
+
+def run_query(query: str, timeout_s: float = QUERY_TIMEOUT_S) -> list[tuple]:
     """The rows of ``query`` on a fresh copy of the database (at most ``MAX_ROWS``).
 
-    Raises ``sqlite3.Error`` for a query SQLite rejects (and ``sqlite3.Warning`` for more than
-    one statement), as SQLite words it."""
+    Raises ``sqlite3.Error`` for a query SQLite rejects (``not authorized`` for a denied statement;
+    ``QueryTimeout`` past ``timeout_s``), and ``sqlite3.Warning`` for more than one statement, as
+    SQLite words it."""
     db = connect()
+    deadline = time.monotonic() + timeout_s
+    db.set_progress_handler(lambda: int(time.monotonic() > deadline), PROGRESS_EVERY)
     try:
         return db.execute(query).fetchmany(MAX_ROWS)
+    except sqlite3.OperationalError as exc:
+        if time.monotonic() > deadline and "interrupted" in str(exc):
+            raise QueryTimeout(f"query stopped: it ran longer than {timeout_s:g} s") from exc
+        raise
     finally:
         db.close()
 

@@ -1,7 +1,7 @@
 """Fixtures of the dashboard tests: the app served over real HTTP (uvicorn in a thread, on a free
-port, stopped after the test), and Debian's Chromium driven by Playwright. Where Chromium or
-Playwright is not installed the browser tests skip with the reason, except in CI (``CI`` set),
-which installs both (.ci/run): there a missing browser fails them."""
+port, stopped after the test), and Debian's Chromium driven by Playwright. CI installs both
+(.ci/run); where either is missing the browser tests fail saying what to install (only a missing
+GPU may skip a test: tests/conftest.py)."""
 
 from __future__ import annotations
 
@@ -55,7 +55,7 @@ def browser():
     """Headless Chromium (Debian's package, never a downloaded build) through Playwright."""
     missing = _browser_missing()
     if missing:
-        (pytest.fail if os.environ.get("CI") else pytest.skip)(missing)
+        pytest.fail(missing)
     from playwright import sync_api
 
     with sync_api.sync_playwright() as playwright:

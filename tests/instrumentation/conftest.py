@@ -1,6 +1,8 @@
 """Fixtures of the instrumentation tests: a real OTLP/gRPC TraceService collecting what agents
-export, a real HTTP server replaying answers recorded from vLLM, private tracer providers, and
-a runner for agent scripts under ``opentelemetry-instrument``. Every server binds 127.0.0.1 on
+export, a real HTTP server replaying answers recorded from vLLM (``vllm_recording*``: a
+recording, not a live engine; tests/verl_backend/test_vllm_live.py runs an agent of ``agents/``
+against a running vLLM), private tracer providers, and a runner for agent scripts under
+``opentelemetry-instrument``. Every server binds 127.0.0.1 on
 a free port and is stopped in teardown; every subprocess is killed in ``finally``."""
 
 from __future__ import annotations
@@ -144,13 +146,13 @@ def _server_fixture(**options: Any):
 
 
 @pytest.fixture()
-def vllm_server():
+def vllm_recording():
     """vLLM's recorded answers: token ids when the request asks for them."""
     yield from _server_fixture()
 
 
 @pytest.fixture()
-def vllm_server_without_ids():
+def vllm_recording_without_ids():
     """vLLM's answers to requests without ``return_token_ids``, whatever the request asks:
     an OpenAI-compatible endpoint that ignores the field."""
     yield from _server_fixture(ignores_token_ids=True)
@@ -231,7 +233,7 @@ def harness():
 
 
 @pytest.fixture()
-def vllm_server_malformed():
+def vllm_recording_malformed():
     """vLLM's answers with ``choices[0].token_ids`` that are not a list of ints."""
     yield from _server_fixture(malformed_token_ids=True)
 

@@ -1,6 +1,7 @@
 """End to end: an unmodified OpenAI-SDK agent under ``opentelemetry-instrument`` exports, over
-real OTLP/gRPC, LLM spans carrying exactly the token ids vLLM sent (its recorded answers,
-replayed by ``vllm_replay_server.py``)."""
+real OTLP/gRPC, LLM spans carrying exactly the token ids vLLM sent: a recording of its answers,
+replayed by ``vllm_replay_server.py`` (fast, and here where vLLM is not installed). The same
+agent against a running vLLM server: tests/verl_backend/test_vllm_live.py (in `.venv-verl`)."""
 
 from __future__ import annotations
 
@@ -39,16 +40,16 @@ def expected_keys(plan):
 
 
 def test_every_call_kind_carries_the_exact_ids_the_server_sent(
-    trace_collector, vllm_server, run_agent, harness
+    trace_collector, vllm_recording, run_agent, harness
 ):
     env = harness.agent_environment(
-        trace_collector.endpoint, vllm_server.base_url, OTEL_RESOURCE_ATTRIBUTES=RESOURCE_IDENTITY
+        trace_collector.endpoint, vllm_recording.base_url, OTEL_RESOURCE_ATTRIBUTES=RESOURCE_IDENTITY
     )
     result = run_agent("openai_calls_agent.py", env, "all")
     assert result.returncode == 0, result.stderr
     made = json.loads(result.stdout.strip().splitlines()[-1])
     assert len(made) == 13
-    assert all(body.get("return_token_ids") is True for body in vllm_server.requests)
+    assert all(body.get("return_token_ids") is True for body in vllm_recording.requests)
 
     assert harness.wait_for(lambda: len(llm_spans(trace_collector)) >= len(made))
     spans = llm_spans(trace_collector)
@@ -58,7 +59,7 @@ def test_every_call_kind_carries_the_exact_ids_the_server_sent(
     assert set(by_response_id) == set(made.values())
 
     for label, response_id in made.items():
-        span, plan = by_response_id[response_id], vllm_server.sent[response_id]
+        span, plan = by_response_id[response_id], vllm_recording.sent[response_id]
         attributes = span["attributes"]
         assert spanrl_keys(span) == expected_keys(plan), label
         assert attributes[semconv.LLM_PROMPT_TOKEN_IDS] == tuple(plan["prompt_token_ids"]), label
@@ -79,13 +80,13 @@ def test_every_call_kind_carries_the_exact_ids_the_server_sent(
 
 
 def test_endpoint_ignoring_return_token_ids_still_works(
-    trace_collector, vllm_server_without_ids, run_agent, harness
+    trace_collector, vllm_recording_without_ids, run_agent, harness
 ):
-    env = harness.agent_environment(trace_collector.endpoint, vllm_server_without_ids.base_url)
+    env = harness.agent_environment(trace_collector.endpoint, vllm_recording_without_ids.base_url)
     result = run_agent("openai_calls_agent.py", env, "quick")
     assert result.returncode == 0, result.stderr
     made = json.loads(result.stdout.strip().splitlines()[-1])
-    assert all(body.get("return_token_ids") is True for body in vllm_server_without_ids.requests)
+    assert all(body.get("return_token_ids") is True for body in vllm_recording_without_ids.requests)
     assert harness.wait_for(lambda: len(llm_spans(trace_collector)) >= len(made))
     for span in llm_spans(trace_collector):
         assert semconv.LLM_PROMPT_TOKEN_IDS not in span["attributes"]
@@ -95,20 +96,20 @@ def test_endpoint_ignoring_return_token_ids_still_works(
     assert "spanrl" not in result.stderr  # nothing to warn about: no ids is not an error
 
 
-def test_flag_turns_token_id_requests_off(trace_collector, vllm_server, run_agent, harness):
-    env = harness.agent_environment(trace_collector.endpoint, vllm_server.base_url)
+def test_flag_turns_token_id_requests_off(trace_collector, vllm_recording, run_agent, harness):
+    env = harness.agent_environment(trace_collector.endpoint, vllm_recording.base_url)
     result = run_agent("openai_calls_agent.py", env, "quick",
                        flags=("--spanrl_request_token_ids", "false"))
     assert result.returncode == 0, result.stderr
-    assert vllm_server.requests
-    assert not any("return_token_ids" in body for body in vllm_server.requests)
+    assert vllm_recording.requests
+    assert not any("return_token_ids" in body for body in vllm_recording.requests)
     assert harness.wait_for(lambda: len(llm_spans(trace_collector)) >= 4)
     assert not any(semconv.LLM_PROMPT_TOKEN_IDS in s["attributes"] for s in llm_spans(trace_collector))
 
 
-def test_agent_runs_when_the_receiver_is_down(vllm_server, run_agent, harness):
+def test_agent_runs_when_the_receiver_is_down(vllm_recording, run_agent, harness):
     dead_endpoint = f"http://127.0.0.1:{harness.free_port()}"
-    env = harness.agent_environment(dead_endpoint, vllm_server.base_url,
+    env = harness.agent_environment(dead_endpoint, vllm_recording.base_url,
                                     OTEL_EXPORTER_OTLP_TIMEOUT="1")
     result = run_agent("openai_calls_agent.py", env, "quick", timeout=90)
     assert result.returncode == 0, result.stderr
@@ -116,9 +117,9 @@ def test_agent_runs_when_the_receiver_is_down(vllm_server, run_agent, harness):
 
 
 def test_spanrl_turns_openinference_on_when_its_entry_point_is_disabled(
-    trace_collector, vllm_server, run_agent, harness
+    trace_collector, vllm_recording, run_agent, harness
 ):
-    env = harness.agent_environment(trace_collector.endpoint, vllm_server.base_url,
+    env = harness.agent_environment(trace_collector.endpoint, vllm_recording.base_url,
                                     OTEL_PYTHON_DISABLED_INSTRUMENTATIONS="openai")
     result = run_agent("openai_calls_agent.py", env, "quick")
     assert result.returncode == 0, result.stderr

@@ -64,8 +64,8 @@ def test_an_sdk_it_cannot_patch_is_logged_and_left_untouched(monkeypatch, caplog
         instrumentor.uninstrument()
 
 
-def test_malformed_ids_are_logged_and_the_call_returns(private_tracing, vllm_server_malformed, caplog):
-    client = openai.OpenAI(base_url=vllm_server_malformed.base_url, api_key="k")
+def test_malformed_ids_are_logged_and_the_call_returns(private_tracing, vllm_recording_malformed, caplog):
+    client = openai.OpenAI(base_url=vllm_recording_malformed.base_url, api_key="k")
     with caplog.at_level(logging.WARNING, logger="spanrl"):
         response = client.chat.completions.create(model="p", messages=MESSAGES)
         chunks = list(client.chat.completions.create(model="p", messages=MESSAGES, stream=True))
@@ -74,24 +74,24 @@ def test_malformed_ids_are_logged_and_the_call_returns(private_tracing, vllm_ser
     spans = llm_attributes(private_tracing.exporter)
     assert len(spans) == 2
     for attributes, response_id in zip(spans, [response.id, chunks[0].id], strict=True):
-        plan = vllm_server_malformed.sent[response_id]
+        plan = vllm_recording_malformed.sent[response_id]
         assert attributes[semconv.LLM_PROMPT_TOKEN_IDS] == tuple(plan["prompt_token_ids"])
         assert semconv.llm_response_token_ids(0) not in attributes
 
 
-def test_the_agents_own_return_token_ids_choice_is_kept(private_tracing, vllm_server):
-    client = openai.OpenAI(base_url=vllm_server.base_url, api_key="k")
+def test_the_agents_own_return_token_ids_choice_is_kept(private_tracing, vllm_recording):
+    client = openai.OpenAI(base_url=vllm_recording.base_url, api_key="k")
     client.chat.completions.create(model="p", messages=MESSAGES, extra_body={"return_token_ids": False})
-    assert vllm_server.requests[-1]["return_token_ids"] is False
+    assert vllm_recording.requests[-1]["return_token_ids"] is False
     (attributes,) = llm_attributes(private_tracing.exporter)
     assert semconv.LLM_PROMPT_TOKEN_IDS not in attributes
     assert attributes[semconv.LLM_POLICY_VERSION] == 7  # from the header and body still
 
 
-def test_calls_inside_a_rollout_name_it_in_a_header_for_sticky_routing(private_tracing, vllm_server):
+def test_calls_inside_a_rollout_name_it_in_a_header_for_sticky_routing(private_tracing, vllm_recording):
     from spanrl.instrumentation.rollout import rollout
 
-    client = openai.OpenAI(base_url=vllm_server.base_url, api_key="k")
+    client = openai.OpenAI(base_url=vllm_recording.base_url, api_key="k")
     outside = client.chat.completions.with_raw_response.create(model="p", messages=MESSAGES)
     assert semconv.ROLLOUT_ID_HEADER not in outside.http_request.headers
     with rollout("task-1", rollout_id="r-42", tracer_provider=private_tracing.provider):
@@ -102,8 +102,8 @@ def test_calls_inside_a_rollout_name_it_in_a_header_for_sticky_routing(private_t
     assert chosen.http_request.headers[semconv.ROLLOUT_ID_HEADER] == "mine"  # the agent's own value wins
 
 
-def test_ids_never_land_on_a_span_that_is_not_the_calls_llm_span(private_tracing, vllm_server):
-    client = openai.OpenAI(base_url=vllm_server.base_url, api_key="k")
+def test_ids_never_land_on_a_span_that_is_not_the_calls_llm_span(private_tracing, vllm_recording):
+    client = openai.OpenAI(base_url=vllm_recording.base_url, api_key="k")
     tracer = private_tracing.provider.get_tracer("outer")
     with tracer.start_as_current_span("outer-step"):
         token = context_api.attach(context_api.set_value(_SUPPRESS_INSTRUMENTATION_KEY, True))
@@ -116,8 +116,8 @@ def test_ids_never_land_on_a_span_that_is_not_the_calls_llm_span(private_tracing
     assert not any(k.startswith("spanrl.llm") for k in outer.attributes)
 
 
-def test_a_stream_left_early_still_ends_its_span_without_errors(private_tracing, vllm_server, caplog):
-    client = openai.OpenAI(base_url=vllm_server.base_url, api_key="k")
+def test_a_stream_left_early_still_ends_its_span_without_errors(private_tracing, vllm_recording, caplog):
+    client = openai.OpenAI(base_url=vllm_recording.base_url, api_key="k")
     with caplog.at_level(logging.WARNING):
         with client.chat.completions.create(model="p", messages=MESSAGES, stream=True) as stream:
             next(iter(stream))
@@ -160,12 +160,12 @@ def test_stream_ids_are_concatenated_per_choice_index_whatever_the_order():
     assert attributes[semconv.GENAI_RESPONSE_ID] == "s"
 
 
-def test_an_error_answer_raises_as_usual_and_records_no_ids(private_tracing, vllm_server, caplog):
-    client = openai.OpenAI(base_url=vllm_server.base_url, api_key="k", max_retries=0)
+def test_an_error_answer_raises_as_usual_and_records_no_ids(private_tracing, vllm_recording, caplog):
+    client = openai.OpenAI(base_url=vllm_recording.base_url, api_key="k", max_retries=0)
     with caplog.at_level(logging.WARNING, logger="spanrl"):
         with pytest.raises(openai.NotFoundError, match="The model `missing-model` does not exist"):
             client.chat.completions.create(model="missing-model", messages=MESSAGES)
-    assert vllm_server.requests[-1]["return_token_ids"] is True
+    assert vllm_recording.requests[-1]["return_token_ids"] is True
     (span,) = [s for s in private_tracing.exporter.get_finished_spans()
                if s.attributes.get("openinference.span.kind") == "LLM"]
     assert span.status.status_code == StatusCode.ERROR  # openinference's account of the failure

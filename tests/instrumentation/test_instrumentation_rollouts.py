@@ -52,8 +52,8 @@ def check_rollouts(collector, received):
 
 
 @pytest.mark.parametrize("mode", ["opentelemetry-instrument", "in-process"])
-def test_concurrent_rollouts_never_mix(mode, trace_collector, vllm_server, run_agent, harness):
-    env = harness.agent_environment(trace_collector.endpoint, vllm_server.base_url,
+def test_concurrent_rollouts_never_mix(mode, trace_collector, vllm_recording, run_agent, harness):
+    env = harness.agent_environment(trace_collector.endpoint, vllm_recording.base_url,
                                     OTEL_SPANRL_RECEIVER_TOKEN="secret-token")
     if mode == "in-process":
         result = run_agent("concurrent_rollouts_agent.py", env, "in-process", instrument=False)
@@ -71,8 +71,8 @@ def test_concurrent_rollouts_never_mix(mode, trace_collector, vllm_server, run_a
         assert "OTEL_EXPORTER_OTLP_HEADERS" in result.stderr
 
 
-def test_start_tracing_over_otlp_http(otlp_http_collector, vllm_server, run_agent, harness):
-    env = harness.agent_environment("http://127.0.0.1:9", vllm_server.base_url,
+def test_start_tracing_over_otlp_http(otlp_http_collector, vllm_recording, run_agent, harness):
+    env = harness.agent_environment("http://127.0.0.1:9", vllm_recording.base_url,
                                     OTEL_SPANRL_RECEIVER_TOKEN="http-token")
     result = run_agent("in_process_http_agent.py", env, otlp_http_collector.endpoint, instrument=False)
     assert result.returncode == 0, result.stderr
@@ -86,7 +86,7 @@ def test_start_tracing_over_otlp_http(otlp_http_collector, vllm_server, run_agen
     assert llm[semconv.ROLLOUT_ID].string_value == "http-rollout"
     assert llm[semconv.ATTEMPT].int_value == 3
     assert llm[semconv.GENAI_RESPONSE_ID].string_value == response_id
-    sent = vllm_server.sent[response_id]
+    sent = vllm_recording.sent[response_id]
     assert [v.int_value for v in llm[semconv.LLM_PROMPT_TOKEN_IDS].array_value.values] == sent["prompt_token_ids"]
     assert all(h["authorization"] == "Bearer http-token" and h["x-team"] == "rl"
                for h in otlp_http_collector.headers)

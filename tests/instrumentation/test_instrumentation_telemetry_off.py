@@ -11,8 +11,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 INSTRUMENT = Path(sys.executable).parent / "opentelemetry-instrument"
 AGENT = "import sys; print('agent ran'); sys.exit(3)"  # a distinctive exit code, kept as it is
 
@@ -46,23 +44,17 @@ def test_an_sdk_that_cannot_start_is_said_once(tmp_path):
     assert "telemetry is OFF" in line and "will fail to start" in line and "'zipkin_json'" in line
 
 
-@pytest.fixture(scope="module")
-def old_protobuf(tmp_path_factory) -> Path:
-    """protobuf 5.29 (what AutoGen pins) in a folder of its own, put first on the agent's path."""
-    target = tmp_path_factory.mktemp("protobuf-5.29")
-    result = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target",
-                             str(target), "protobuf==5.29.5"], capture_output=True, text=True, timeout=300)
-    if result.returncode != 0:
-        pytest.skip(f"protobuf 5.29.5 could not be installed here (offline?): {result.stderr[-500:]}")
-    return target
+# protobuf 5.29 (what AutoGen pins), installed beside this environment by .ci/run, never by a test
+OLD_PROTOBUF = Path(sys.prefix) / "protobuf-5.29"
+OLD_PROTOBUF_INSTALL = f"python -m pip install --no-deps --target {OLD_PROTOBUF} protobuf==5.29.5"
 
 
-def test_a_protobuf_the_exporter_refuses_is_said_once_with_the_fix(tmp_path, old_protobuf):
+def test_a_protobuf_the_exporter_refuses_is_said_once_with_the_fix(tmp_path):
     from importlib.metadata import version
 
-    if int(version("protobuf").split(".")[0]) <= 5:
-        pytest.skip("this environment's protobuf is 5.x already: the old one is no mismatch here")
-    result = run_agent(tmp_path, PYTHONPATH=os.pathsep.join([str(old_protobuf), os.environ.get("PYTHONPATH", "")]))
+    assert (OLD_PROTOBUF / "google" / "protobuf").is_dir(), f"protobuf 5.29.5 is missing: {OLD_PROTOBUF_INSTALL}"
+    assert int(version("protobuf").split(".")[0]) >= 6, "the test environment's protobuf is the one the exporter wants"
+    result = run_agent(tmp_path, PYTHONPATH=os.pathsep.join([str(OLD_PROTOBUF), os.environ.get("PYTHONPATH", "")]))
     (line,) = spanrl_lines(result)
     assert "telemetry is OFF" in line and "will fail to start" in line
     assert "protobuf 5.29.5 is installed" in line and "spanrl doctor" in line

@@ -158,9 +158,11 @@ def test_an_instrumented_sdk_agent_served_by_a_span_emitting_endpoint_keeps_one_
     endpoint_spans = [r for r in records if r.attributes.get(semconv.LLM_SOURCE) == semconv.LLM_SOURCE_ENDPOINT]
     assert len(endpoint_spans) == len(engine.jobs)  # both witnesses reached the receiver...
     assert [(t.prompt_token_ids, t.response_token_ids) for t in assembled.transitions] == served_ids(engine)
-    # ... and the agent side's span of each call stayed the call (where its structure is)
+    # ... and the endpoint's record of each call is the call (its ids are what the engine
+    # sampled), with the agent side's span merged into it; both recorded the same ids
     kept = {t.span_id for t in assembled.transitions}
-    assert not kept & {r.key for r in endpoint_spans}
+    assert kept == {r.key for r in endpoint_spans}
+    assert assembled.counters == {}
 
 
 NODE_DIR = Path(__file__).resolve().parents[1] / "node"

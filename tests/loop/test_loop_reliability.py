@@ -98,7 +98,10 @@ def test_a_report_survives_the_bridge_being_down_for_a_while():
     client = BridgeClient(f"http://127.0.0.1:{port}", retry_for_s=20.0)
     reported = threading.Thread(target=client.finish, args=(attempt.rollout_id, "ok"))
     reported.start()
-    time.sleep(0.8)  # connection refused meanwhile
+    deadline = time.monotonic() + 20
+    while client.retries < 2:  # refused twice: the bridge is down, and the client keeps trying
+        assert reported.is_alive() and time.monotonic() < deadline, "the client did not retry the refused report"
+        time.sleep(0.01)
     api = BridgeAPI(dispatcher, POLICY, lambda: 0, port=port).start()
     try:
         reported.join(timeout=30)

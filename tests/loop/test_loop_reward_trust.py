@@ -5,6 +5,7 @@ assembled by the receiver's code with the default AIR rule, scored by the real t
 from __future__ import annotations
 
 import json
+import time
 
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.sdk.trace import TracerProvider
@@ -18,16 +19,18 @@ from spanrl.otlp_receiver.air import load_rules
 from spanrl.otlp_receiver.assembly import AssemblyOptions, assemble_rollout
 from spanrl.otlp_receiver.otlp_decode import decode_request
 from spanrl.otlp_receiver.span_tree import records_from_bodies
+from spanrl.schema import metrics as keys
+from spanrl.trainer_bridge.task_dispatch import Outcome
 from spanrl.trainer_bridge.train_settings import TrainSettings
-from spanrl.trainer_bridge.training_loop import TrainingLoop
+from spanrl.trainer_bridge.training_loop import StepUpdate, TrainingLoop, step_row
 
 LLM = {semconv.OPENINFERENCE_SPAN_KIND: semconv.SPAN_KIND_LLM, semconv.LLM_PROMPT_TOKEN_IDS: [1],
        semconv.llm_response_token_ids(0): [2]}
 ATTEMPT = Attempt("r", "t", 0, {"id": "t"}, 0)
 
 
-def _rollout(tool_fails: bool):
-    """A rollout whose agent awards itself 5.0; its tool fails when ``tool_fails``."""
+def _rollout(tool_fails: bool, agent_reward: float = 5.0, options: AssemblyOptions | None = None):
+    """A rollout whose agent awards itself ``agent_reward``; its tool fails when ``tool_fails``."""
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
@@ -38,11 +41,11 @@ def _rollout(tool_fails: bool):
         with tracer.start_as_current_span("tool") as tool:
             if tool_fails:
                 tool.set_status(Status(StatusCode.ERROR, "boom"))
-        root.add_event(semconv.REWARD_EVENT, {semconv.REWARD_VALUE: 5.0})
+        root.add_event(semconv.REWARD_EVENT, {semconv.REWARD_VALUE: agent_reward})
     provider.shutdown()
     decoded = decode_request(encode_spans(exporter.get_finished_spans()))
     records = records_from_bodies(row.body for row in decoded.rows)
-    return assemble_rollout("r", records, "rollout_span", AssemblyOptions(air_rules=load_rules("default")))
+    return assemble_rollout("r", records, "rollout_span", options or AssemblyOptions(air_rules=load_rules("default")))
 
 
 def _loop(tmp_path, trust: bool) -> TrainingLoop:
@@ -60,3 +63,16 @@ def test_agent_rewards_count_only_when_trusted(tmp_path):
     assert distrusting.scorer.score(ATTEMPT, failing) == -0.1  # only the rule's reward
     assert trusting.scorer.score(ATTEMPT, clean) == 5.0
     assert distrusting.scorer.score(ATTEMPT, clean) is None  # nothing trustworthy: left out as no_reward
+
+
+def test_what_the_receiver_counted_reaches_the_step_metrics(tmp_path):
+    """A reward outside the receiver's range is rejected there; the step's metrics row says so."""
+    rollout = _rollout(tool_fails=False, agent_reward=500.0)
+    assert rollout.counters == {"rewards_rejected": 1} and rollout.total_reward is None
+    loop = _loop(tmp_path, True)
+    loop.store.save_assembled(rollout)
+    report = loop.collect([ATTEMPT], {ATTEMPT.rollout_id: Outcome("ok")})
+    assert report.left_out == {"no_reward": 1}
+    assert report.receiver_counters == {"rewards_rejected": 1}
+    row = step_row(0, 0, [ATTEMPT], report, StepUpdate([], set(), 0, {}), 1.0, time.monotonic())
+    assert row[keys.RECEIVER_COUNTERS] == {"rewards_rejected": 1}

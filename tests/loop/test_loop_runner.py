@@ -3,6 +3,7 @@ rollouts, reported to the bridge, with the rollout span ended as ERROR; the runn
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import threading
@@ -80,3 +81,73 @@ def test_a_command_attempt_names_its_rollout_to_the_child_and_spans_it_here(brid
     assert span.name == semconv.ROLLOUT_SPAN_NAME
     assert span.attributes[semconv.ROLLOUT_ID] == attempt.rollout_id
     assert span.attributes[semconv.variable("output")] == result.output
+
+
+def claim_of(task: dict, timeout_s: float = 30.0):
+    from spanrl.bridge_protocol import ClaimedAttempt
+
+    return ClaimedAttempt("r-1", "t", 0, task, 0, timeout_s, "http://127.0.0.1:9/v1", "policy")
+
+
+def test_a_task_too_large_for_an_environment_variable_arrives_through_a_file(tmp_path):
+    """Linux refuses an environment string over 128 KiB (execve fails): such a task comes in a
+    file only its owner can read, named by SPANRL_TASK_FILE, and removed afterwards."""
+    from spanrl.runner.attempts import run_command_attempt
+
+    task = {"id": "big", "context": "x" * 300_000}
+    peek = tmp_path / "peek.json"
+    agent = [sys.executable, os.path.join(AGENTS_DIR, "peek_agent.py")]
+    result = run_command_attempt(agent, claim_of(task), "http://127.0.0.1:9", wrap=False,
+                                 extra_env={"PEEK_OUT": str(peek)})
+    assert result.status == "ok", result.error
+    seen = json.loads(peek.read_text())
+    assert "SPANRL_TASK" not in seen["environ"]
+    assert json.loads(seen["task_file"]) == task and json.loads(seen["stdin"]) == task
+    assert seen["task_file_mode"] == "0o600"
+    assert not os.path.exists(seen["environ"]["SPANRL_TASK_FILE"])
+    small = run_command_attempt(agent, claim_of({"id": "small"}), "http://127.0.0.1:9", wrap=False,
+                                extra_env={"PEEK_OUT": str(peek)})
+    assert small.status == "ok" and "SPANRL_TASK_FILE" not in json.loads(peek.read_text())["environ"]
+
+
+def test_an_agent_printing_without_end_is_read_into_bounded_buffers():
+    """64 MiB on stdout and on stderr: the runner keeps only their tails, and still finds the
+    output (the last stdout line) and the end of stderr of a failing agent."""
+    from spanrl.runner.agent_process import OUTPUT_TAIL_BYTES, STDERR_TAIL_BYTES, run_child
+    from spanrl.runner.attempts import run_command_attempt
+
+    flood = ("import sys\nchunk = b'y' * (1 << 20)\n"
+             "for _ in range(64):\n    sys.stdout.buffer.write(chunk); sys.stderr.buffer.write(chunk)\n"
+             "print(); print('the answer'); print('last words', file=sys.stderr)\n")
+    result = run_child([sys.executable, "-c", flood], dict(os.environ), b"", 120)
+    assert result.returncode == 0
+    assert len(result.stdout_tail) == OUTPUT_TAIL_BYTES and result.stdout_tail.endswith(b"\nthe answer\n")
+    assert len(result.stderr_tail) == STDERR_TAIL_BYTES and result.stderr_tail.endswith(b"last words\n")
+    ok = run_command_attempt([sys.executable, "-c", flood], claim_of({"id": "f"}), "http://127.0.0.1:9", wrap=False)
+    assert (ok.status, ok.output) == ("ok", "the answer")
+    failing = flood + "sys.exit(5)\n"
+    failed = run_command_attempt([sys.executable, "-c", failing], claim_of({"id": "f"}), "http://127.0.0.1:9",
+                                 wrap=False)
+    assert failed.status == "failed" and "code 5" in failed.error and failed.error.endswith("last words")
+
+
+def test_the_runner_stops_once_too_many_in_process_agents_hang_past_their_timeout(bridge, tracer_provider):
+    dispatcher, api = bridge
+    dispatcher.rollout_timeout_s = 0.3
+    dispatcher.open_round(0, [(f"stuck{i}", {"id": f"stuck{i}", "behaviour": "hang"}) for i in range(4)],
+                          group_size=1)
+    settings = RunnerSettings(agent="flaky_agent:solve", bridge_url=api.url, concurrency=1, python_path=[AGENTS_DIR],
+                              bridge_wait_s=10, max_abandoned_agents=2)
+    runner = Runner(settings, tracer_provider=tracer_provider)  # loads flaky_agent
+    sys.modules["flaky_agent"].release_hung_agents.clear()  # an earlier test may have released them
+    thread = threading.Thread(target=runner.run, daemon=True)
+    thread.start()
+    thread.join(timeout=60)  # it returns on its own: it gave up
+    stopped_on_its_own = not thread.is_alive()
+    runner.stop()
+    sys.modules["flaky_agent"].release_hung_agents.set()
+    assert stopped_on_its_own
+    assert runner.counts == {"timeout": 2}
+    assert runner.gave_up and "max_abandoned_agents: 2" in runner.stop_reason
+    assert "run it as a command" in runner.stop_reason
+    assert dispatcher.claim() is not None  # the attempts after the second hang were left unclaimed

@@ -52,6 +52,29 @@ def test_the_database_is_read_only_and_fresh_for_every_query():
     assert database.run_query("SELECT COUNT(*) FROM employees") == [(len(database.EMPLOYEES),)]
 
 
+def test_a_query_can_neither_write_files_nor_undo_the_read_only_mode(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # where ATTACH or VACUUM INTO would create their files
+    for query in ("ATTACH 'copy.db' AS copy", "VACUUM INTO 'copy.db'", "VACUUM", "PRAGMA query_only = OFF",
+                  "PRAGMA writable_schema = ON", "PRAGMA journal_mode = DELETE"):
+        with pytest.raises(sqlite3.DatabaseError, match="not authorized|authorization denied"):
+            database.run_query(query)
+    assert list(tmp_path.iterdir()) == []
+    # reading the schema stays allowed, as a pragma or its table-valued function
+    assert [row[1] for row in database.run_query("PRAGMA table_info(projects)")] == ["name", "dept", "budget"]
+    assert database.run_query("SELECT count(*) FROM pragma_table_info('employees')") == [(5,)]
+
+
+def test_a_query_that_would_run_forever_is_stopped_at_its_deadline():
+    endless = "WITH RECURSIVE n(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM n) SELECT count(*) FROM n"
+    with pytest.raises(database.QueryTimeout, match="ran longer than 0.2 s"):
+        database.run_query(endless, timeout_s=0.2)
+    growing = "WITH RECURSIVE s(x) AS (SELECT 'ab' UNION ALL SELECT x || x FROM s) SELECT length(x) FROM s"
+    with pytest.raises(sqlite3.DataError, match="too big"):  # a value cannot grow without bound either
+        database.run_query(growing)
+    assert try_query(endless).startswith("ERROR: query stopped: it ran longer than")
+    assert database.run_query("SELECT count(*) FROM employees") == [(len(database.EMPLOYEES),)]
+
+
 def test_execution_match_compares_rows_as_a_multiset():
     gold = [["Ada"], ["Gus"]]
     assert execution_match("SELECT name FROM employees WHERE name IN ('Gus', 'Ada') ORDER BY name DESC", gold) == 1.0

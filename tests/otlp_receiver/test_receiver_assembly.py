@@ -12,6 +12,7 @@ from opentelemetry.trace import Status, StatusCode
 from spanrl.instrumentation import semconv
 from spanrl.otlp_receiver.air import AirRuleError, load_rules
 from spanrl.otlp_receiver.assembly import AssemblyOptions, assemble_rollout
+from spanrl.otlp_receiver.rewards import RewardPolicy
 from spanrl.otlp_receiver.span_tree import SpanTree
 
 LLM = {semconv.OPENINFERENCE_SPAN_KIND: semconv.SPAN_KIND_LLM}
@@ -44,7 +45,9 @@ def test_reward_attachment_rules(memory_tracer, to_records):
                 semconv.REWARD_EVENT, {semconv.REWARD_VALUE: 2.0, semconv.REWARD_RESPONSE_ID: "chatcmpl-c"}
             )
         root.add_event(semconv.REWARD_EVENT, {semconv.REWARD_VALUE: 10.0, semconv.REWARD_NAME: "final"})
-    rollout = assemble_rollout("r", to_records(memory_tracer.exporter.get_finished_spans()), "rollout_span")
+    evaluations_count = AssemblyOptions(rewards=RewardPolicy(evaluation_events=True))  # opted in
+    rollout = assemble_rollout("r", to_records(memory_tracer.exporter.get_finished_spans()), "rollout_span",
+                               evaluations_count)
     assert [t.prompt_token_ids for t in rollout.transitions] == [(1,), (3,), (5,), (7,)]
     # llm-a: its own 0.5; llm-b: the step's 0.25 and the tool's evaluation 0.125 (the call that
     # led to the tool); llm-c: 2.0 by response id; llm-d: the root's 10.0 (the rollout's last call)
@@ -225,7 +228,10 @@ def test_air_default_rule_and_rules_file(memory_tracer, to_records, tmp_path):
     assert [t.return_ for t in rollout.transitions] == [-1.0, 0.0]
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"rules": [{"name": "x", "reward": "high", "when": {"status": "ERROR"}}]}))
-    with pytest.raises(AirRuleError, match="'reward' must be a number"):
+    with pytest.raises(AirRuleError, match="'reward' must be a finite number"):
+        load_rules(str(bad))
+    bad.write_text('{"rules": [{"name": "x", "reward": Infinity, "when": {"status": "ERROR"}}]}')
+    with pytest.raises(AirRuleError, match="'reward' must be a finite number, got inf"):
         load_rules(str(bad))
 
 

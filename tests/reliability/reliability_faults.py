@@ -116,7 +116,8 @@ def receiver_sigkill_midstream(folder: Path, senders: int = 3, seed: int = 0) ->
         thread.start()
     try:
         wait_for(lambda: len(acked) >= 30, timeout=30, what="acknowledged spans before the kill")
-        time.sleep(rng.uniform(0.05, 0.5))
+        more = len(acked) + rng.randint(1, 60)  # kill at a random point of the stream: after more acks
+        wait_for(lambda: len(acked) >= more, timeout=30, what="more acknowledged spans")
         receiver.kill()
     finally:
         stop.set()
@@ -186,22 +187,32 @@ def disk_full(folder: Path) -> int:
         receiver.kill()
 
 
-def receiver_down_for_a_while(folder: Path, down_s: float = 2.0) -> int:
-    """An agent runs while the receiver is down: it is not held up, and once the receiver is up the
-    exporter's retries deliver; spans sent after it returned assemble too. Returns rollouts checked."""
+class _ExporterSeenTrying(OTLPSpanExporter):
+    """The OTLP/gRPC exporter, saying when it first tried to export (it then retries by itself)."""
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.tried = threading.Event()
+
+    def export(self, spans):
+        self.tried.set()
+        return super().export(spans)
+
+
+def receiver_down_for_a_while(folder: Path) -> int:
+    """An agent runs while the receiver is down: it is not held up (its rollouts end while nothing
+    listens), and once the receiver is up the exporter's retries deliver; spans sent after it
+    returned assemble too. Returns rollouts checked."""
     port = free_port()
-    exporter = OTLPSpanExporter(endpoint=f"http://127.0.0.1:{port}", insecure=True, timeout=60)
+    exporter = _ExporterSeenTrying(endpoint=f"http://127.0.0.1:{port}", insecure=True, timeout=60)
     provider = TracerProvider()
     provider.add_span_processor(BatchSpanProcessor(exporter, schedule_delay_millis=100))
     tracer = provider.get_tracer("agent")
     receiver = None
     try:
-        started = time.monotonic()
         for i in range(3):
-            emit_rollout(tracer, f"while-down-{i}")
-        agent_seconds = time.monotonic() - started
-        assert agent_seconds < 1.0, f"the agent was held up {agent_seconds:.1f}s by a receiver that is down"
-        time.sleep(down_s)  # the exporter retries against a closed port meanwhile
+            emit_rollout(tracer, f"while-down-{i}")  # returns: spans are queued, never sent in the agent's thread
+        wait_for(exporter.tried.is_set, timeout=30, what="the exporter trying the closed port")
         receiver = ReceiverProcess(folder / "down.db").start(grpc_port=port)
         for i in range(2):
             emit_rollout(tracer, f"after-return-{i}")
@@ -234,7 +245,8 @@ class RoundResult:
 def runner_bridge_round(agents: int, restart_bridge: bool = False, work_s: float = 0.3) -> RoundResult:
     """``agents`` concurrent runner workers (the runner's ``BridgeClient``, real HTTP) each claim one
     attempt, work ``work_s`` and report it. With ``restart_bridge`` the bridge's HTTP server is
-    stopped while they work and started again on the same port a second later."""
+    stopped once all claimed, and started again on the same port once every worker's report was
+    refused at least once (each retries meanwhile)."""
     from spanrl.runner.bridge_client import BridgeClient
     from spanrl.trainer_bridge.bridge_api import BridgeAPI, PolicyInfo
     from spanrl.trainer_bridge.task_dispatch import TaskDispatcher
@@ -247,17 +259,21 @@ def runner_bridge_round(agents: int, restart_bridge: bool = False, work_s: float
     errors: list[str] = []
     retries: list[int] = []
     claimed = threading.Barrier(agents + 1) if restart_bridge else None
+    bridge_down = threading.Event()
+    clients: list[BridgeClient] = []
 
     def worker() -> None:
         client = BridgeClient(f"http://127.0.0.1:{port}", retry_for_s=60.0)
+        clients.append(client)
         try:
             claim = client.claim()
             if claimed is not None:
                 claimed.wait(timeout=120)
+                bridge_down.wait(timeout=120)  # report only once the bridge went away
             if claim is None:
                 errors.append("nothing to claim")
                 return
-            time.sleep(work_s)
+            time.sleep(work_s)  # the agent's work
             client.finish(claim.rollout_id, "ok")
         except Exception as exc:  # noqa: BLE001 - counted and reported
             errors.append(repr(exc))
@@ -271,7 +287,9 @@ def runner_bridge_round(agents: int, restart_bridge: bool = False, work_s: float
         if claimed is not None:
             claimed.wait(timeout=120)  # every worker holds an attempt: now the bridge goes away
             api.stop()
-            time.sleep(1.0)
+            bridge_down.set()
+            wait_for(lambda: all(c.retries for c in clients), timeout=120,
+                     what="every runner retrying its report against the stopped bridge")
             api = BridgeAPI(dispatcher, policy, lambda: 0, port=port).start()
         for thread in threads:
             thread.join(timeout=180)
@@ -319,29 +337,31 @@ def tiny_model_dir(folder: Path) -> Path:
     return create_model_dir(folder / "tiny", preset="tiny", corpus_files=[corpus], seed=0)
 
 
-def _run_until_killed(model_dir, checkpoints, steps_before_kill: int, rng: random.Random) -> tuple[int, int]:
-    """Train until ``steps_before_kill`` steps were reported, then kill -9 at a random moment of
-    the next step (training or writing its checkpoint). Returns (version started at, last
-    version reported, i.e. saved)."""
+def _run_until_killed(model_dir, checkpoints: Path, steps_before_kill: int,
+                      mid_checkpoint: bool) -> tuple[int, int]:
+    """Train until ``steps_before_kill`` steps were reported, then kill -9 in the next step: right
+    away (mid-training) or, with ``mid_checkpoint``, once its checkpoint is being written (its
+    staging directory appeared). Returns (version started at, last version reported, i.e. saved)."""
     process = subprocess.Popen([sys.executable, "-c", TRAINING_RUN, str(model_dir), str(checkpoints)],
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert process.stdout is not None
-    started_at, reported, step_times = None, None, []
+    started_at, reported, steps = None, None, 0
     try:
-        last = time.monotonic()
         for line in process.stdout:
             if line.startswith("started at version"):
                 started_at = int(line.split()[-1])
-                last = time.monotonic()
             elif line.startswith("version"):
                 reported = int(line.split()[-1])
-                step_times.append(time.monotonic() - last)
-                last = time.monotonic()
-                if len(step_times) >= steps_before_kill:
+                steps += 1
+                if steps >= steps_before_kill:
                     break
         assert started_at is not None and reported is not None, "the training run did not start"
-        time.sleep(rng.uniform(0.0, sum(step_times) / len(step_times)))
+        if mid_checkpoint:  # its staging directory: .step-NNNNNN.partial-<the trainer's pid>
+            staging = f".partial-{process.pid}"
+            wait_for(lambda: process.poll() is not None
+                     or any(p.name.endswith(staging) for p in checkpoints.iterdir()),
+                     timeout=120, interval=0.002, what="the next checkpoint being written")
         process.send_signal(signal.SIGKILL)
         process.wait(timeout=30)
     finally:
@@ -359,10 +379,9 @@ def trainer_kill_rounds(model_dir: Path, checkpoints: Path, kills: int, seed: in
     from spanrl.trainer_bridge.torch_backend.checkpoints import STATE_FILE, list_checkpoints
     from spanrl.trainer_bridge.torch_backend.trainer import TorchTrainer
 
-    rng = random.Random(seed)
     highest_saved = 0
-    for _ in range(kills):
-        started_at, reported = _run_until_killed(model_dir, checkpoints, 2, rng)
+    for kill in range(kills):  # mid-checkpoint and mid-training kills alternate (the seed picks the first)
+        started_at, reported = _run_until_killed(model_dir, checkpoints, 2, mid_checkpoint=(kill + seed) % 2 == 0)
         assert started_at >= highest_saved, f"resumed at version {started_at} after {highest_saved} was saved"
         highest_saved = max(highest_saved, reported)
         complete = list_checkpoints(checkpoints)

@@ -8,14 +8,11 @@ from __future__ import annotations
 import os
 
 import pytest
+import reliability_faults as faults  # tests/reliability/ is on sys.path (conftest.py)
 
-torch = pytest.importorskip("torch")
-
-import reliability_faults as faults  # noqa: E402 - tests/reliability/ is on sys.path (conftest.py)
-
-from spanrl.trainer_bridge.torch_backend.checkpoints import checkpoint_name, list_checkpoints  # noqa: E402
-from spanrl.trainer_bridge.torch_backend.config import TrainerConfig  # noqa: E402
-from spanrl.trainer_bridge.torch_backend.trainer import TorchTrainer  # noqa: E402
+from spanrl.trainer_bridge.torch_backend.checkpoints import checkpoint_name, list_checkpoints
+from spanrl.trainer_bridge.torch_backend.config import TrainerConfig
+from spanrl.trainer_bridge.torch_backend.trainer import TorchTrainer
 
 KILLS = int(os.environ.get("SPANRL_TRAINER_KILLS", "1"))  # each run imports torch anew: ~15-25 s on 2 busy cores
 

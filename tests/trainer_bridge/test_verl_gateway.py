@@ -1,5 +1,6 @@
 """The verl backend's gateway in front of two real upstreams (spanrl's embedded policy servers,
-which speak vLLM's dialect), called with the real ``openai`` client over HTTP."""
+which speak vLLM's dialect), called with the real ``openai`` client over HTTP. The gateway in
+front of a running vLLM server: tests/verl_backend/test_vllm_live.py (in `.venv-verl`)."""
 
 from __future__ import annotations
 
