@@ -37,6 +37,8 @@ COMMAND_MODULES = {
     "model": "spanrl.trainer_bridge.torch_backend.model_cli",
     "sft": "spanrl.trainer_bridge.sft_cli",
     "serve": "spanrl.trainer_bridge.torch_backend.serve_cli",
+    "proxy": "spanrl.trainer_bridge.relay.proxy_cli",
+    "prompts": "spanrl.trainer_bridge.prompts_cli",
     "train": "spanrl.trainer_bridge.train_cli",
     "run": "spanrl.runner.run_cli",
     "dashboard": "spanrl.dashboard.dashboard_cli",

@@ -217,3 +217,37 @@ def _event_accuracy(db: str, reward_name: str, rollouts_per_round: int) -> dict[
         value = sum(r.value for r in rollout.rewards if r.name == reward_name and rollout.status == "ok")
         values.setdefault(step, []).append(value)
     return {step: sum(v) / max(rollouts_per_round, len(v)) for step, v in sorted(values.items())}
+
+
+def example_main(task: Task, description: str, argv: list[str] | None = None,
+                 check: Callable[[], None] | None = None) -> int:
+    """A task's ``pipeline.py`` command line: warm start, its held-out accuracy, then training with
+    held-out accuracy every ``--val-every`` steps, printed as one curve. ``check`` runs once the
+    arguments are read (e.g. that the agent's own venv exists)."""
+    import argparse
+    import time
+
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--output-dir", default=f"runs/{task.name}")
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--val-every", type=int, default=2)
+    parser.add_argument("--sft-steps", type=int, default=WarmStart.steps)
+    parser.add_argument("--algorithm", default="grpo", choices=("grpo", "sft"))
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--device", default="cpu")
+    args = parser.parse_args(argv)
+    if check is not None:
+        check()
+    started = time.monotonic()
+    warm_dir = prepare_model(task, os.path.join(args.output_dir, "model"),
+                             WarmStart(steps=args.sft_steps, seed=args.seed, device=args.device))
+    warm = held_out_accuracy(task, warm_dir, os.path.join(args.output_dir, "warm-validation"), seed=args.seed,
+                             device=args.device)
+    print(f"warm start done: held-out accuracy {warm:.2f}")
+    summary = train(task, TrainingRun(output_dir=os.path.join(args.output_dir, "train"), model_dir=warm_dir,
+                                      algorithm=args.algorithm, steps=args.steps, val_every=args.val_every,
+                                      seed=args.seed, device=args.device))
+    curve = " ".join(f"{step}:{value:.2f}" for step, value in summary["accuracy"].items())
+    print(f"held-out accuracy by step: 0:{warm:.2f} {curve}; {time.monotonic() - started:.0f} s; "
+          f"metrics {summary['metrics']}")
+    return 0

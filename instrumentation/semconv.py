@@ -44,6 +44,10 @@ def llm_response_logprobs(choice_index: int) -> str:
 # marked so the receiver keeps one transition when the agent side also reported the call.
 LLM_SOURCE = "spanrl.llm.source"  # string
 LLM_SOURCE_ENDPOINT = "endpoint"  # its value on spans the policy endpoint emitted
+# The prompt candidate the endpoint served in place of the agent's instructions
+# (trainer_bridge/prompt_resources.py): the resource (agent or model name) and the candidate's name.
+PROMPT_RESOURCE = "spanrl.prompt.resource"  # string
+PROMPT_CANDIDATE = "spanrl.prompt.candidate"  # string
 
 
 # --- Semantic variables ---------------------------------------------------------------------

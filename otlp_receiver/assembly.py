@@ -171,6 +171,12 @@ class _Calls:
         return self._index[after] if after < len(pre) else None  # rule 4
 
 
+def kept_calls(records: list[SpanRecord]) -> list[SpanRecord]:
+    """The LLM calls of one rollout's spans, duplicates dropped as assembly drops them, in call order
+    (``text_calls`` reads the text of those that came without token ids)."""
+    return sorted(_Calls(SpanTree(records)).kept, key=lambda r: (r.start_ns, r.pre))
+
+
 def _output_text(record: SpanRecord) -> str | None:
     """The first output message's text an instrumentor recorded on an LLM span, if any; "" for a
     message recorded without content (an empty reply, or one of tool calls only)."""

@@ -59,6 +59,12 @@ COMMANDS = {
     "model init": (["model", "init", "out-dir"], "--config", {}, "MODEL_INIT",
                    ("seed", "seed", "vocab_size", "preset", "force"),
                    ("7", "500", "small", False), (7, 500, "small")),
+    "proxy": (["proxy"], "--config", {"upstream": "https://api.example.com/v1"}, "PROXY",
+              ("port", "port", "request_timeout_s", "upstream_model", "host"),
+              ("9100", "30.5", "from-file", "127.0.0.1"), (9100, 30.5, "from-file")),
+    "prompts export": (["prompts", "export"], "--config", {}, "PROMPTS_EXPORT",
+                       ("url", "url", "output", "active_only", "force"),
+                       ("http://flag:1", "out.yaml", True, False), ("http://flag:1", "out.yaml", True)),
 }
 
 

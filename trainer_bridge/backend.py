@@ -45,6 +45,7 @@ class EndpointConfig:
     model_names: tuple[str, ...] = ("*",)  # other names it answers to ('*': any); trainer_bridge/model_names.py
     token: str | None = None  # bearer token agents must send; None = no check
     validation_temperature: float | None = None  # pinned temperature of validation rollouts' requests
+    prompts: str | None = None  # a file of prompt candidates it serves in place of agents' instructions
 
 
 @dataclass(frozen=True)
@@ -85,6 +86,9 @@ class FineTuneRequest:
     seed: int
     device: str
     progress: bool = True
+    # chat examples in memory ({"messages": [...], "tools": [...]}: calls recorded as text only),
+    # tokenized with the model's own chat template like the demonstrations
+    chat_examples: tuple[dict[str, Any], ...] = ()
 
 
 @dataclass(frozen=True)

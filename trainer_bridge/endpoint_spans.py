@@ -1,7 +1,8 @@
 """The policy endpoint's own LLM spans: one OTel span per generation request, sent over OTLP.
 
-Used by the embedded policy server (``torch_backend/server/call_spans.py``) and the verl
-gateway (``verl_backend/gateway_spans.py``); torch-free (the server's HTTP front end imports it).
+Used by the embedded policy server (``torch_backend/server/call_spans.py``) and the relay
+(``relay/spans.py``: the verl gateway and ``spanrl proxy``); torch-free (the server's HTTP front
+end imports it).
 An agent in any language or HTTP client then trains: the span carries the engine's prompt and
 response token ids, logprobs (when the request asked for them, or the gateway did), the policy
 version and the response id, with the keys of ``spanrl.instrumentation.semconv`` (written by the
@@ -9,6 +10,10 @@ agent side's ``LLMSpanRecorder``, reused here), marked ``spanrl.llm.source = "en
 a child of the caller's W3C ``traceparent``; its rollout identity (and agent name) comes from the
 caller's W3C baggage, else from the ``x-spanrl-rollout-id`` header. The receiver keeps one
 transition when the agent side reported the same call too (``otlp_receiver/endpoint_spans.py``).
+A call may carry more: the text of its request and reply (``ServedCall.request`` kept, as
+``spanrl proxy`` does: ``endpoint_text.py``), the prompt candidate the endpoint substituted
+(``ServedCall.attributes``, set by ``endpoint_prompts.py`` through ``serving_call()``), and an
+error (the upstream of a relay failed it: the span ends with status ERROR).
 
 Where spans go (``spans_target``): the setting (``spanrl serve --spans-endpoint``, variable
 ``OTEL_SPANRL_SERVE_SPANS_ENDPOINT``; ``off`` turns it off), else ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT``
@@ -28,6 +33,7 @@ import queue
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -116,7 +122,27 @@ class ServedCall:
     replies: list[dict[str, Any]] = field(default_factory=list)
     end_ns: int = 0
     error: str | None = None
+    request: dict[str, Any] | None = None  # the body sent to the model, kept when its text is recorded
+    attributes: dict[str, Any] = field(default_factory=dict)  # more span attributes (the prompt candidate)
     request_model: str | None = None  # the model name the request asked for
+
+
+_serving: ContextVar[ServedCall | None] = ContextVar("spanrl_serving_call", default=None)
+
+
+def serving_call() -> ServedCall | None:
+    """The call an endpoint's span middleware is recording in this context (None: no span)."""
+    return _serving.get()
+
+
+@contextlib.contextmanager
+def serving(call: ServedCall) -> Iterator[ServedCall]:
+    """Make ``call`` the one ``serving_call()`` returns while its request is served."""
+    token = _serving.set(call)
+    try:
+        yield call
+    finally:
+        _serving.reset(token)
 
 
 def served_call_for(scope: Mapping[str, Any], endpoint: str) -> ServedCall | None:
@@ -265,7 +291,12 @@ class EndpointSpans:
             semconv.LLM_SOURCE: semconv.LLM_SOURCE_ENDPOINT,
             "http.route": call.route,
             **call.origin.attributes,
+            **call.attributes,
         }
+        if call.request is not None:
+            from spanrl.trainer_bridge.endpoint_text import call_text_attributes
+
+            attributes.update(call_text_attributes(call.route, call.request, call.replies))
         if call.request_model:
             attributes[semconv.GENAI_REQUEST_MODEL] = call.request_model
         span = self._tracer.start_span(f"POST {call.route}", context=call.origin.parent, kind=SpanKind.SERVER,
@@ -291,5 +322,5 @@ class EndpointSpans:
         self.provider.shutdown()
 
 
-__all__ = ["CallOrigin", "EndpointSpans", "SPANS_ENDPOINT_ENV", "ServedCall", "call_origin", "spans_protocol",
-           "spans_target"]
+__all__ = ["CallOrigin", "EndpointSpans", "SPANS_ENDPOINT_ENV", "ServedCall", "call_origin", "serving", "serving_call",
+           "spans_protocol", "spans_target"]

@@ -114,6 +114,9 @@ class LoopSettings:
         metadata={"help": "bearer token agents must send to the policy endpoint (their OPENAI_API_KEY); "
                   "none = no check", "secret": True},
     )
+    prompts: str = field(default="", metadata={
+        "help": "a YAML/JSON file of prompt candidates the policy endpoint serves in place of the agents' "
+        "instructions (docs/proxy.md, \"Prompt resources\")"})
     bridge_host: str = field(default="127.0.0.1", metadata={"help": "task API host for runners"})
     bridge_port: int = field(default=8100, metadata={"help": "task API port for runners"})
     bridge_token: str | None = field(
@@ -239,7 +242,7 @@ class LoopSettings:
         """The policy endpoint agents call, as every backend serves it."""
         return EndpointConfig(host=self.policy_host, port=self.policy_port, model_name=self.policy_model_name,
                               model_names=tuple(self.policy_model_names), token=self.policy_token,
-                              validation_temperature=self.val_temperature)
+                              validation_temperature=self.val_temperature, prompts=self.prompts or None)
 
     @property
     def runs_grpo(self) -> bool:
@@ -247,6 +250,8 @@ class LoopSettings:
         return self.algorithm == "grpo" or (self.algorithm == "apo" and self.apo.then_grpo)
 
     def _check_apo(self) -> None:
+        if not self.apo.prompts and self.prompts:  # the candidates the endpoint serves are the starting pool
+            self.apo = dataclasses.replace(self.apo, prompts=self.prompts)
         self.apo.check_for_apo()
         if self.resume:
             raise SettingError("algorithm apo runs its search from the start: --resume continues GRPO and SFT runs "

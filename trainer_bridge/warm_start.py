@@ -7,11 +7,14 @@ has nothing to compare. A warm start teaches it the agent's protocol first, from
 - ``demonstrations``: a JSONL file of chat examples, ``{"messages": [...]}`` a line;
 - ``store``: the best-rewarded rollouts already in a receiver store (``top_k`` of them and/or
   those at or above ``min_reward``; scored by the agent's reward events or a reward function),
-  whose calls are learned token for token as the engine served them.
+  whose calls are learned token for token as the engine served them; calls recorded as text only
+  (a hosted teacher behind ``spanrl proxy``) are re-tokenized with this model's own tokenizer and
+  chat template (``otlp_receiver/text_calls.py``): distill, then train.
 
 Used by ``spanrl sft`` (``sft_cli``) and by ``spanrl train`` (the ``warm_start:`` block of
 ``train.yaml``, run by ``session.warm_start_before_training`` before the first step). This module picks the
-examples and keeps the record; the training itself is the fine-tuning backend's
+examples (token examples, and chat examples of text-only calls) and keeps the record; the training
+itself is the fine-tuning backend's
 (``backend.fine_tune``: the torch trainer, ``torch_backend/fine_tune.py``), imported only when
 it runs, so ``--help`` and settings files stay light.
 """
@@ -87,11 +90,12 @@ class WarmStartConfig:
 class ChosenRollouts:
     """The store's rollouts picked for a warm start: their SFT examples and what they scored."""
 
-    examples: list[TokenExample]  # one per call
+    examples: list[Any]  # one per call: a TokenExample, or a chat example of a call recorded as text only
     rollouts: int
     scored: int     # rollouts of the store that had a score
     best: float | None
     worst_chosen: float | None
+    text_calls: int = 0  # of the examples, calls recorded as text only (re-tokenized by this model's tokenizer)
 
 
 def choose_rollouts(config: WarmStartConfig) -> ChosenRollouts:
@@ -107,8 +111,9 @@ def choose_rollouts(config: WarmStartConfig) -> ChosenRollouts:
         rollouts, _ = store.completed_rollouts(since=0)
     scored: list[tuple[float, Any]] = []
     for rollout in rollouts:
-        if rollout.status != "ok" or not rollout.transitions or is_validation_rollout(rollout.rollout_id):
-            continue  # validation rollouts are held out: never learned
+        if rollout.status != "ok" or is_validation_rollout(rollout.rollout_id):
+            continue  # validation rollouts are held out: never learned (a rollout without transitions may
+            # still have calls recorded as text only)
         if reward_fn is None:
             score = rollout.total_reward
         elif rollout.task_id in tasks:
@@ -129,9 +134,31 @@ def choose_rollouts(config: WarmStartConfig) -> ChosenRollouts:
         best = f"; the best scored {scored[0][0]:g}" if scored else ""
         raise UserError(f"no rollout of {config.store} to learn from: {len(scored)} of {len(rollouts)} rollouts "
                         f"have a score ({config.reward}){best}, min_reward is {config.min_reward}")
-    examples = [TokenExample(tuple(t.prompt_token_ids), tuple(t.response_token_ids))
-                for _, rollout in chosen for t in rollout.transitions if t.response_token_ids]
-    return ChosenRollouts(examples, len(chosen), len(scored), scored[0][0], chosen[-1][0])
+    examples, text_calls = _examples_of([rollout for _, rollout in chosen], config.store)
+    if not examples:
+        raise UserError(f"the {len(chosen)} rollouts chosen from {config.store} have no LLM call to learn from "
+                        "(no transition, and no call recorded with its text)")
+    return ChosenRollouts(examples, len(chosen), len(scored), scored[0][0], chosen[-1][0], text_calls)
+
+
+def _examples_of(rollouts: list[Any], store_path: str) -> tuple[list[Any], int]:
+    """The SFT examples of ``rollouts``: their transitions as served (token ids), and their calls that
+    came without engine ids as chat examples (read from the store's spans); how many of those."""
+    from spanrl.otlp_receiver.store import SpanStore
+    from spanrl.otlp_receiver.text_calls import chat_examples
+
+    examples: list[Any] = []
+    text_calls = 0
+    with SpanStore(store_path) as store:
+        for rollout in rollouts:
+            examples += [TokenExample(tuple(t.prompt_token_ids), tuple(t.response_token_ids))
+                         for t in rollout.transitions if t.response_token_ids and not t.retokenized]
+            # a call without engine ids is either a problem of the rollout or a receiver-retokenized transition
+            if not rollout.transitions or rollout.problems or any(t.retokenized for t in rollout.transitions):
+                texts = chat_examples(store, rollout.rollout_id)
+                examples += texts
+                text_calls += len(texts)
+    return examples, text_calls
 
 
 def warm_start_model(config: WarmStartConfig, model_dir: str, out_dir: str, progress: bool = True) -> dict:
@@ -145,18 +172,23 @@ def warm_start_model(config: WarmStartConfig, model_dir: str, out_dir: str, prog
         raise UserError(f"model {model_dir!r} is not a Hugging Face model directory (no config.json); "
                         "create one with `spanrl model init DIR`")
     record: dict[str, Any] = {"model": os.path.abspath(model_dir)}
-    token_examples: list[TokenExample] = []
+    examples: list[Any] = []  # TokenExamples and chat examples (calls recorded as text only)
     if config.store:
         chosen = choose_rollouts(config)
-        token_examples = chosen.examples
+        examples = chosen.examples
         record["store"] = {"file": os.path.abspath(config.store), "rollouts": chosen.rollouts,
-                           "transitions": len(chosen.examples), "best_reward": chosen.best,
-                           "lowest_reward_learned": chosen.worst_chosen}
+                           "transitions": len(chosen.examples), "text_calls": chosen.text_calls,
+                           "best_reward": chosen.best, "lowest_reward_learned": chosen.worst_chosen}
+        retokenized = (f", {chosen.text_calls} of them recorded as text and re-tokenized with this model's "
+                       "tokenizer and chat template" if chosen.text_calls else "")
         print(f"learning {chosen.rollouts} of {chosen.scored} scored rollouts of {config.store} "
-              f"(rewards {chosen.worst_chosen:g} to {chosen.best:g}; {len(chosen.examples)} calls)", flush=True)
+              f"(rewards {chosen.worst_chosen:g} to {chosen.best:g}; {len(chosen.examples)} calls{retokenized})",
+              flush=True)
     stats = fine_tune(FineTuneRequest(
         model_dir=model_dir, out_dir=out_dir, demonstrations=config.demonstrations,
-        token_examples=tuple(token_examples), steps=config.steps, batch_size=config.batch_size,
+        token_examples=tuple(e for e in examples if isinstance(e, TokenExample)),
+        chat_examples=tuple(e for e in examples if not isinstance(e, TokenExample)),
+        steps=config.steps, batch_size=config.batch_size,
         learning_rate=config.learning_rate, seed=config.seed, device=config.device, progress=progress))
     if config.demonstrations:
         record["demonstrations"] = {"file": os.path.abspath(config.demonstrations),

@@ -24,6 +24,8 @@ import json
 import random
 from collections.abc import Iterator
 
+from spanrl.examples.example_data import write_tool_call_text
+
 from .calculator import evaluate
 from .problems import make_tasks
 
@@ -76,17 +78,7 @@ def write_demonstrations(path: str, count: int = 2000, seed: int = 0, mental_sha
 def write_tokenizer_corpus(path: str, demonstrations_file: str) -> None:
     """Text the tokenizer also learns from: the tool schema and tool-call lines as the chat template
     writes them (the demonstrations' message contents leave them out)."""
-    from spanrl.trainer_bridge.torch_backend.model_init import TOOLS_INTRO, TOOLS_OUTRO
-
-    lines = [json.dumps(TOOL_SCHEMA), "<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>",
-             TOOLS_INTRO, TOOLS_OUTRO]
-    with open(demonstrations_file, encoding="utf-8") as f:
-        for line in f:
-            for message in json.loads(line)["messages"]:
-                for call in message.get("tool_calls") or []:
-                    lines.append(f'{{"name": "calculator", "arguments": {call["function"]["arguments"]}}}')
-    with open(path, "w", encoding="utf-8") as out:
-        out.write("\n".join(line.replace("\n", " ") for line in lines) + "\n")
+    write_tool_call_text(path, demonstrations_file, "calculator", TOOL_SCHEMA)
 
 
 def main() -> None:

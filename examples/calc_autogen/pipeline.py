@@ -9,14 +9,11 @@ the main environment (``examples/task_pipeline.py`` does the running). Called by
 
 from __future__ import annotations
 
-import argparse
-import os
 import sys
-import time
 from pathlib import Path
 
 from spanrl.errors import UserError
-from spanrl.examples.task_pipeline import Task, TrainingRun, WarmStart, held_out_accuracy, prepare_model, train
+from spanrl.examples.task_pipeline import Task, example_main
 
 from . import demonstrations
 
@@ -43,29 +40,7 @@ def check_autogen_venv() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="train the AutoGen calculator example on CPU")
-    parser.add_argument("--output-dir", default="runs/calc_autogen")
-    parser.add_argument("--steps", type=int, default=10)
-    parser.add_argument("--val-every", type=int, default=2)
-    parser.add_argument("--sft-steps", type=int, default=WarmStart.steps)
-    parser.add_argument("--algorithm", default="grpo", choices=("grpo", "sft"))
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--device", default="cpu")
-    args = parser.parse_args(argv)
-    check_autogen_venv()
-    started = time.monotonic()
-    warm_dir = prepare_model(TASK, os.path.join(args.output_dir, "model"),
-                             WarmStart(steps=args.sft_steps, seed=args.seed, device=args.device))
-    warm = held_out_accuracy(TASK, warm_dir, os.path.join(args.output_dir, "warm-validation"), seed=args.seed,
-                             device=args.device)
-    print(f"warm start done: held-out accuracy {warm:.2f}")
-    summary = train(TASK, TrainingRun(output_dir=os.path.join(args.output_dir, "train"), model_dir=warm_dir,
-                                      algorithm=args.algorithm, steps=args.steps, val_every=args.val_every,
-                                      seed=args.seed, device=args.device))
-    curve = " ".join(f"{step}:{value:.2f}" for step, value in summary["accuracy"].items())
-    print(f"held-out accuracy by step: 0:{warm:.2f} {curve}; {time.monotonic() - started:.0f} s; "
-          f"metrics {summary['metrics']}")
-    return 0
+    return example_main(TASK, "train the AutoGen calculator example on CPU", argv, check=check_autogen_venv)
 
 
 if __name__ == "__main__":

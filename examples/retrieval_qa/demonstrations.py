@@ -27,6 +27,8 @@ import json
 import random
 from collections.abc import Iterator
 
+from spanrl.examples.example_data import write_tool_call_text
+
 from .agent import INSTRUCTIONS, search
 from .questions import make_tasks
 from .search import search as search_documents
@@ -83,19 +85,9 @@ def write_demonstrations(path: str, count: int = 2000, seed: int = 0, memory_sha
 def write_tokenizer_corpus(path: str, demonstrations_file: str) -> None:
     """Text the tokenizer also learns from: the tool schema and tool-call lines as the chat template
     writes them, and the corpus (the demonstrations' message contents leave these out)."""
-    from spanrl.trainer_bridge.torch_backend.model_init import TOOLS_INTRO, TOOLS_OUTRO
-
     from .corpus import load_corpus
 
-    lines = [json.dumps(tool_schema()), "<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>",
-             TOOLS_INTRO, TOOLS_OUTRO, *(doc["text"] for doc in load_corpus())]
-    with open(demonstrations_file, encoding="utf-8") as f:
-        for line in f:
-            for message in json.loads(line)["messages"]:
-                for call in message.get("tool_calls") or []:
-                    lines.append(f'{{"name": "search", "arguments": {call["function"]["arguments"]}}}')
-    with open(path, "w", encoding="utf-8") as out:
-        out.write("\n".join(line.replace("\n", " ") for line in lines) + "\n")
+    write_tool_call_text(path, demonstrations_file, "search", tool_schema(), (doc["text"] for doc in load_corpus()))
 
 
 def main() -> None:

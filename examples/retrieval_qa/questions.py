@@ -16,10 +16,9 @@ where ``hops`` lists the documents' titles a full answer reads, in order.
 
 from __future__ import annotations
 
-import argparse
-import json
-import os
 import random
+
+from spanrl.examples.example_data import split_main
 
 from .corpus import World, build_world
 
@@ -70,21 +69,8 @@ def make_tasks(seed: int = 0, validation_fraction: float = VALIDATION_FRACTION,
             [{"id": f"qa-val-{i}", **task} for i, task in enumerate(validation)])
 
 
-def write_jsonl(path: str, tasks: list[dict]) -> None:
-    with open(path, "w", encoding="utf-8") as f:
-        for task in tasks:
-            f.write(json.dumps(task) + "\n")
-
-
 def main() -> None:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("--out-dir", required=True, help="writes train.jsonl and val.jsonl here")
-    parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args()
-    train, validation = make_tasks(args.seed)
-    write_jsonl(os.path.join(args.out_dir, "train.jsonl"), train)
-    write_jsonl(os.path.join(args.out_dir, "val.jsonl"), validation)
-    print(f"{len(train)} train and {len(validation)} validation tasks in {args.out_dir}")
+    split_main(make_tasks, (__doc__ or "").splitlines()[0])
 
 
 if __name__ == "__main__":

@@ -24,6 +24,8 @@ import json
 import random
 from collections.abc import Iterator
 
+from spanrl.examples.example_data import write_tool_call_text
+
 from .agent import CHECKER_PROMPT, REWRITER_PROMPT, WRITER_PROMPT, describe, run_sql
 from .agent import result_text as _result_text
 from .questions import make_tasks
@@ -140,17 +142,7 @@ def write_demonstrations(path: str, count: int = 2000, seed: int = 0, near_miss_
 def write_tokenizer_corpus(path: str, demonstrations_file: str) -> None:
     """Plain text the tokenizer also learns from: the tool-call and tool-response lines as the chat
     template writes them (the demonstrations' message contents alone leave them out)."""
-    from spanrl.trainer_bridge.torch_backend.model_init import TOOLS_INTRO, TOOLS_OUTRO
-
-    lines = [json.dumps(tool_schema()), "<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>",
-             TOOLS_INTRO, TOOLS_OUTRO]
-    with open(demonstrations_file, encoding="utf-8") as f:
-        for line in f:
-            for message in json.loads(line)["messages"]:
-                for call in message.get("tool_calls") or []:
-                    lines.append(f'{{"name": "run_sql", "arguments": {call["function"]["arguments"]}}}')
-    with open(path, "w", encoding="utf-8") as out:
-        out.write("\n".join(line.replace("\n", " ") for line in lines) + "\n")
+    write_tool_call_text(path, demonstrations_file, "run_sql", tool_schema())
 
 
 def main() -> None:

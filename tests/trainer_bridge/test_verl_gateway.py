@@ -16,9 +16,9 @@ import openai
 import pytest
 from starlette.datastructures import Headers
 
-from spanrl.trainer_bridge.verl_backend import gateway_rewrite
+from spanrl.trainer_bridge.relay import rewrite as relay_rewrite
+from spanrl.trainer_bridge.relay.upstreams import rollout_key
 from spanrl.trainer_bridge.verl_backend.gateway import GatewayConfig, start_gateway
-from spanrl.trainer_bridge.verl_backend.gateway_upstreams import rollout_key
 
 TEST_DEVICE = os.environ.get("SPANRL_TEST_DEVICE", "cpu")
 SERVED = "policy-in-training"  # what the agents call; the upstreams serve the model as "tiny"
@@ -237,7 +237,7 @@ def test_a_silent_upstream_times_out_and_none_up_is_a_503(start):
 
 
 def test_temperature_override_samples_at_the_trainers_temperature(start, upstreams, monkeypatch, caplog):
-    monkeypatch.setattr(gateway_rewrite, "_TEMPERATURE_OVERRIDE_WARNING", gateway_rewrite._OnceFlag())
+    monkeypatch.setattr(relay_rewrite, "_TEMPERATURE_OVERRIDE_WARNING", relay_rewrite._OnceFlag())
     gateway = start(temperature=0.7, urls=[upstreams[0].url])
     direct = openai.OpenAI(base_url=upstreams[0].base_url, api_key="unused", max_retries=0)
     model = upstreams[0].engine.model_name
@@ -247,7 +247,7 @@ def test_temperature_override_samples_at_the_trainers_temperature(start, upstrea
 
     expected = ids(direct.chat.completions.create(model=model, messages=MESSAGES, max_tokens=12, seed=123,
                                                   temperature=0.7, extra_body={"return_token_ids": True}))
-    with caplog.at_level(logging.WARNING, logger=gateway_rewrite.__name__):
+    with caplog.at_level(logging.WARNING, logger=relay_rewrite.__name__):
         for asked in (1.5, 0.2):
             via_gateway = client(gateway).chat.completions.create(model=SERVED, messages=MESSAGES, max_tokens=12,
                                                                   seed=123, temperature=asked)
@@ -400,3 +400,32 @@ def test_an_agent_leaving_mid_stream_frees_its_place(start):
         gateway.resume()
     finally:
         upstream.stop()
+
+
+def test_a_verl_runs_policy_token_is_enforced_by_its_gateway(upstreams, tiny_model_dir):
+    """``backend: verl`` with ``policy_token`` set: the gateway the backend starts (its config built
+    from the train settings, as ``start_backend`` builds it) refuses agents without the token."""
+    from spanrl.trainer_bridge.train_settings import TrainSettings
+    from spanrl.trainer_bridge.verl_backend.backend import gateway_config
+
+    settings = TrainSettings(tasks="tasks.jsonl", model=tiny_model_dir, backend="verl", policy_token="s3cret",
+                             policy_port=0, policy_model_name=SERVED)
+    config = gateway_config(settings.backend_run())
+    assert config.api_token == "s3cret" and config.served_model_name == SERVED
+    gateway = start_gateway(config, [s.url for s in upstreams])
+    try:
+        root = gateway.url.removesuffix("/v1")
+        for key in ("unused", "s3cret-not"):
+            agent = openai.OpenAI(base_url=gateway.url, api_key=key, max_retries=0)
+            with pytest.raises(openai.AuthenticationError):
+                agent.chat.completions.create(model=SERVED, messages=MESSAGES, max_tokens=2)
+            with pytest.raises(openai.AuthenticationError):
+                agent.models.list()
+        unkeyed = httpx.post(f"{root}/v1/chat/completions", json={"model": SERVED, "messages": MESSAGES})
+        assert unkeyed.status_code == 401
+        agent = openai.OpenAI(base_url=gateway.url, api_key="s3cret", max_retries=0)
+        reply = agent.chat.completions.create(model="gpt-4o", messages=MESSAGES, max_tokens=2)
+        assert reply.model == "gpt-4o" and reply.choices[0].message.content is not None
+        assert [m.id for m in agent.models.list().data] == [SERVED]
+    finally:
+        gateway.stop()

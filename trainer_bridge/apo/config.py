@@ -19,7 +19,8 @@ class ApoConfig:
 
     prompts: str = field(default="", metadata={
         "help": "the starting candidates: a prompts file (YAML/JSON, the format of `spanrl prompts export`: "
-        "resource -> {candidates, active} or resource -> instructions); every candidate starts in the search"})
+        "resource -> {candidates, active} or resource -> instructions); every candidate starts in the search "
+        "(empty: the top-level prompts file)"})
     resources: list = field(default_factory=list, metadata={
         "help": "the prompt resources (agent or model names) to optimize, one after the other (empty: every "
         "resource of prompts)"})
@@ -71,5 +72,6 @@ class ApoConfig:
     def check_for_apo(self) -> None:
         """What ``algorithm: apo`` needs of the block (called by ``LoopSettings``)."""
         if not self.prompts:
-            raise SettingError("algorithm apo needs the starting prompts: apo.prompts, a prompts file (YAML: "
-                               "resource -> instructions, or resource -> {candidates: {name: text}, active: name})")
+            raise SettingError("algorithm apo needs the starting prompts: apo.prompts (or prompts), a prompts file "
+                               "(YAML: resource -> instructions, or resource -> {candidates: {name: text}, "
+                               "active: name})")

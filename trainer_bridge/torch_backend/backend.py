@@ -86,6 +86,10 @@ def start_backend(run: BackendRun) -> TorchBackend:
         import torch
 
         torch.set_num_threads(engine_config.threads)
+    if endpoint.prompts:  # a bad file is said here, not in the server's HTTP process
+        from spanrl.trainer_bridge.prompt_resources import PromptResources
+
+        PromptResources.from_file(endpoint.prompts)
     trainer, serving_dir = _start_trainer(run, options.trainer)
     engine = PolicyEngine.from_pretrained(
         serving_dir, device=engine_config.device, dtype=engine_config.dtype,
@@ -96,7 +100,7 @@ def start_backend(run: BackendRun) -> TorchBackend:
     try:
         server = serve_in_process(engine, endpoint.host, endpoint.port, endpoint.token,
                                   validation_temperature=endpoint.validation_temperature,
-                                  model_names=[endpoint.model_name, *endpoint.model_names])
+                                  model_names=[endpoint.model_name, *endpoint.model_names], prompts=endpoint.prompts)
     except OSError as exc:  # a setting the user can change: said in one line by `spanrl train`
         engine.stop()
         raise UserError(f"the policy server cannot listen on {endpoint.host}:"

@@ -2,9 +2,10 @@
 
 ``backend.fine_tune(request)`` (the seam) calls ``fine_tune`` for ``spanrl sft`` and the
 ``warm_start:`` block of ``spanrl train`` (``trainer_bridge/warm_start.py`` gathers the examples
-and writes the record): chat demonstrations from a JSONL file and token examples (calls of
-well-rewarded rollouts) are learned for ``steps`` AdamW steps (``sft.sft_on_examples``), and the
-model is written to ``out_dir`` as a plain model directory (no optimizer state).
+and writes the record): chat demonstrations from a JSONL file, chat examples (calls recorded as
+text only) and token examples (calls of well-rewarded rollouts) are learned for ``steps`` AdamW
+steps (``sft.sft_on_examples``), and the model is written to ``out_dir`` as a plain model
+directory (no optimizer state).
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ def fine_tune(request: FineTuneRequest) -> dict[str, Any]:
     may be ``model_dir`` itself: it is replaced atomically). Returns ``steps``, ``loss_first``,
     ``loss_last``, ``seconds`` and ``demonstrations`` (how many chat examples were learned)."""
     demonstrations = load_demonstrations(request.demonstrations) if request.demonstrations else []
-    examples: list[Any] = [*demonstrations, *request.token_examples]
+    examples: list[Any] = [*demonstrations, *request.chat_examples, *request.token_examples]
     trainer = TorchTrainer(request.model_dir, TrainerConfig(
         sft_learning_rate=request.learning_rate, device=request.device, seed=request.seed))
     stats = sft.sft_on_examples(trainer, examples, request.steps, batch_size=request.batch_size,

@@ -41,6 +41,9 @@ class ServeSettings:
     spans_endpoint: str | None = setting(
         None, "OTLP endpoint (the receiver, e.g. http://127.0.0.1:4317) that gets one LLM span per generation "
         "request; default: OTEL_EXPORTER_OTLP_TRACES_ENDPOINT / OTEL_EXPORTER_OTLP_ENDPOINT; 'off' = none")
+    prompts: str = setting(
+        "", "a YAML/JSON file of prompt candidates that replace agents' instructions (docs/proxy.md, \"Prompt "
+        "resources\"); they can also be set at run time by POST /spanrl/v1/prompts")
     single_process: bool = setting(
         False, "serve HTTP from the engine's own process instead of a child process (one process; under "
         "concurrent load both then share one GIL and it is slower)")
@@ -58,6 +61,10 @@ def add_parser(subparsers) -> None:
 def _serve(settings: ServeSettings) -> int:
     ensure_model_dir(settings.model_dir, "model_dir")
     ensure_port_free(settings.host, settings.port, "port", "cannot serve on")
+    if settings.prompts:  # a bad file is said here, not in the HTTP front end's process
+        from spanrl.trainer_bridge.prompt_resources import PromptResources
+
+        PromptResources.from_file(settings.prompts)
     import torch
     import uvicorn
 
@@ -80,9 +87,9 @@ def _serve(settings: ServeSettings) -> int:
     if settings.single_process:
         print(f"serving model {engine.model_name!r} on http://{settings.host}:{settings.port}/v1")
         try:
-            uvicorn.run(create_app(engine, settings.token, model_names=settings.served_model_name),
-                        host=settings.host, port=settings.port,
-                        log_level="info", access_log=False)
+            uvicorn.run(create_app(engine, settings.token, model_names=settings.served_model_name,
+                                   prompts=settings.prompts or None),
+                        host=settings.host, port=settings.port, log_level="info", access_log=False)
         finally:
             engine.stop()
         return 0
@@ -90,7 +97,7 @@ def _serve(settings: ServeSettings) -> int:
 
     try:
         handle = serve_in_process(engine, settings.host, settings.port, settings.token, log_level="info",
-                                  model_names=settings.served_model_name)
+                                  model_names=settings.served_model_name, prompts=settings.prompts or None)
     except OSError as exc:  # the address is taken: a setting the user can change
         engine.stop()
         raise UserError(f"cannot serve on {settings.host}:{settings.port}: {exc}") from exc

@@ -31,6 +31,7 @@ from .metrics import flatten_metrics
 
 if TYPE_CHECKING:
     from .config import VerlConfig
+    from .gateway import GatewayConfig
 
 logger = logging.getLogger(__name__)
 
@@ -262,6 +263,19 @@ def check_backend(run: BackendRun) -> bool:
     return cpu_mode
 
 
+def gateway_config(run: BackendRun) -> GatewayConfig:
+    """The gateway's settings for ``run``: the endpoint agents call (its names, its bearer token,
+    validation rollouts' temperature, prompt resources) and the ``verl:`` block's sampling
+    temperature and pause wait."""
+    from .gateway import GatewayConfig
+
+    verl, endpoint = run.options, run.endpoint
+    return GatewayConfig(host=endpoint.host, port=endpoint.port, served_model_name=endpoint.model_name,
+                         model_names=endpoint.model_names, api_token=endpoint.token, temperature=verl.temperature,
+                         validation_temperature=endpoint.validation_temperature, pause_wait_s=verl.pause_wait_s,
+                         prompts=endpoint.prompts)
+
+
 def start_backend(run: BackendRun) -> VerlBackend:
     """verl's workers and vLLM replicas for ``run``, behind a gateway (module docstring)."""
     from .config import verl_overrides
@@ -274,10 +288,10 @@ def start_backend(run: BackendRun) -> VerlBackend:
     from transformers import AutoTokenizer
 
     from .config import compose_verl_config
-    from .gateway import GatewayConfig, start_gateway
+    from .gateway import start_gateway
     from .workers import start_verl_workers
 
-    verl, endpoint = run.options, run.endpoint
+    verl = run.options
     tokenizer = AutoTokenizer.from_pretrained(run.model)
     config = compose_verl_config(verl_overrides(run, cpu_mode))
     workers = start_verl_workers(config, cpu_mode, verl.ray_address, verl.ray_num_cpus)
@@ -290,9 +304,7 @@ def start_backend(run: BackendRun) -> VerlBackend:
             workers.sync_weights(policy_version)
             logger.info("resumed from %s (policy version %d)", path, policy_version)
         gateway = start_gateway(
-            GatewayConfig(host=endpoint.host, port=endpoint.port, served_model_name=endpoint.model_name,
-                          model_names=endpoint.model_names, temperature=verl.temperature,
-                          validation_temperature=endpoint.validation_temperature, pause_wait_s=verl.pause_wait_s),
+            gateway_config(run),
             workers.server_urls,
         )
     except BaseException:

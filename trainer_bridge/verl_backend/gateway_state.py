@@ -1,9 +1,9 @@
-"""The gateway's state on its event loop: the pause gate, the upstream pool, the HTTP client
-to the upstreams, the policy version, and the error type every route raises.
+"""The gateway's own state on top of the relay's: the pause gate that holds agents' requests while
+verl syncs weights, and the counters ``GatewayHandle.stats()`` reports.
 
-Created by ``gateway.GatewayHandle`` on the gateway's loop; read by ``gateway_app`` (routes) and
-``gateway_relay`` (talking to upstreams). ``GatewayStats`` is what ``GatewayHandle.stats()``
-and ``GET /spanrl/gateway/stats`` report.
+``GatewayState`` is the relay state (``relay/state.py``) of the gateway's app: ``admit`` waits at
+the gate (503 with ``Retry-After`` after ``pause_wait_s``), ``health_details`` adds ``paused``.
+Created by ``gateway.GatewayHandle`` on the gateway's loop; read by ``gateway_app`` (its stats route).
 """
 
 from __future__ import annotations
@@ -12,31 +12,11 @@ import asyncio
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
-import httpx
-from starlette.requests import Request
-
-from spanrl.trainer_bridge.verl_backend.gateway_rewrite import error_body
-from spanrl.trainer_bridge.verl_backend.gateway_upstreams import Upstream, UpstreamPool, UpstreamStats
+from spanrl.trainer_bridge.relay.state import Lease, RelayError, RelayState
+from spanrl.trainer_bridge.relay.upstreams import UpstreamStats
 
 if TYPE_CHECKING:
     from spanrl.trainer_bridge.verl_backend.gateway import GatewayConfig
-
-PROBE_TIMEOUT_S = 5.0  # a health or model probe of an upstream (or request_timeout_s when shorter)
-
-
-class GatewayError(Exception):
-    """A request the gateway answers with an OpenAI-style error (``retry_after_s``: sent as
-    ``Retry-After``, which the ``openai`` client waits before it retries)."""
-
-    def __init__(self, status: int, message: str, code: str, error_type: str = "server_error",
-                 retry_after_s: float | None = None):
-        super().__init__(message)
-        self.status, self.message, self.code, self.error_type = status, message, code, error_type
-        self.retry_after_s = retry_after_s
-
-    def body(self) -> dict[str, Any]:
-        """Its OpenAI-style body: ``{"error": {message, type, param, code}}``."""
-        return error_body(self.message, self.error_type, self.code)
 
 
 @dataclass(frozen=True)
@@ -104,42 +84,27 @@ class PauseGate:
         self._open.set()
 
 
-class GatewayState:
-    """The app's state (``app.state.gateway``): config, upstreams, pause gate, HTTP client."""
+class GatewayState(RelayState):
+    """The relay state of the gateway's app, with its pause gate."""
 
     def __init__(self, config: GatewayConfig, upstream_urls: list[str]):
-        self.config = config
-        self.pool = UpstreamPool(upstream_urls)
+        super().__init__(config.relay_config(), upstream_urls)
+        self.gateway_config = config
         self.gate = PauseGate()
-        self.policy_version = 0  # set from the trainer's thread; an int store is atomic
-        self.probe_timeout_s = min(PROBE_TIMEOUT_S, config.request_timeout_s)
-        timeout = httpx.Timeout(config.request_timeout_s, connect=min(config.request_timeout_s, 10.0))
-        limits = httpx.Limits(max_connections=None, max_keepalive_connections=256)
-        self.client = httpx.AsyncClient(timeout=timeout, limits=limits)
 
-    @staticmethod
-    def of(request: Request) -> GatewayState:
-        return request.app.state.gateway
+    async def admit(self) -> Lease:
+        if not await self.gate.enter(self.gateway_config.pause_wait_s):
+            retry = self.config.retry_after_s
+            raise RelayError(503, f"the policy is being updated and the gateway is paused; retry in {retry} s",
+                             "gateway_paused", retry_after_s=retry)
+        return Lease(self.gate.leave)
+
+    def health_details(self) -> dict[str, Any]:
+        return {"paused": self.gate.paused}
 
     def stats(self) -> GatewayStats:
-        return GatewayStats(self.gate.paused, self.policy_version, self.gate.in_flight, self.gate.waited,
+        return GatewayStats(self.gate.paused, self.policy_version or 0, self.gate.in_flight, self.gate.waited,
                             self.gate.rejected, tuple(u.stats() for u in self.pool.upstreams))
 
 
-class Lease:
-    """A request's place in the gate and on its upstream, given back exactly once."""
-
-    def __init__(self, gate: PauseGate):
-        self.gate = gate
-        self.upstream: Upstream | None = None
-        self._released = False
-
-    def release(self) -> None:
-        if not self._released:
-            self._released = True
-            self.gate.leave()
-            if self.upstream is not None:
-                self.upstream.in_flight -= 1
-
-
-__all__ = ["GatewayError", "GatewayState", "GatewayStats", "Lease", "PROBE_TIMEOUT_S", "PauseGate"]
+__all__ = ["GatewayState", "GatewayStats", "PauseGate"]

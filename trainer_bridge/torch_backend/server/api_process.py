@@ -35,6 +35,7 @@ logger = logging.getLogger(__name__)
 MODULE = "spanrl.trainer_bridge.torch_backend.server.api_process"  # what the child runs
 TOKEN_ENV = "SPANRL_API_PROCESS_TOKEN"  # the bearer token reaches the child here, not in its argv
 VALIDATION_TEMPERATURE_ENV = "SPANRL_API_PROCESS_VALIDATION_TEMPERATURE"
+PROMPTS_ENV = "SPANRL_API_PROCESS_PROMPTS"  # the prompts file the child serves prompt resources from
 
 
 @dataclass
@@ -84,8 +85,8 @@ class ProcessServerHandle:
 
 def serve_in_process(engine: PolicyEngine, host: str = "127.0.0.1", port: int = 0, api_token: str | None = None,
                      log_level: str = "warning", startup_timeout: float = 60.0,
-                     validation_temperature: float | None = None,
-                     model_names: Sequence[str] = ()) -> ProcessServerHandle:
+                     validation_temperature: float | None = None, model_names: Sequence[str] = (),
+                     prompts: str | None = None) -> ProcessServerHandle:
     """Serve ``engine`` over HTTP from a child process; ``port=0`` picks a free one.
 
     Starts the engine if it is not running (and then stops it in ``handle.stop()``). Raises
@@ -98,7 +99,8 @@ def serve_in_process(engine: PolicyEngine, host: str = "127.0.0.1", port: int = 
         logger.warning("no Unix socketpair here: the policy server's HTTP runs in this process")
         # a thread's handle: the same url, base_url and stop(), but no process to wait() for
         return serve_in_thread(engine, host, port, api_token, log_level,  # type: ignore[return-value]
-                               validation_temperature=validation_temperature, model_names=model_names)
+                               validation_temperature=validation_temperature, model_names=model_names,
+                               prompts=prompts)
     listener = socket.create_server((host, port), backlog=1024)
     bound_port = listener.getsockname()[1]
     ours, theirs = socket.socketpair()
@@ -114,6 +116,9 @@ def serve_in_process(engine: PolicyEngine, host: str = "127.0.0.1", port: int = 
     env.pop(VALIDATION_TEMPERATURE_ENV, None)
     if validation_temperature is not None:
         env[VALIDATION_TEMPERATURE_ENV] = repr(float(validation_temperature))
+    env.pop(PROMPTS_ENV, None)
+    if prompts:
+        env[PROMPTS_ENV] = os.path.abspath(prompts)
     command = [sys.executable, "-m", MODULE, "--engine-fd", str(theirs.fileno()),
                "--listen-fd", str(listener.fileno()), "--log-level", log_level]
     for name in model_names:
@@ -148,7 +153,7 @@ def _run_front_end(engine_fd: int, listen_fd: int, log_level: str, model_names: 
     validation_temperature = os.environ.get(VALIDATION_TEMPERATURE_ENV)
     app = create_app(engine, os.environ.get(TOKEN_ENV) or None,
                      validation_temperature=None if validation_temperature is None else float(validation_temperature),
-                     model_names=model_names)
+                     model_names=model_names, prompts=os.environ.get(PROMPTS_ENV) or None)
     config = uvicorn.Config(app, log_level=log_level,
                             access_log=False, lifespan="off")
     server = uvicorn.Server(config)

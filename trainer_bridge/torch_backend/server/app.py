@@ -7,7 +7,8 @@ live one module per API family (``chat_completions``, ``completions``, ``respons
 ``policy``), their bodies in ``protocol`` and ``responses_protocol``, chat formatting in
 ``chat_format``, the error mapping in ``errors``. Every response carries the serving policy
 version in the body (``policy_version``) and the ``x-spanrl-policy-version`` header (names from
-``spanrl.instrumentation.semconv``).
+``spanrl.instrumentation.semconv``). Prompt resources (``trainer_bridge/endpoint_prompts.py``)
+replace agents' instructions before a route sees the request, and add ``/spanrl/v1/prompts``.
 """
 
 from __future__ import annotations
@@ -23,8 +24,10 @@ from typing import TYPE_CHECKING, Any
 from fastapi import Depends, FastAPI, Request
 
 from spanrl.instrumentation import semconv
+from spanrl.trainer_bridge.endpoint_prompts import install_prompt_resources
 from spanrl.trainer_bridge.endpoint_spans import EndpointSpans
 from spanrl.trainer_bridge.model_names import ServedModelNames
+from spanrl.trainer_bridge.prompt_resources import PromptResources
 from spanrl.trainer_bridge.torch_backend.server import chat_completions, completions, models, policy, responses
 from spanrl.trainer_bridge.torch_backend.server.call_spans import CallSpanMiddleware
 from spanrl.trainer_bridge.torch_backend.server.errors import (
@@ -51,13 +54,16 @@ SPANS_FROM_ENVIRONMENT = "environment"  # create_app's default: EndpointSpans.fr
 
 def create_app(engine: ServedEngine, api_token: str | None = None,
                spans: EndpointSpans | None | str = SPANS_FROM_ENVIRONMENT,
-               validation_temperature: float | None = None, model_names: Sequence[str] = ()) -> FastAPI:
+               validation_temperature: float | None = None, model_names: Sequence[str] = (),
+               prompts: PromptResources | str | None = None) -> FastAPI:
     """A FastAPI app serving ``engine``; requires ``Authorization: Bearer <api_token>`` if set.
 
     ``spans``: where its LLM span per generation request goes (``trainer_bridge/endpoint_spans.py``):
     by default as the environment says (off when it names no OTLP endpoint), None for none.
     ``validation_temperature``: what validation rollouts are sampled at (``serving.ServerState``).
-    ``model_names``: the names it answers to (``*``: any; none: only the engine's own name)."""
+    ``model_names``: the names it answers to (``*``: any; none: only the engine's own name).
+    ``prompts``: its prompt resources, or a prompts file to read them from (None: none until set
+    by ``POST /spanrl/v1/prompts``)."""
     # a dependency rather than an HTTP middleware: Starlette's BaseHTTPMiddleware costs every
     # request an extra task and stream, which shows at small models' request rates; and only
     # when a token is set, since solving a dependency costs each request too
@@ -66,6 +72,9 @@ def create_app(engine: ServedEngine, api_token: str | None = None,
     app.state.server = ServerState(engine, validation_temperature=validation_temperature,
                                    model_names=ServedModelNames.of(model_names, engine.model_name))
     install_error_handlers(app)
+    if not isinstance(prompts, PromptResources):
+        prompts = PromptResources.from_file(prompts) if prompts else PromptResources()
+    install_prompt_resources(app, prompts, api_token)  # first: inside the body limit and the span middleware
     app.add_middleware(_BodyLimit, max_bytes=MAX_BODY_BYTES)
     if spans == SPANS_FROM_ENVIRONMENT:
         spans = EndpointSpans.from_environment()
@@ -149,7 +158,7 @@ class ServerHandle:
 def serve_in_thread(engine: PolicyEngine, host: str = "127.0.0.1", port: int = 0,
                     api_token: str | None = None, log_level: str = "warning",
                     startup_timeout: float = 30.0, validation_temperature: float | None = None,
-                    model_names: Sequence[str] = ()) -> ServerHandle:
+                    model_names: Sequence[str] = (), prompts: PromptResources | str | None = None) -> ServerHandle:
     """Run the server for ``engine`` in a daemon thread of this process; ``port=0`` picks a free one.
 
     Starts the engine if it is not running (and then stops it in ``handle.stop()``).
@@ -158,7 +167,8 @@ def serve_in_thread(engine: PolicyEngine, host: str = "127.0.0.1", port: int = 0
 
     owns_engine = not engine.is_running
     engine.start()
-    app = create_app(engine, api_token, validation_temperature=validation_temperature, model_names=model_names)
+    app = create_app(engine, api_token, validation_temperature=validation_temperature, model_names=model_names,
+                     prompts=prompts)
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level,
                             access_log=False, lifespan="off")
     server = uvicorn.Server(config)

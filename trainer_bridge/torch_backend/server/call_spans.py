@@ -19,7 +19,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
-from spanrl.trainer_bridge.endpoint_spans import GENERATING_PATHS, EndpointSpans, ServedCall, served_call_for
+from spanrl.trainer_bridge.endpoint_spans import GENERATING_PATHS, EndpointSpans, ServedCall, served_call_for, serving
 
 # the first "id" of a stream's first event: the chunk's id, or the Responses object's in response.created
 _FIRST_ID = re.compile(r'"id"\s*:\s*"([^"\\]+)"')
@@ -95,7 +95,8 @@ class CallSpanMiddleware:
         record = _CallRecord(served)
         token = _current.set(record)
         try:
-            await self.app(scope, receive, send)
+            with serving(served):  # the prompt candidate substituted for the call is noted on it
+                await self.app(scope, receive, send)
         finally:
             _current.reset(token)
             self._finish(record)

@@ -1,10 +1,13 @@
-"""The gateway's upstreams: which OpenAI-compatible servers are up, how busy each is, and which
+"""A relay's upstreams: which OpenAI-compatible servers are up, how busy each is, and which
 one a request goes to (the rollout's own while it is up, else the least loaded).
 
-Used by ``gateway_app.py``; a pool is touched only on the gateway's event loop, so it needs no
-lock. ``rollout_key`` reads a request's rollout from its headers: ``x-spanrl-rollout-id``, else
-the ``spanrl.rollout.id`` entry of W3C ``baggage``, else the trace id of ``traceparent`` (an
-agent that propagates trace context keeps its calls together without knowing spanrl).
+Used by ``forwarding.py`` and ``app.py``; a pool is touched only on the relay's event loop, so it
+needs no lock. The verl gateway names its upstreams by server (``host:port``: requests go to
+``/v1/...`` under it, health checks to ``/health``); ``spanrl proxy`` by OpenAI base URL (what the
+``openai`` client takes as ``base_url``, e.g. ``https://api.openai.com/v1``), requests go under it.
+``rollout_key`` reads a request's rollout from its headers: ``x-spanrl-rollout-id``, else the
+``spanrl.rollout.id`` entry of W3C ``baggage``, else the trace id of ``traceparent`` (an agent that
+propagates trace context keeps its calls together without knowing spanrl).
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ import re
 from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass
-from urllib.parse import unquote
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 from starlette.datastructures import Headers
 
@@ -41,6 +44,22 @@ def normalize_upstream_url(url: str) -> str:
     if url.endswith("/v1"):
         url = url[: -len("/v1")]
     return url
+
+
+def normalize_base_url(url: str) -> str:
+    """An OpenAI base URL without its trailing slash; one without a path gets ``/v1``
+    (``http://127.0.0.1:8000`` -> ``http://127.0.0.1:8000/v1``)."""
+    url = url.strip().rstrip("/")
+    if "://" not in url:
+        url = f"http://{url}"
+    return url if urlsplit(url).path else f"{url}/v1"
+
+
+def display_url(url: str) -> str:
+    """``url`` as messages and stats show it: without user info or query (they may hold a secret)."""
+    parts = urlsplit(url)
+    host = parts.netloc.rpartition("@")[2]
+    return urlunsplit((parts.scheme, host, parts.path, "", ""))
 
 
 def baggage_value(baggage_headers: Iterable[str], key: str) -> str | None:
@@ -93,9 +112,11 @@ class UpstreamStats:
 
 @dataclass
 class Upstream:
-    """An upstream's live state (mutated on the gateway's loop only)."""
+    """An upstream's live state (mutated on the relay's loop only). ``url`` names it (messages,
+    stats, its ``/health``); ``base_url`` is where an OpenAI route's path goes (``/chat/completions``)."""
 
     url: str
+    base_url: str = ""
     model: str | None = None
     up: bool = True
     down_reason: str = ""
@@ -104,31 +125,40 @@ class Upstream:
     failures: int = 0
     rollouts: int = 0
 
+    def __post_init__(self) -> None:
+        self.base_url = self.base_url or f"{self.url}/v1"
+
     def stats(self) -> UpstreamStats:
-        return UpstreamStats(self.url, self.model, self.up, self.down_reason, self.in_flight, self.requests,
-                             self.failures, self.rollouts)
+        return UpstreamStats(display_url(self.url), self.model, self.up, self.down_reason, self.in_flight,
+                             self.requests, self.failures, self.rollouts)
 
 
 class UpstreamPool:
-    """The upstreams in rotation and the rollout -> upstream table."""
+    """The upstreams in rotation and the rollout -> upstream table. ``base_urls``: the URLs are
+    OpenAI base URLs (the proxy's), not servers (the gateway's ``host:port``)."""
 
-    def __init__(self, urls: Iterable[str], sticky_capacity: int = STICKY_CAPACITY):
+    def __init__(self, urls: Iterable[str], sticky_capacity: int = STICKY_CAPACITY, base_urls: bool = False):
         self._upstreams: dict[str, Upstream] = {}
         self._sticky: OrderedDict[str, str] = OrderedDict()
         self._capacity = sticky_capacity
+        self._base_urls = base_urls
         self.set_urls(urls)
 
     def set_urls(self, urls: Iterable[str]) -> None:
         """Replace the upstreams; one kept keeps its state and its rollouts, a removed one's
         rollouts move to others on their next request."""
-        wanted = list(dict.fromkeys(normalize_upstream_url(u) for u in urls))
-        self._upstreams = {url: self._upstreams.get(url) or Upstream(url) for url in wanted}
+        normalize = normalize_base_url if self._base_urls else normalize_upstream_url
+        wanted = list(dict.fromkeys(normalize(u) for u in urls))
+        self._upstreams = {url: self._upstreams.get(url) or self._new(url) for url in wanted}
         for key in [k for k, url in self._sticky.items() if url not in self._upstreams]:
             del self._sticky[key]
 
     @property
     def upstreams(self) -> list[Upstream]:
         return list(self._upstreams.values())
+
+    def _new(self, url: str) -> Upstream:
+        return Upstream(url, base_url=url) if self._base_urls else Upstream(url)
 
     def pick(self, key: str | None) -> Upstream:
         """The upstream for a request of rollout ``key`` (None: any); raises ``NoUpstreamError``."""
@@ -161,20 +191,20 @@ class UpstreamPool:
     def mark_down(self, upstream: Upstream, reason: str) -> None:
         """Out of rotation: its rollouts go elsewhere until a health check brings it back."""
         if upstream.up:
-            logger.warning("gateway: upstream %s is out of rotation: %s", upstream.url, reason)
+            logger.warning("relay: upstream %s is out of rotation: %s", display_url(upstream.url), reason)
         upstream.up, upstream.down_reason = False, reason
 
     def mark_up(self, upstream: Upstream) -> None:
         if not upstream.up:
-            logger.info("gateway: upstream %s is back in rotation", upstream.url)
+            logger.info("relay: upstream %s is back in rotation", display_url(upstream.url))
         upstream.up, upstream.down_reason = True, ""
 
     def _describe_none_up(self) -> str:
         if not self._upstreams:
-            return "the gateway has no upstream servers (set_upstreams was given none)"
-        down = "; ".join(f"{u.url} ({u.down_reason})" for u in self._upstreams.values())
+            return "the relay has no upstream servers (set_upstreams was given none)"
+        down = "; ".join(f"{display_url(u.url)} ({u.down_reason})" for u in self._upstreams.values())
         return f"no upstream server is up: {down}"
 
 
 __all__ = ["NoUpstreamError", "STICKY_CAPACITY", "Upstream", "UpstreamPool", "UpstreamStats", "baggage_value",
-           "normalize_upstream_url", "rollout_key", "traceparent_trace_id"]
+           "display_url", "normalize_base_url", "normalize_upstream_url", "rollout_key", "traceparent_trace_id"]
