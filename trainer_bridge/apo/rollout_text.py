@@ -4,7 +4,9 @@ and response (tool calls and tool results included, as the model saw and wrote t
 The calls come from the receiver's assembled rollout: their token ids decoded with the served
 model's ``tokenizer.json`` (the ``tokenizers`` library; what the model saw, chat template and
 tool markup included). A call whose prompt continues the previous call's prompt and response
-shows only what is new, so a rollout of many calls stays short. The whole text is cut to
+shows only what is new, so a rollout of many calls stays short. Calls without token ids (a
+hosted model behind ``spanrl proxy``) are read from their spans' text instead
+(``otlp_receiver.text_calls``: the messages, tools' calls and the reply). The whole text is cut to
 ``apo.rollout_chars`` (its start and its end kept). Called by ``apo/run.py``; torch-free.
 """
 
@@ -26,8 +28,8 @@ TOKENIZER_FILE = "tokenizer.json"
 class RolloutText:
     """Writes rollouts as text; decodes token ids with the model directory's tokenizer, if it has one."""
 
-    def __init__(self, model_dir: str, max_chars: int) -> None:
-        self.max_chars = max_chars
+    def __init__(self, model_dir: str, max_chars: int, store: Any = None) -> None:
+        self.max_chars, self.store = max_chars, store  # store: the receiver's SpanStore (text-only calls)
         self.tokenizer: Any = None
         path = os.path.join(model_dir, TOKENIZER_FILE)
         if os.path.isfile(path):
@@ -35,8 +37,8 @@ class RolloutText:
 
             self.tokenizer = Tokenizer.from_file(path)
         else:
-            logger.warning("apo: no %s in %s; the optimizer reads rollouts without their calls' text", TOKENIZER_FILE,
-                           model_dir)
+            logger.info("apo: no %s in %s; the optimizer reads the calls' text from their spans", TOKENIZER_FILE,
+                        model_dir)
 
     def text(self, task: Any, reward: float | None, rollout: AssembledRollout | None, status: str = "ok") -> str:
         """One rollout for the critique: its reward, task and calls."""
@@ -45,12 +47,27 @@ class RolloutText:
         if rollout is not None:
             if rollout.error:
                 lines.append(f"error: {rollout.error}")
-            lines.extend(self._calls(rollout.transitions))
+            if rollout.transitions and self.tokenizer is not None:
+                lines.extend(self._calls(rollout.transitions))
+            else:
+                lines.extend(self._text_calls(rollout.rollout_id))
         return _cut("\n".join(lines), self.max_chars)
 
+    def _text_calls(self, rollout_id: str) -> list[str]:
+        from spanrl.otlp_receiver.text_calls import chat_examples
+
+        examples = chat_examples(self.store, rollout_id) if self.store is not None else []
+        if not examples:
+            return ["(the text of its model calls is not available)"]
+        lines: list[str] = []
+        for number, example in enumerate(examples, 1):
+            *seen, reply = example["messages"]
+            lines.append(f"call {number}:")
+            lines.append(f"  model input: {json.dumps(seen, ensure_ascii=False)}")
+            lines.append(f"  model output: {json.dumps(reply, ensure_ascii=False)}")
+        return lines
+
     def _calls(self, transitions: Sequence[Transition]) -> list[str]:
-        if self.tokenizer is None:
-            return [f"({len(transitions)} model calls; their text is not available)"]
         lines: list[str] = []
         before: tuple[int, ...] = ()
         for number, call in enumerate(transitions, 1):

@@ -88,7 +88,7 @@ class ApoRun:
         self.policy_version, self.log_row, self.on_idle = policy_version, log_row, on_idle
         self.val_tasks = load_tasks(settings.val_tasks) if settings.val_tasks else []
         self.optimizer = PromptOptimizer(self.config) if self.config.proposes else None
-        self.texts = RolloutText(settings.model, self.config.rollout_chars)
+        self.texts = RolloutText(settings.model, self.config.rollout_chars, loop.store)
         self.rows_written = 0
         self.rounds_run = 0  # rollout-id rounds opened so far, over every resource
 
