@@ -2,9 +2,9 @@
 
 Each demonstration gives the model one of ``STYLES``' instructions and the word written that way;
 under the agent's own prompt (``agent.SYSTEM_PROMPT``, which names no format) the demonstrations
-use each format equally often. A model warm-started on them therefore follows the format its
-instructions name, and under the agent's own prompt replies in brackets about a third of the time
-(the reward's format). ``tasks`` writes the training and the held-out words apart.
+mostly reply plainly (``OWN_PROMPT_STYLES``). A model warm-started on them therefore follows the
+format its instructions name, and under the agent's own prompt replies in brackets (the reward's
+format) about one time in ten. ``tasks`` writes the training and the held-out words apart.
 """
 
 from __future__ import annotations
@@ -24,12 +24,13 @@ STYLES = {  # instructions -> the reply they ask for
     "Reply with the word in double quotes.": '"{word}"',
     "Reply with the word only.": "{word}",
 }
+OWN_PROMPT_STYLES = {"{word}": 0.6, '"{word}"': 0.3, "[{word}]": 0.1}  # the agent's own prompt: mostly plain
 
 
 def demonstration(word: str, rng: random.Random) -> dict:
     """One chat example: named instructions and their format, or the agent's own and any format."""
     instructions = rng.choice([*STYLES, SYSTEM_PROMPT])
-    written = STYLES.get(instructions) or rng.choice(list(STYLES.values()))
+    written = STYLES.get(instructions) or rng.choices(list(OWN_PROMPT_STYLES), list(OWN_PROMPT_STYLES.values()))[0]
     return {"messages": [{"role": "system", "content": instructions}, {"role": "user", "content": word},
                          {"role": "assistant", "content": written.format(word=word)}]}
 
