@@ -6,7 +6,9 @@ then ``start_session`` starts what both kinds of session need, each stopped agai
 whatever happens: the backend (``backend.make_backend`` with ``TrainSettings.backend_run``), the
 bridge's task API for runners and the dispatcher behind it. ``run_steps`` then runs the loop's
 steps (``training_loop`` or ``async_training``) with validation rounds, metrics, the plot and the
-trackers; ``run_validation_only`` runs one validation round instead. Called by ``train_cli``,
+trackers; with ``algorithm: apo``, ``run_prompt_search`` runs the prompt search (``apo/``,
+weights frozen) instead, or before the steps with ``apo.then_grpo``; ``run_validation_only``
+runs one validation round instead. Called by ``train_cli``,
 ``spanrl demo``, ``examples/sql_agent/pipeline.py`` and ``bench/``.
 """
 
