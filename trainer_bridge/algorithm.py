@@ -25,7 +25,7 @@ KL_ESTIMATOR_NAMES = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")
 ADVANTAGE_ESTIMATOR_NAMES = ("grpo", "drgrpo")
 ADVANTAGE_LEVELS = ("rollout", "transition")
 LOSS_WEIGHTINGS = ("token", "rollout")
-ALGORITHMS = ("grpo", "sft")
+ALGORITHMS = ("grpo", "sft", "apo")
 
 
 @dataclass(frozen=True)

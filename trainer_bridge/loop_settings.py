@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from spanrl.errors import SettingError
 
 from .algorithm import ADVANTAGE_LEVELS, ALGORITHMS, LOSS_AGG_MODES, LOSS_WEIGHTINGS
+from .apo.config import ApoConfig
 from .backend import BACKENDS, EndpointConfig
 from .warm_start import WARM_START_FROM_TOP_LEVEL, WarmStartConfig
 
@@ -164,8 +165,9 @@ class LoopSettings:
     )
     algorithm: str = field(
         default="grpo",
-        metadata={"help": "'grpo' (RL on group advantages) or 'sft' (rejection-sampling fine-tuning: learn the "
-                  "calls of rollouts rewarded at least sft_min_reward, by plain NLL)"},
+        metadata={"help": "'grpo' (RL on group advantages), 'sft' (rejection-sampling fine-tuning: learn the "
+                  "calls of rollouts rewarded at least sft_min_reward, by plain NLL) or 'apo' (automatic prompt "
+                  "optimization of the agents' instructions, weights frozen: the apo: block, docs/apo.md)"},
     )
     sft_min_reward: float = field(
         default=1.0, metadata={"help": "with algorithm sft, learn only rollouts whose reward is at least this"}
@@ -193,6 +195,12 @@ class LoopSettings:
                   "keys); the warm model goes to <output_dir>/warm-start", "exclude": WARM_START_FROM_TOP_LEVEL},
     )
 
+    apo: ApoConfig = field(
+        default_factory=ApoConfig,
+        metadata={"help": "automatic prompt optimization (algorithm: apo): the starting prompts, the beam search, "
+                  "the optimizer model (docs/apo.md)"},
+    )
+
     def __post_init__(self) -> None:
         if not self.tasks:
             raise SettingError("'tasks' is required: a JSONL file of tasks")
@@ -204,8 +212,10 @@ class LoopSettings:
             raise SettingError(f"reward must be 'events' or 'module:function', got {self.reward!r}")
         if self.algorithm not in ALGORITHMS:
             raise SettingError(f"algorithm must be one of {ALGORITHMS}, got {self.algorithm!r}")
-        if self.group_size < (2 if self.algorithm == "grpo" else 1):
+        if self.group_size < (2 if self.runs_grpo else 1):
             raise SettingError("group_size must be at least 2: GRPO needs a group to compare")
+        if self.algorithm == "apo":
+            self._check_apo()
         if self.val_every < 1 or self.val_attempts < 1:
             raise SettingError("val_every and val_attempts must be at least 1")
         if self.val_temperature is not None and self.val_temperature < 0:
@@ -245,6 +255,21 @@ class LoopSettings:
                               model_names=tuple(self.policy_model_names), token=self.policy_token,
                               validation_temperature=self.val_temperature, prompts=self.prompts or None,
                               tls_cert=self.tls_cert, tls_key=self.tls_key)
+
+    @property
+    def runs_grpo(self) -> bool:
+        """Whether the run makes GRPO updates (``grpo``, or ``apo`` with ``apo.then_grpo``)."""
+        return self.algorithm == "grpo" or (self.algorithm == "apo" and self.apo.then_grpo)
+
+    def _check_apo(self) -> None:
+        if not self.apo.prompts and self.prompts:  # the candidates the endpoint serves are the starting pool
+            self.apo = dataclasses.replace(self.apo, prompts=self.prompts)
+        self.apo.check_for_apo()
+        if self.resume:
+            raise SettingError("algorithm apo runs its search from the start: --resume continues GRPO and SFT runs "
+                               "only (start the search again with another output_dir)")
+        if self.async_training:
+            raise SettingError("algorithm apo runs its rounds itself: turn async_training off")
 
     def _check_async(self) -> None:
         if self.max_staleness < 0:

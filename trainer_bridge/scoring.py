@@ -28,6 +28,7 @@ LEFT_OUT_NO_TRANSITIONS = "no_transitions"
 LEFT_OUT_NO_SELECTED_AGENT = "no_selected_agent"
 LEFT_OUT_REWARD_ERROR = "reward_error"
 LEFT_OUT_NO_REWARD = "no_reward"
+LEFT_OUT_UNASSEMBLED = "unassembled"  # reported ok, but its spans never made a rollout within assembly_wait_s
 
 
 class RewardFunctionError(Exception):

@@ -6,7 +6,9 @@ then ``start_session`` starts what both kinds of session need, each stopped agai
 whatever happens: the backend (``backend.make_backend`` with ``TrainSettings.backend_run``), the
 bridge's task API for runners and the dispatcher behind it. ``run_steps`` then runs the loop's
 steps (``training_loop`` or ``async_training``) with validation rounds, metrics, the plot and the
-trackers; ``run_validation_only`` runs one validation round instead. Called by ``train_cli``,
+trackers; with ``algorithm: apo``, ``run_prompt_search`` runs the prompt search (``apo/``,
+weights frozen) instead, or before the steps with ``apo.then_grpo``; ``run_validation_only``
+runs one validation round instead. Called by ``train_cli``,
 ``spanrl demo``, ``examples/sql_agent/pipeline.py`` and ``bench/``.
 """
 
@@ -134,25 +136,50 @@ def run_training(settings: TrainSettings, show_progress: bool = True) -> dict:
         metrics = MetricsLog(settings.output_dir)
         # A resumed run continues from its checkpoint: later rows of metrics.jsonl are redone.
         metrics.keep_up_to_version(session.backend.policy_version)
-        run_steps(settings, loop, session, validator, metrics, trackers.log, show_progress)
+        apo = run_prompt_search(settings, loop, session, metrics, trackers.log) if settings.algorithm == "apo" else None
+        if apo is not None and not settings.apo.then_grpo:  # weights frozen: no checkpoint to save
+            return {**training_summary(metrics, session.backend.policy_version, "", "", trackers.locations), **apo}
+        run_steps(settings, loop, session, validator, metrics, trackers.log, show_progress,
+                  last_step=len(metrics.rows) + settings.steps if apo is not None else None)
         final_checkpoint = session.backend.save_checkpoint(settings.checkpoint_dir)
-    return training_summary(metrics, session.backend.policy_version, str(final_checkpoint),
-                            settings.checkpoint_dir, trackers.locations)
+    return {**training_summary(metrics, session.backend.policy_version, str(final_checkpoint),
+                               settings.checkpoint_dir, trackers.locations), **(apo or {})}
+
+
+def run_prompt_search(settings: TrainSettings, loop: TrainingLoop, session: Session, metrics: MetricsLog,
+                      log_row: Callable[[dict], None]) -> dict:
+    """``algorithm: apo``: the prompt search (``apo/run.py``), each round a metrics row; afterwards the
+    endpoint serves the best prompts. Returns what the summary adds: the best prompt of each resource."""
+    from .apo.run import PROMPTS_FILE, run_apo
+
+    def append(row: dict) -> None:
+        metrics.append(row)
+        metrics.plot()
+        log_row(row)
+
+    results = run_apo(settings, loop, session.backend.endpoint_url, lambda: session.backend.policy_version, append,
+                      on_idle=session.waiting_for_runners, first_row=len(metrics.rows))
+    return {"prompts": os.path.join(settings.output_dir, PROMPTS_FILE),
+            "best_prompts": {r.resource: {"candidate": r.best.name, "text": r.best.text, "score": r.best_score}
+                             for r in results}}
 
 
 def run_steps(settings: TrainSettings, loop: TrainingLoop, session: Session, validator: Validator | None,
-              metrics: MetricsLog, log_row: Callable[[dict], None], show_progress: bool) -> None:
-    """The steps after those ``metrics`` already holds, until ``steps`` or ``stop_at_reward``."""
+              metrics: MetricsLog, log_row: Callable[[dict], None], show_progress: bool,
+              last_step: int | None = None) -> None:
+    """The steps after those ``metrics`` already holds, until ``last_step`` (default ``steps``; after
+    APO's rounds, ``steps`` more) or ``stop_at_reward``."""
     from spanrl.progress import progress_bar
 
     backend = session.backend
     first_step = len(metrics.rows)
+    last_step = settings.steps if last_step is None else last_step
     # a bar on a terminal, plain lines in a log
-    with progress_bar(settings.steps, "spanrl train", unit="step", initial=first_step,
+    with progress_bar(last_step, "spanrl train", unit="step", initial=first_step,
                       disable=not show_progress) as bar:
         empty = EmptySteps(settings.max_empty_steps)
         good_steps = 0
-        for step in range(first_step, settings.steps):
+        for step in range(first_step, last_step):
             row = loop.run_step(step, backend, on_idle=session.waiting_for_runners,
                                 on_wait=lambda done, total: bar.set_postfix_str(f"rollouts {done}/{total}"))
             if validator is not None and validator.due(step):  # held-out score: never trained on

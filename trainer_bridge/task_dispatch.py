@@ -81,14 +81,19 @@ class TaskDispatcher:
         self._last_claim_at: float | None = None  # any round: runners were there then
 
     def open_round(self, step: int, tasks: Sequence[Task], group_size: int,
-                   prefix: str = TRAINING_ROLLOUT_PREFIX) -> list[Attempt]:
-        """Queue ``group_size`` attempts of each ``(task_id, task)``; returns them. Their rollout
-        ids start with ``prefix`` and the step (``v`` marks validation rounds)."""
+                   prefix: str = TRAINING_ROLLOUT_PREFIX,
+                   before_open: Callable[[list[Attempt]], None] | None = None) -> list[Attempt]:
+        """Queue ``group_size`` attempts of each ``(task_id, task)``; returns them, in task order.
+        Their rollout ids start with ``prefix`` and the step (``v`` marks validation rounds).
+        ``before_open(attempts)`` runs before any runner can claim one (APO tells the endpoint
+        which prompt candidate each rollout gets)."""
         attempts = {}
         for task_id, task in tasks:
             for attempt in range(group_size):
                 rollout_id = new_rollout_id(prefix, step, task_id, attempt)
                 attempts[rollout_id] = Attempt(rollout_id, task_id, attempt, task, step)
+        if before_open is not None:
+            before_open(list(attempts.values()))
         with self._lock:
             self._round = _Round(step, attempts, unclaimed=deque(attempts))
             self._lock.notify_all()

@@ -31,14 +31,13 @@ from .backend import PolicyBackend, TrainingSample
 from .loop_settings import LoopSettings
 from .rejection_sampling import sft_samples, sft_update
 from .samples import sample_advantages, trained_rollout, training_samples
-from .scoring import RolloutScorer
+from .scoring import LEFT_OUT_UNASSEMBLED, RolloutScorer
 from .task_dispatch import Attempt, Outcome, TaskDispatcher, check_hidden_task_fields
 from .trajectory_merge import update_rows
 
 logger = logging.getLogger(__name__)
 
 STORE_POLL_S = 0.1
-LEFT_OUT_UNASSEMBLED = "unassembled"
 
 
 @dataclass

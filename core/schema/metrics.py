@@ -5,7 +5,8 @@ one reader of such files, old ones included.
 experiment trackers. Keys are grouped the way verl names its own: ``rollout/...`` (what the
 step's rollouts scored and why some were left out), ``actor/...`` (what the update reported:
 the policy version it published, losses, clip fractions, tokens), ``timing/...`` (seconds) and
-``val/...`` (the held-out validation round); ``step`` is the x axis. Runs of earlier versions
+``val/...`` (the held-out validation round), ``apo/...`` (a round of prompt optimization); ``step``
+is the x axis. Runs of earlier versions
 wrote flat keys (``reward_mean``, ``loss``, ...): ``LEGACY_KEYS`` maps each to its namespaced
 name, and ``read_metrics`` / ``namespaced`` give every consumer (``spanrl inspect metrics``, the
 reward plot, a resumed run, dashboards) rows in today's keys whatever wrote them. Stdlib only.
@@ -42,7 +43,14 @@ VAL_ROLLOUTS = "val/count"
 VAL_ROLLOUTS_SCORED = "val/scored"
 VAL_LEFT_OUT = "val/left_out"
 VAL_SECONDS = "timing/val_s"
-NAMESPACES = ("rollout/", "actor/", "timing/", "val/")
+# a round of automatic prompt optimization (algorithm: apo; trainer_bridge/apo/run.py)
+APO_RESOURCE = "apo/resource"  # the prompt resource (agent or model name) being optimized
+APO_ROUND = "apo/round"  # 0: the starting candidates; then 1..apo.rounds
+APO_CANDIDATES = "apo/candidates"  # candidates scored in the round
+APO_PROPOSED = "apo/proposed"  # new candidates the optimizer wrote for it
+APO_DROPPED = "apo/dropped"  # optimizer answers that could not be used
+APO_BEAM_BEST_REWARD = "apo/beam_best_reward"  # the training reward of the round's best candidate
+NAMESPACES = ("rollout/", "actor/", "timing/", "val/", "apo/")
 
 # the flat keys of metrics.jsonl files written before the namespaces, and their names today
 LEGACY_KEYS: dict[str, str] = {

@@ -1,0 +1,1 @@
+"""A task where the instructions decide the reward: reply with a word in the format they ask for."""

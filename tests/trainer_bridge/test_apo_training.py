@@ -1,0 +1,171 @@
+"""``algorithm: apo`` through real processes: ``spanrl receive``, ``spanrl train`` (embedded torch
+backend, weights frozen during the search), ``spanrl run`` with the reply-format agent (the
+instructions decide its reward), and ``spanrl serve`` as the optimizer model behind a token.
+
+The model is created here and warm-started on demonstrations where the system prompt decides the
+reply's format (``examples/reply_format``): it follows "square brackets" when told, and its
+agent's own prompt names no format. Checked: the search picks the candidate of a user-given pool
+that the reward favours; every rollout of the search was served its assigned candidate (the
+endpoint's spans say which); the optimizer (a tiny local model, whose answers cannot be used) gets
+its edits dropped with a logged reason, and the search goes on; the best prompt is saved as
+``prompts.yaml`` and served afterwards (the GRPO step of ``apo.then_grpo`` runs under it); the
+optimizer's key is never in a log or a stored span.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+import yaml
+
+from spanrl.child_processes import free_port
+from spanrl.examples.reply_format.demonstrations import STYLES, write_demonstrations, write_tasks
+
+TEST_DEVICE = os.environ.get("SPANRL_TEST_DEVICE", "cpu")
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+AGENT = "spanrl.examples.reply_format.agent:reply"
+REWARD = "spanrl.examples.reply_format.reward:reward"
+BRACKETS = "Reply with the word in square brackets."
+KEY = "sk-apo-test-4f1d0c9e7b2a"  # the optimizer's key: must never be logged or stored
+
+
+def format_model(root) -> str:
+    """A tiny model that follows the format its instructions name (~40 s of SFT on one core)."""
+    import torch
+
+    from spanrl.trainer_bridge.torch_backend.model_init import create_model_dir
+    from spanrl.trainer_bridge.warm_start import WarmStartConfig, warm_start_model
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    demonstrations = write_demonstrations(str(root / "demonstrations.jsonl"), 2000, seed=0)
+    base = create_model_dir(root / "model-init", preset="tiny", corpus_files=[demonstrations], seed=0)
+    warm_start_model(WarmStartConfig(demonstrations=demonstrations, steps=300, batch_size=32, learning_rate=2e-3,
+                                     device=TEST_DEVICE), str(base), str(root / "model"), progress=False)
+    torch.set_num_threads(threads)
+    return str(root / "model")
+
+
+def wait_for_text(path, text: str, process: subprocess.Popen, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if path.exists() and text in path.read_text():
+            return
+        assert process.poll() is None, f"exited {process.returncode} before {text!r}:\n{path.read_text()[-3000:]}"
+        time.sleep(0.2)
+    raise AssertionError(f"{text!r} not said within {timeout_s} s")
+
+
+def served_candidates(db: str) -> dict[str, set[str]]:
+    """rollout id -> the prompt candidates the endpoint's spans say its calls were served."""
+    from spanrl.instrumentation import semconv
+    from spanrl.otlp_receiver.span_tree import records_from_bodies
+    from spanrl.otlp_receiver.store import SpanStore
+
+    store = SpanStore(db)
+    served: dict[str, set[str]] = {}
+    for rollout_id in store.iter_rollout_ids():
+        for record in records_from_bodies(span.body for span in store.rollout_spans(rollout_id)):
+            candidate = record.attributes.get(semconv.PROMPT_CANDIDATE)
+            if candidate is not None:
+                served.setdefault(rollout_id, set()).add(candidate)
+    store.close()
+    return served
+
+
+@pytest.mark.timeout(900)
+def test_apo_picks_the_pools_best_drops_unusable_edits_serves_and_saves_the_best(tmp_path):
+    model = format_model(tmp_path)
+    tasks, val_tasks = write_tasks(str(tmp_path / "tasks.jsonl"), str(tmp_path / "val.jsonl"))
+    pool = tmp_path / "prompts.yaml"
+    names = dict(zip(("brackets", "quotes", "plain"), STYLES, strict=True))
+    pool.write_text(yaml.safe_dump({"policy": {"active": "original", "candidates": {
+        "original": "Reply to the user.", "quotes": names["quotes"], "brackets": names["brackets"]}}}))
+    db, run_dir = tmp_path / "spanrl.db", tmp_path / "run"
+    grpc_port, bridge_port, optimizer_port = free_port(), free_port(), free_port()
+    config = tmp_path / "train.yaml"
+    config.write_text(json.dumps({
+        "algorithm": "apo", "tasks": tasks, "val_tasks": val_tasks, "val_attempts": 1, "val_temperature": 0,
+        "model": model, "output_dir": str(run_dir), "store": str(db), "reward": REWARD, "device": TEST_DEVICE,
+        "policy_port": 0, "bridge_port": bridge_port, "rollout_timeout_s": 60, "checkpoint_every": 0,
+        "group_size": 2, "tasks_per_step": 2, "steps": 1,
+        "apo": {"prompts": str(pool), "rounds": 1, "beam_width": 1, "branch_factor": 2, "batch_tasks": 8,
+                "gradient_batch": 2, "optimizer_url": f"http://127.0.0.1:{optimizer_port}/v1",
+                "optimizer_model": "optimizer", "optimizer_key_env": "APO_TEST_OPTIMIZER_KEY",
+                "optimizer_max_tokens": 24, "then_grpo": True},
+    }))  # JSON is YAML
+    clean = {**{k: v for k, v in os.environ.items() if not k.startswith(("OTEL_SPANRL_", "OTEL_EXPORTER_"))},
+             "PYTHONUNBUFFERED": "1"}
+    logs = {name: tmp_path / f"{name}.log" for name in ("receiver", "optimizer", "train", "runner")}
+    processes: list[subprocess.Popen] = []
+
+    def start(name: str, *argv: str, env: dict | None = None) -> subprocess.Popen:
+        with open(logs[name], "w") as log:
+            process = subprocess.Popen([sys.executable, "-m", "spanrl", *argv], stdout=log, stderr=subprocess.STDOUT,
+                                       env={**clean, **(env or {})}, cwd=REPO)
+        processes.append(process)
+        return process
+
+    try:
+        receiver = start("receiver", "receive", "--db", str(db), "--grpc-port", str(grpc_port), "--http-port", "0",
+                         "--grace-s", "0.3")
+        wait_for_text(logs["receiver"], "spanrl receive: ready", receiver, 60)
+        optimizer = start("optimizer", "serve", model, "--port", str(optimizer_port), "--device", TEST_DEVICE,
+                          "--served-model-name", "optimizer", env={"OTEL_SPANRL_SERVE_TOKEN": KEY})
+        wait_for_text(logs["optimizer"], f"127.0.0.1:{optimizer_port}", optimizer, 120)
+        train = start("train", "train", str(config), env={
+            "APO_TEST_OPTIMIZER_KEY": KEY, "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{grpc_port}"})
+        start("runner", "run", "--agent", AGENT, "--bridge-url", f"http://127.0.0.1:{bridge_port}",
+              "--otlp-endpoint", f"http://127.0.0.1:{grpc_port}", "--concurrency", "8", "--bridge-wait-s", "300")
+        assert train.wait(600) == 0, logs["train"].read_text()[-4000:]
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                process.terminate()
+                process.wait(30)
+
+    said = logs["train"].read_text()
+    record = json.loads((run_dir / "apo.json").read_text())[0]
+    candidates = {c["name"]: c for c in record["candidates"]}
+    # round 0 scored the whole pool on the same tasks; the reward's format won
+    assert set(candidates) == {"original", "quotes", "brackets"}, candidates
+    round0 = {name: c["scores"][0] for name, c in candidates.items()}
+    assert round0["brackets"] > max(round0["original"], round0["quotes"]), round0
+    assert record["best"] == "brackets" and candidates["brackets"]["held_out"] >= 0.7, record
+    # the optimizer's answers (a tiny model's) were unusable: each dropped, with its reason logged
+    assert len(record["dropped"]) == 2, record["dropped"]
+    for reason in record["dropped"]:
+        assert "no <prompt>...</prompt> block" in reason or "empty" in reason or "cut at 24 tokens" in reason, reason
+        assert f"an edit of brackets was dropped: {reason}" in said
+    assert "apo: policy round 1/1: 1 candidates (+0 new, 2 dropped)" in said, said[-3000:]
+
+    # saved: the best, active, in the format of `spanrl prompts export`
+    assert yaml.safe_load((run_dir / "prompts.yaml").read_text()) == {
+        "policy": {"active": "brackets", "candidates": {"brackets": BRACKETS}}}
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r.get("apo/round") for r in rows] == [0, 1, None], rows
+    assert rows[0]["apo/candidates"] == 3 and rows[0]["rollout/count"] == 3 * 8 + 1 * 10, rows[0]
+    assert rows[1]["apo/dropped"] == 2 and rows[0]["val/reward"] == candidates["brackets"]["held_out"]
+    assert rows[2]["step"] == 3 and rows[2]["actor/policy_version"] == 1  # then GRPO: one update
+    assert rows[0]["actor/policy_version"] == rows[1]["actor/policy_version"] == 0  # frozen during the search
+
+    # each rollout of the search got its candidate; afterwards (the GRPO step) the best was served
+    served = served_candidates(str(db))
+    grpo = [served[rid] for rid in served if rid.startswith("s2-")]  # the step after the search's 2 rows
+    search_ids = {rid for rid in served if not rid.startswith("s2-")}
+    assert len(search_ids) == 3 * 8 + 10 + 8, sorted(served)[:5]  # round 0 (+ validation), round 1
+    assert all(len(served[rid]) == 1 for rid in search_ids)
+    assert {c for rid in search_ids if rid.startswith("v") for c in served[rid]} == {"brackets"}
+    assert len(grpo) == 4 and all(c == {"brackets"} for c in grpo), grpo
+
+    # the optimizer's key: sent (no 401 among the reasons) but never logged or stored
+    assert not any("401" in reason for reason in record["dropped"])
+    for log in logs.values():
+        assert KEY not in log.read_text(), log
+    for path in tmp_path.glob("spanrl.db*"):
+        assert KEY.encode() not in path.read_bytes(), path
