@@ -31,6 +31,8 @@ from .algorithm import AlgorithmConfig
 BACKENDS: dict[str, str] = {
     "torch": "spanrl.trainer_bridge.torch_backend.backend",
     "verl": "spanrl.trainer_bridge.verl_backend.backend",
+    # an endpoint spanrl does not train (spanrl proxy before a hosted model): algorithm apo only
+    "endpoint": "spanrl.trainer_bridge.endpoint_backend.backend",
 }
 # the backend whose fine_tune runs the warm start (spanrl sft, warm_start:), whatever trains after it
 FINE_TUNING_BACKEND = "torch"

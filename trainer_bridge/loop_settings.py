@@ -47,8 +47,15 @@ class LoopSettings:
     )
     backend: str = field(
         default="torch",
-        metadata={"help": "training backend: torch (embedded, one machine) or verl (verl's workers train, vLLM "
-                  "serves; the verl: block)"},
+        metadata={"help": "training backend: torch (embedded, one machine), verl (verl's workers train, vLLM "
+                  "serves; the verl: block) or endpoint (an endpoint spanrl does not train, at endpoint_url: "
+                  "algorithm apo only)"},
+    )
+    endpoint_url: str = field(
+        default="",
+        metadata={"help": "backend endpoint: the OpenAI base URL (.../v1) of the endpoint the agents call, which "
+                  "spanrl neither starts nor trains (spanrl proxy in front of a hosted model, a running spanrl "
+                  "serve); APO sets its prompts"},
     )
     group_size: int = field(default=8, metadata={"help": "rollouts per task (GRPO group size G)"})
     tasks_per_step: int = field(default=16, metadata={"help": "tasks per GRPO update"})
@@ -204,7 +211,7 @@ class LoopSettings:
     def __post_init__(self) -> None:
         if not self.tasks:
             raise SettingError("'tasks' is required: a JSONL file of tasks")
-        if not self.model:
+        if not self.model and self.backend != "endpoint":
             raise SettingError("'model' is required: a Hugging Face model directory")
         if self.backend not in BACKENDS:
             raise SettingError(f"unknown backend {self.backend!r}; use one of {sorted(BACKENDS)}")
@@ -216,6 +223,8 @@ class LoopSettings:
             raise SettingError("group_size must be at least 2: GRPO needs a group to compare")
         if self.algorithm == "apo":
             self._check_apo()
+        if self.backend == "endpoint":
+            self._check_endpoint_backend()
         if self.val_every < 1 or self.val_attempts < 1:
             raise SettingError("val_every and val_attempts must be at least 1")
         if self.val_temperature is not None and self.val_temperature < 0:
@@ -270,6 +279,14 @@ class LoopSettings:
                                "only (start the search again with another output_dir)")
         if self.async_training:
             raise SettingError("algorithm apo runs its rounds itself: turn async_training off")
+
+    def _check_endpoint_backend(self) -> None:
+        if self.algorithm != "apo" or self.apo.then_grpo:
+            raise SettingError("backend endpoint trains no weights (spanrl neither starts nor trains that endpoint): "
+                               "use algorithm: apo without apo.then_grpo, or backend torch / verl")
+        if not self.endpoint_url:
+            raise SettingError("backend endpoint needs endpoint_url: the OpenAI base URL (.../v1) of the endpoint "
+                               "the agents call (e.g. `spanrl proxy --upstream ...`)")
 
     def _check_async(self) -> None:
         if self.max_staleness < 0:

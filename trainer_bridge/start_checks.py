@@ -20,8 +20,10 @@ def check_before_start(settings: LoopSettings) -> None:
     """A missing model or a taken port is said before the model loads (seconds to minutes)."""
     from spanrl.startup_checks import ensure_model_dir, ensure_port_free
 
-    ensure_model_dir(settings.model, "model")
-    ensure_port_free(settings.policy_host, settings.policy_port, "policy_port", "the policy server cannot listen on")
+    if settings.backend != "endpoint":  # an endpoint spanrl does not start needs neither
+        ensure_model_dir(settings.model, "model")
+        ensure_port_free(settings.policy_host, settings.policy_port, "policy_port",
+                         "the policy server cannot listen on")
     ensure_port_free(settings.bridge_host, settings.bridge_port, "bridge_port",
                      "the task API for runners cannot listen on")
     from spanrl.server_security import TlsSetupError, check_tls_pair

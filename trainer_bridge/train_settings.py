@@ -19,9 +19,11 @@ from __future__ import annotations
 import dataclasses
 import logging
 from dataclasses import dataclass, field
+from typing import Any
 
 from spanrl.trainer_bridge.algorithm import AlgorithmConfig, algorithm_of
 from spanrl.trainer_bridge.backend import BackendRun
+from spanrl.trainer_bridge.endpoint_backend.backend import EndpointOptions
 from spanrl.trainer_bridge.loop_settings import LoopSettings
 from spanrl.trainer_bridge.torch_backend.config import EngineConfig, TorchOptions, TrainerConfig
 from spanrl.trainer_bridge.verl_backend.config import TRAINER_KNOBS_VERL_HAS, VerlConfig
@@ -76,7 +78,11 @@ class TrainSettings(LoopSettings):
     def backend_run(self) -> BackendRun:
         """What the configured backend is started with: the run, the algorithm, the endpoint and
         the backend's own block (``TorchOptions`` of ``trainer:`` and ``engine:``, or ``verl:``)."""
-        options = self.verl if self.backend == "verl" else TorchOptions(self.trainer, self.engine)
+        options: Any = TorchOptions(self.trainer, self.engine)
+        if self.backend == "verl":
+            options = self.verl
+        elif self.backend == "endpoint":
+            options = EndpointOptions(self.endpoint_url)
         return BackendRun(model=self.model, output_dir=self.output_dir, checkpoint_dir=self.checkpoint_dir,
                           resume=self.resume, seed=self.seed, checkpoint_every=self.checkpoint_every,
                           algorithm=self.algorithm_config, endpoint=self.endpoint, options=options)

@@ -128,3 +128,32 @@ def test_algorithm_apo_needs_starting_prompts_and_refuses_resume(tmp_path):
     with pytest.raises(SettingError, match="group_size must be at least 2"):
         LoopSettings(tasks=str(tasks), model="m", algorithm="apo", group_size=1,
                      apo=ApoConfig(prompts="p.yaml", then_grpo=True))
+
+
+def test_backend_endpoint_runs_apo_only_and_needs_its_url(tmp_path):
+    from spanrl.trainer_bridge.backend import check_backend, make_backend
+    from spanrl.trainer_bridge.train_settings import TrainSettings
+
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text('{"id": "a"}\n')
+    apo = ApoConfig(prompts="p.yaml")
+    with pytest.raises(SettingError, match="backend endpoint trains no weights"):
+        TrainSettings(tasks=str(tasks), backend="endpoint", endpoint_url="http://127.0.0.1:1/v1")
+    with pytest.raises(SettingError, match="backend endpoint trains no weights"):
+        TrainSettings(tasks=str(tasks), backend="endpoint", endpoint_url="http://127.0.0.1:1/v1", algorithm="apo",
+                      apo=ApoConfig(prompts="p.yaml", then_grpo=True))
+    with pytest.raises(SettingError, match="needs endpoint_url"):
+        TrainSettings(tasks=str(tasks), backend="endpoint", algorithm="apo", apo=apo)
+    with pytest.raises(SettingError, match="'model' is required"):  # the other backends still need one
+        TrainSettings(tasks=str(tasks), algorithm="apo", apo=apo)
+    # no model needed; an endpoint that is not there is said at start, naming it
+    settings = TrainSettings(tasks=str(tasks), backend="endpoint", endpoint_url="ftp://x/v1", algorithm="apo", apo=apo)
+    with pytest.raises(SettingError, match="must be an http"):
+        check_backend("endpoint", settings.backend_run())
+    from spanrl.child_processes import free_port
+    from spanrl.errors import UserError
+
+    url = f"http://127.0.0.1:{free_port()}/v1"
+    settings = TrainSettings(tasks=str(tasks), backend="endpoint", endpoint_url=url, algorithm="apo", apo=apo)
+    with pytest.raises(UserError, match=f"the endpoint {url} cannot be reached"):
+        make_backend("endpoint", settings.backend_run())

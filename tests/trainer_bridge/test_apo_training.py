@@ -35,7 +35,8 @@ KEY = "sk-apo-test-4f1d0c9e7b2a"  # the optimizer's key: must never be logged or
 
 
 def format_model(root) -> str:
-    """A tiny model that follows the format its instructions name (~40 s of SFT on one core)."""
+    """A tiny model that follows the format its instructions name (~40 s of SFT on one core); the
+    module's tests share it (``model``)."""
     import torch
 
     from spanrl.trainer_bridge.torch_backend.model_init import create_model_dir
@@ -78,9 +79,13 @@ def served_candidates(db: str) -> dict[str, set[str]]:
     return served
 
 
+@pytest.fixture(scope="module")
+def model(tmp_path_factory) -> str:
+    return format_model(tmp_path_factory.mktemp("format-model"))
+
+
 @pytest.mark.timeout(900)
-def test_apo_picks_the_pools_best_drops_unusable_edits_serves_and_saves_the_best(tmp_path):
-    model = format_model(tmp_path)
+def test_apo_picks_the_pools_best_drops_unusable_edits_serves_and_saves_the_best(tmp_path, model):
     tasks, val_tasks = write_tasks(str(tmp_path / "tasks.jsonl"), str(tmp_path / "val.jsonl"))
     pool = tmp_path / "prompts.yaml"
     names = dict(zip(("brackets", "quotes", "plain"), STYLES, strict=True))
@@ -169,3 +174,77 @@ def test_apo_picks_the_pools_best_drops_unusable_edits_serves_and_saves_the_best
         assert KEY not in log.read_text(), log
     for path in tmp_path.glob("spanrl.db*"):
         assert KEY.encode() not in path.read_bytes(), path
+
+
+@pytest.mark.timeout(900)
+def test_apo_on_an_endpoint_spanrl_does_not_train_through_spanrl_proxy(tmp_path, model):
+    """``backend: endpoint``: the agents call ``spanrl proxy`` in front of a model spanrl does not
+    train (here a ``spanrl serve``, standing in for a hosted API); ``spanrl train`` starts no
+    backend, sets the proxy's prompt candidates per rollout, and leaves the best one active there."""
+    import httpx
+
+    tasks, val_tasks = write_tasks(str(tmp_path / "tasks.jsonl"), str(tmp_path / "val.jsonl"))
+    pool = tmp_path / "prompts.yaml"
+    pool.write_text(yaml.safe_dump({"policy": {"active": "original", "candidates": {
+        "original": "Reply to the user.", "brackets": BRACKETS}}}))
+    db, run_dir = tmp_path / "spanrl.db", tmp_path / "run"
+    grpc_port, bridge_port, upstream_port, proxy_port = free_port(), free_port(), free_port(), free_port()
+    token, proxy_url = "proxy-token-5e2a", f"http://127.0.0.1:{proxy_port}/v1"
+    config = tmp_path / "train.yaml"
+    config.write_text(json.dumps({
+        "algorithm": "apo", "backend": "endpoint", "endpoint_url": proxy_url, "policy_token": token,
+        "tasks": tasks, "val_tasks": val_tasks, "val_attempts": 1, "output_dir": str(run_dir), "store": str(db),
+        "reward": REWARD, "bridge_port": bridge_port, "rollout_timeout_s": 60, "group_size": 2,
+        "apo": {"prompts": str(pool), "rounds": 0, "batch_tasks": 8},
+    }))
+    clean = {**{k: v for k, v in os.environ.items() if not k.startswith(("OTEL_SPANRL_", "OTEL_EXPORTER_"))},
+             "PYTHONUNBUFFERED": "1"}
+    logs = {name: tmp_path / f"{name}.log" for name in ("receiver", "upstream", "proxy", "train", "runner")}
+    processes: list[subprocess.Popen] = []
+
+    def start(name: str, *argv: str, env: dict | None = None) -> subprocess.Popen:
+        with open(logs[name], "w") as log:
+            process = subprocess.Popen([sys.executable, "-m", "spanrl", *argv], stdout=log, stderr=subprocess.STDOUT,
+                                       env={**clean, **(env or {})}, cwd=REPO)
+        processes.append(process)
+        return process
+
+    try:
+        receiver = start("receiver", "receive", "--db", str(db), "--grpc-port", str(grpc_port), "--http-port", "0")
+        wait_for_text(logs["receiver"], "spanrl receive: ready", receiver, 60)
+        upstream = start("upstream", "serve", model, "--port", str(upstream_port), "--device", TEST_DEVICE,
+                         "--served-model-name", "policy", "--spans-endpoint", "off")
+        wait_for_text(logs["upstream"], f"127.0.0.1:{upstream_port}", upstream, 120)
+        proxy = start("proxy", "proxy", "--upstream", f"http://127.0.0.1:{upstream_port}/v1", "--port",
+                      str(proxy_port), "--token", token, "--spans-endpoint", f"http://127.0.0.1:{grpc_port}")
+        wait_for_text(logs["proxy"], str(proxy_port), proxy, 60)
+        train = start("train", "train", str(config))
+        start("runner", "run", "--agent", AGENT, "--bridge-url", f"http://127.0.0.1:{bridge_port}",
+              "--otlp-endpoint", f"http://127.0.0.1:{grpc_port}", "--concurrency", "8", "--bridge-wait-s", "300",
+              "--policy-token", token)
+        assert train.wait(600) == 0, logs["train"].read_text()[-4000:]
+        # the proxy serves the best candidate from now on
+        shown = httpx.get(f"http://127.0.0.1:{proxy_port}/spanrl/v1/prompts",
+                          headers={"Authorization": f"Bearer {token}"}).json()
+        upstream_models = httpx.get(f"http://127.0.0.1:{upstream_port}/v1/models").json()
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                process.terminate()
+                process.wait(30)
+
+    record = json.loads((run_dir / "apo.json").read_text())[0]
+    scores = {c["name"]: c["scores"][0] for c in record["candidates"]}
+    assert record["best"] == "brackets" and scores["brackets"] > scores["original"], record
+    assert yaml.safe_load((run_dir / "prompts.yaml").read_text()) == {
+        "policy": {"active": "brackets", "candidates": {"brackets": BRACKETS}}}
+    assert shown["resources"]["policy"]["active"] == "brackets", shown
+    # every search rollout went through the proxy with its assigned candidate (the proxy's spans)
+    served = served_candidates(str(db))
+    # round 0: both candidates on the same 8 tasks; each then scored once on the 10 held-out tasks
+    assert len(served) == 2 * 8 + 2 * 10 and all(len(c) == 1 for c in served.values()), served
+    held_out = [c for rid, cs in served.items() if rid.startswith("v") for c in cs]
+    assert sorted(held_out) == ["brackets"] * 10 + ["original"] * 10, held_out
+    # nothing was trained: no checkpoint, the upstream's weights never changed
+    assert not (run_dir / "checkpoints").exists() or not any((run_dir / "checkpoints").iterdir())
+    assert upstream_models["data"][0].get("policy_version", 0) == 0, upstream_models
