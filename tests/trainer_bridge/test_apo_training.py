@@ -79,6 +79,32 @@ def served_candidates(db: str) -> dict[str, set[str]]:
     return served
 
 
+class SpanrlProcesses:
+    """``spanrl`` commands started as child processes of a test, each logging to ``<name>.log``
+    in ``folder``, with no OTLP or spanrl variable of this environment; ``stop_all`` stops them."""
+
+    def __init__(self, folder):
+        self.env = {**{k: v for k, v in os.environ.items() if not k.startswith(("OTEL_SPANRL_", "OTEL_EXPORTER_"))},
+                    "PYTHONUNBUFFERED": "1"}
+        self.folder = folder
+        self.logs: dict = {}
+        self.processes: list[subprocess.Popen] = []
+
+    def start(self, name: str, *argv: str, env: dict | None = None) -> subprocess.Popen:
+        self.logs[name] = self.folder / f"{name}.log"
+        with open(self.logs[name], "w") as log:
+            process = subprocess.Popen([sys.executable, "-m", "spanrl", *argv], stdout=log, stderr=subprocess.STDOUT,
+                                       env={**self.env, **(env or {})}, cwd=REPO)
+        self.processes.append(process)
+        return process
+
+    def stop_all(self) -> None:
+        for process in self.processes:
+            if process.poll() is None:
+                process.terminate()
+                process.wait(30)
+
+
 @pytest.fixture(scope="module")
 def model(tmp_path_factory) -> str:
     return format_model(tmp_path_factory.mktemp("format-model"))
@@ -104,17 +130,8 @@ def test_apo_picks_the_pools_best_drops_unusable_edits_serves_and_saves_the_best
                 "optimizer_model": "optimizer", "optimizer_key_env": "APO_TEST_OPTIMIZER_KEY",
                 "optimizer_max_tokens": 24, "then_grpo": True},
     }))  # JSON is YAML
-    clean = {**{k: v for k, v in os.environ.items() if not k.startswith(("OTEL_SPANRL_", "OTEL_EXPORTER_"))},
-             "PYTHONUNBUFFERED": "1"}
-    logs = {name: tmp_path / f"{name}.log" for name in ("receiver", "optimizer", "train", "runner")}
-    processes: list[subprocess.Popen] = []
-
-    def start(name: str, *argv: str, env: dict | None = None) -> subprocess.Popen:
-        with open(logs[name], "w") as log:
-            process = subprocess.Popen([sys.executable, "-m", "spanrl", *argv], stdout=log, stderr=subprocess.STDOUT,
-                                       env={**clean, **(env or {})}, cwd=REPO)
-        processes.append(process)
-        return process
+    spanrl = SpanrlProcesses(tmp_path)
+    start, logs = spanrl.start, spanrl.logs
 
     try:
         receiver = start("receiver", "receive", "--db", str(db), "--grpc-port", str(grpc_port), "--http-port", "0",
@@ -129,10 +146,7 @@ def test_apo_picks_the_pools_best_drops_unusable_edits_serves_and_saves_the_best
               "--otlp-endpoint", f"http://127.0.0.1:{grpc_port}", "--concurrency", "8", "--bridge-wait-s", "300")
         assert train.wait(600) == 0, logs["train"].read_text()[-4000:]
     finally:
-        for process in processes:
-            if process.poll() is None:
-                process.terminate()
-                process.wait(30)
+        spanrl.stop_all()
 
     said = logs["train"].read_text()
     record = json.loads((run_dir / "apo.json").read_text())[0]
@@ -197,17 +211,8 @@ def test_apo_on_an_endpoint_spanrl_does_not_train_through_spanrl_proxy(tmp_path,
         "reward": REWARD, "bridge_port": bridge_port, "rollout_timeout_s": 60, "group_size": 2,
         "apo": {"prompts": str(pool), "rounds": 0, "batch_tasks": 8},
     }))
-    clean = {**{k: v for k, v in os.environ.items() if not k.startswith(("OTEL_SPANRL_", "OTEL_EXPORTER_"))},
-             "PYTHONUNBUFFERED": "1"}
-    logs = {name: tmp_path / f"{name}.log" for name in ("receiver", "upstream", "proxy", "train", "runner")}
-    processes: list[subprocess.Popen] = []
-
-    def start(name: str, *argv: str, env: dict | None = None) -> subprocess.Popen:
-        with open(logs[name], "w") as log:
-            process = subprocess.Popen([sys.executable, "-m", "spanrl", *argv], stdout=log, stderr=subprocess.STDOUT,
-                                       env={**clean, **(env or {})}, cwd=REPO)
-        processes.append(process)
-        return process
+    spanrl = SpanrlProcesses(tmp_path)
+    start, logs = spanrl.start, spanrl.logs
 
     try:
         receiver = start("receiver", "receive", "--db", str(db), "--grpc-port", str(grpc_port), "--http-port", "0")
@@ -228,10 +233,7 @@ def test_apo_on_an_endpoint_spanrl_does_not_train_through_spanrl_proxy(tmp_path,
                           headers={"Authorization": f"Bearer {token}"}).json()
         upstream_models = httpx.get(f"http://127.0.0.1:{upstream_port}/v1/models").json()
     finally:
-        for process in processes:
-            if process.poll() is None:
-                process.terminate()
-                process.wait(30)
+        spanrl.stop_all()
 
     record = json.loads((run_dir / "apo.json").read_text())[0]
     scores = {c["name"]: c["scores"][0] for c in record["candidates"]}
