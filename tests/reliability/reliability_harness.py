@@ -39,16 +39,23 @@ class ReceiverProcess:
         self.http_port = 0
         self.output: list[str] = []
 
-    def _limit(self) -> None:  # runs in the child before exec
-        if self.file_size_limit is not None:
-            resource.setrlimit(resource.RLIMIT_FSIZE, (self.file_size_limit, resource.RLIM_INFINITY))
+    def _command(self, argv: list[str]) -> list[str]:
+        """``argv``, started under the file-size limit when there is one: a small Python shim sets it
+        and execs the command (no ``preexec_fn``: running Python code between fork and exec in a
+        process with threads, as this test process has, can crash the child)."""
+        if self.file_size_limit is None:
+            return argv
+        shim = ("import os, resource, sys; resource.setrlimit(resource.RLIMIT_FSIZE, (int(sys.argv[1]), "
+                "resource.RLIM_INFINITY)); os.execv(sys.argv[2], sys.argv[2:])")
+        return [sys.executable, "-c", shim, str(self.file_size_limit), *argv]
 
     def start(self, grpc_port: int = 0, http_port: int = 0) -> ReceiverProcess:
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "spanrl", "receive", "--db", str(self.db), "--grpc-port", str(grpc_port),
-             "--http-port", str(http_port), "--grace-s", "0.2", "--poll-s", "0.05", *self.extra],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, preexec_fn=self._limit,
+            self._command([sys.executable, "-m", "spanrl", "receive", "--db", str(self.db), "--grpc-port",
+                           str(grpc_port), "--http-port", str(http_port), "--grace-s", "0.2", "--poll-s", "0.05",
+                           *self.extra]),
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
         )
         assert self.proc.stdout is not None
         deadline = time.monotonic() + 60
