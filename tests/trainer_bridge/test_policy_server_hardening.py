@@ -64,7 +64,10 @@ def test_deep_json_is_400_and_an_odd_token_401(policy_server, shared_engine):
 def test_a_full_engine_queue_answers_503_with_retry_after(policy_server, shared_engine):
     engine = shared_engine
     started = threading.Event()
-    endless = engine.submit(engine.encode_text("CALC"), SamplingParams(max_tokens=engine.context_length - 8),
+    # greedy: the tiny model's continuation of "CALC" runs 400+ tokens without eos, whatever ran before
+    # (sampled, it could end within a few tokens and free the slot)
+    endless = engine.submit(engine.encode_text("CALC"),
+                            SamplingParams(max_tokens=engine.context_length - 8, temperature=0.0),
                             on_start=lambda version: started.set())
     try:
         assert started.wait(120)  # decoding: the one batch slot is taken

@@ -251,9 +251,10 @@ def test_every_route_answers_typed_bodies_the_openai_client_parses(server, engin
                 assert choice.index not in prompts  # only on a choice's first chunk
                 prompts[choice.index] = extra["prompt_token_ids"]
     assert prompts == {0: engine.encode_text("CALC 12+"), 1: engine.encode_text("CALC 12+")}
-    for index in (0, 1):
-        assert len(ids[index]) == 5 and engine.tokenizer.decode(ids[index], skip_special_tokens=True) == text[index]
-    assert streamed[-1].usage.completion_tokens == 10 and streamed[-1].choices == []
+    for index in (0, 1):  # 5 tokens each, or fewer ending on eos (the random model may sample it)
+        assert len(ids[index]) == 5 or (0 < len(ids[index]) < 5 and ids[index][-1] in engine.eos_ids), ids
+        assert engine.tokenizer.decode(ids[index], skip_special_tokens=True) == text[index]
+    assert streamed[-1].usage.completion_tokens == len(ids[0]) + len(ids[1]) and streamed[-1].choices == []
 
     models = api.models.list()
     assert isinstance(models.data[0], openai.types.Model)
