@@ -30,7 +30,7 @@ def test_demo_trains_two_steps_on_verl_with_agents_served_by_vllm(tmp_path):
     for row in rows:
         assert row["rollout/count"] == 16 and row["actor/transitions"] > 0
         # the step's parts, measured by the verl backend
-        assert row["update_s"] > 0 and row["weight_sync_s"] > 0
+        assert row["actor/update_s"] > 0 and row["actor/weight_sync_s"] > 0
 
     # every call was served by vLLM behind the gateway with the engine's ids, and the second
     # step's calls by the weights the first verl update synced into it
