@@ -14,8 +14,6 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import httpx
-
 from spanrl.errors import SettingError, UserError
 from spanrl.trainer_bridge.backend import BackendRun, TrainingSample, UpdateStats
 
@@ -66,6 +64,8 @@ class EndpointBackend:
 
     def check_reachable(self) -> None:
         """``GET /spanrl/v1/prompts``: the endpoint is up, takes the token and serves prompt resources."""
+        import httpx  # not in a plain install (agents' environments), whose `spanrl` CLI imports this module
+
         root = self._url.removesuffix("/v1")
         headers = {"Authorization": f"Bearer {self._token}"} if self._token else {}
         try:
