@@ -19,6 +19,7 @@ import time
 from dataclasses import dataclass
 
 from spanrl.child_processes import LocalServices, free_port
+from spanrl.errors import SettingError
 from spanrl.settings_loader import CommandSettings, setting
 
 CALC_AGENT = "spanrl.examples.calc_agent.agent:solve"
@@ -47,6 +48,8 @@ class DemoSettings:
     merge_trajectories: bool = setting(False, "train each rollout's calls as one masked row (docs/algorithms.md)")
     async_training: bool = setting(False, "update on finished groups while others run (docs/algorithms.md)")
     max_staleness: int = setting(1, "async_training: policy versions a rollout may lag behind")
+    model: str = setting("", "a warm-started model folder to train (a former demo's <output-dir>/model-warm): "
+                             "no new model, no warm start")
 
 
 SETTINGS = CommandSettings("demo", DemoSettings, "DEMO")
@@ -86,6 +89,15 @@ def prepare_model(settings: DemoSettings, out: str) -> str:
     return warm_dir
 
 
+def reuse_model(model_dir: str) -> str:
+    """The warm model of an earlier demo, checked before anything starts."""
+    if not os.path.isfile(os.path.join(model_dir, "config.json")):
+        raise SettingError(f"--model {model_dir!r}: not a model folder (no config.json there); give a former "
+                           "demo's <output-dir>/model-warm, or leave --model out to create one")
+    print(f"[1-2/3] the warm model of an earlier run, no warm start: {model_dir}")
+    return os.path.abspath(model_dir)
+
+
 def demo_command(settings: DemoSettings) -> int:
     from spanrl.trainer_bridge.session import run_training
     from spanrl.trainer_bridge.train_settings import TrainSettings
@@ -97,7 +109,7 @@ def demo_command(settings: DemoSettings) -> int:
     out = os.path.abspath(settings.output_dir)
     os.makedirs(out, exist_ok=True)
     started = time.monotonic()
-    model_dir = prepare_model(settings, out)
+    model_dir = reuse_model(settings.model) if settings.model else prepare_model(settings, out)
 
     tasks_file = os.path.join(out, "tasks.jsonl")
     from spanrl.examples.calc_agent.tasks import make_tasks

@@ -105,6 +105,12 @@ def test_train_on_a_missing_model_directory(tmp_path):
     assert message.startswith(f"model '{missing}': no such directory; create one with `spanrl model init")
 
 
+def test_demo_on_a_folder_that_is_not_a_model(tmp_path):
+    message = one_line_error(spanrl("demo", "--model", str(tmp_path), "--output-dir", str(tmp_path / "out")), "demo")
+    assert message.startswith(f"--model '{tmp_path}': not a model folder (no config.json there)"), message
+    assert not (tmp_path / "out" / "model-init").exists()  # refused before creating anything
+
+
 # --- ports -----------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("setting, says", [

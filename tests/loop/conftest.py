@@ -41,3 +41,16 @@ def span_exporter(tracer_provider):
     exporter = InMemorySpanExporter()
     tracer_provider.add_span_processor(SimpleSpanProcessor(exporter))
     return exporter
+
+
+@pytest.fixture(scope="session")
+def demo_warm_model(tmp_path_factory) -> str:
+    """The demo's warm-started calculator model (its own ``prepare_model``: a tiny model, 300 SFT
+    steps, ~40 s on an idle 2-core machine), made once for the tests that run ``spanrl demo``:
+    each trains it through ``--model`` into its own output folder."""
+    import os
+
+    from spanrl.demo import DemoSettings, prepare_model
+
+    out = tmp_path_factory.mktemp("demo-model")
+    return prepare_model(DemoSettings(sft_steps=300, device=os.environ.get("SPANRL_TEST_DEVICE", "cpu")), str(out))

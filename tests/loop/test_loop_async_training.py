@@ -107,9 +107,9 @@ def test_async_settings_set_the_trainers_correction_and_refuse_what_cannot_run()
         TrainSettings(tasks="t.jsonl", model="m", async_training=True, val_tasks="v.jsonl")
 
 
-def run_demo(out, *extra: str) -> list[dict]:
+def run_demo(out, model: str, *extra: str) -> list[dict]:
     result = subprocess.run(
-        [sys.executable, "-m", "spanrl", "demo", "--output-dir", str(out), "--sft-steps", "300",
+        [sys.executable, "-m", "spanrl", "demo", "--output-dir", str(out), "--model", model,
          "--steps", "4", "--tasks-per-step", "4", "--group-size", "4", "--concurrency", "8",
          "--stop-at-reward", "2", "--device", TEST_DEVICE, *extra],
         capture_output=True, text=True, timeout=900,
@@ -118,11 +118,11 @@ def run_demo(out, *extra: str) -> list[dict]:
     return read_metrics(out / "run")
 
 
-# two short demos (each with its ~40 s warm start on an idle 2-core machine)
+# two short demos from the same warm model
 @pytest.mark.timeout(1800)
-def test_async_demo_with_staleness_one_reaches_the_sync_reward(tmp_path):
-    sync_rows = run_demo(tmp_path / "sync")
-    async_rows = run_demo(tmp_path / "async", "--async-training", "--max-staleness", "1")
+def test_async_demo_with_staleness_one_reaches_the_sync_reward(tmp_path, demo_warm_model):
+    sync_rows = run_demo(tmp_path / "sync", demo_warm_model)
+    async_rows = run_demo(tmp_path / "async", demo_warm_model, "--async-training", "--max-staleness", "1")
     assert [r["actor/policy_version"] for r in async_rows] == [1, 2, 3, 4]
     for row in async_rows:
         assert row["rollout/count"] == 16 and row["actor/transitions"] > 0

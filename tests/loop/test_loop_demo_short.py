@@ -21,18 +21,17 @@ from spanrl.schema.metrics import read_metrics
 TEST_DEVICE = os.environ.get("SPANRL_TEST_DEVICE", "cpu")
 
 
-# the warm start alone takes ~40 s on an idle 2-core machine and 3 min on a loaded one
 @pytest.mark.timeout(600)
-def test_short_demo_trains_on_transitions_from_received_spans(tmp_path):
+def test_short_demo_trains_on_transitions_from_received_spans(tmp_path, demo_warm_model):
     out = tmp_path / "demo"
     result = subprocess.run(
-        [sys.executable, "-m", "spanrl", "demo", "--output-dir", str(out), "--sft-steps", "300",
+        [sys.executable, "-m", "spanrl", "demo", "--output-dir", str(out), "--model", demo_warm_model,
          "--steps", "2", "--tasks-per-step", "4", "--group-size", "4", "--concurrency", "8",
          "--stop-at-reward", "2", "--device", TEST_DEVICE],
         capture_output=True, text=True, timeout=600,
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    assert "mean reward" in result.stdout
+    assert "mean reward" in result.stdout and "no warm start" in result.stdout
 
     rows = read_metrics(out / "run")
     assert [r["step"] for r in rows] == [1, 2]

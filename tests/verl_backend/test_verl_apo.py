@@ -1,0 +1,88 @@
+"""``algorithm: apo`` on the verl backend, for real on CPU: vLLM serves the agents behind the verl
+gateway, which gives each rollout of the search its assigned prompt candidate; verl's workers
+hold the weights frozen during the search, and ``apo.then_grpo`` then takes one verl update
+under the best candidate. The search here selects from a user-given pool (no optimizer model).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from spanrl.child_processes import free_port
+from spanrl.examples.reply_format.demonstrations import STYLES, write_tasks
+from spanrl.otlp_receiver.store import SpanStore
+from spanrl.schema.metrics import read_metrics
+
+from ..trainer_bridge.apo_support import (
+    AGENT,
+    BRACKETS,
+    REWARD,
+    SpanrlProcesses,
+    format_model,
+    served_candidates,
+    wait_for_text,
+)
+
+
+@pytest.mark.timeout(1500)
+def test_apo_on_verl_selects_from_the_pool_then_one_grpo_update_under_the_best(tmp_path):
+    model = format_model(tmp_path / "format-model")
+    tasks, val_tasks = write_tasks(str(tmp_path / "tasks.jsonl"), str(tmp_path / "val.jsonl"))
+    pool = tmp_path / "prompts.yaml"
+    styles = dict(zip(("brackets", "quotes", "plain"), STYLES, strict=True))
+    pool.write_text(yaml.safe_dump({"policy": {"active": "original", "candidates": {
+        "original": "Reply to the user.", "quotes": styles["quotes"], "brackets": styles["brackets"]}}}))
+    db, run_dir = tmp_path / "spanrl.db", tmp_path / "run"
+    grpc_port, bridge_port = free_port(), free_port()
+    config = tmp_path / "train.yaml"
+    config.write_text(json.dumps({
+        "algorithm": "apo", "backend": "verl", "tasks": tasks, "val_tasks": val_tasks, "val_attempts": 1,
+        "val_temperature": 0, "model": model, "output_dir": str(run_dir), "store": str(db), "reward": REWARD,
+        "bridge_port": bridge_port, "rollout_timeout_s": 120, "checkpoint_every": 0,
+        "group_size": 2, "tasks_per_step": 2, "steps": 1,
+        "apo": {"prompts": str(pool), "rounds": 0, "batch_tasks": 8, "then_grpo": True},
+    }))  # JSON is YAML
+    spanrl = SpanrlProcesses(tmp_path)
+    start, logs = spanrl.start, spanrl.logs
+    try:
+        receiver = start("receiver", "receive", "--db", str(db), "--grpc-port", str(grpc_port), "--http-port", "0",
+                         "--grace-s", "2")
+        wait_for_text(logs["receiver"], "spanrl receive: ready", receiver, 60)
+        train = start("train", "train", str(config), env={"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{grpc_port}"})
+        # verl's workers and vLLM take minutes to start before the bridge is up
+        start("runner", "run", "--agent", AGENT, "--bridge-url", f"http://127.0.0.1:{bridge_port}",
+              "--otlp-endpoint", f"http://127.0.0.1:{grpc_port}", "--concurrency", "8", "--bridge-wait-s", "1200")
+        assert train.wait(1300) == 0, logs["train"].read_text()[-4000:]
+    finally:
+        spanrl.stop_all()
+
+    record = json.loads((run_dir / "apo.json").read_text())[0]
+    scores = {c["name"]: c["scores"][0] for c in record["candidates"]}
+    assert set(scores) == {"original", "quotes", "brackets"}, record
+    assert record["best"] == "brackets" and scores["brackets"] > max(scores["original"], scores["quotes"]), record
+    assert yaml.safe_load((run_dir / "prompts.yaml").read_text()) == {
+        "policy": {"active": "brackets", "candidates": {"brackets": BRACKETS}}}
+
+    rows = read_metrics(run_dir)
+    assert [r.get("apo/round") for r in rows] == [0, None], rows
+    assert rows[0]["actor/policy_version"] == 0  # frozen during the search
+    assert rows[1]["actor/policy_version"] == 1 and rows[1]["actor/update_s"] > 0  # then one verl update
+
+    # the gateway's spans: each search rollout was served one candidate, the held-out ones the
+    # best, and the GRPO step's rollouts the best too, by vLLM with the engine's token ids
+    served = served_candidates(str(db))
+    last_step = max(int(rid[1:].split("-")[0]) for rid in served if rid.startswith("s"))
+    search_ids = {rid for rid in served if not rid.startswith(f"s{last_step}-")}
+    assert len(search_ids) == 3 * 8 + 10 and all(len(served[rid]) == 1 for rid in search_ids), sorted(served)[:5]
+    assert {c for rid in search_ids if rid.startswith("v") for c in served[rid]} == {"brackets"}
+    grpo = [served[rid] for rid in served if rid not in search_ids]
+    assert len(grpo) == 4 and all(c == {"brackets"} for c in grpo), grpo
+    store = SpanStore(str(db))
+    rollouts, _ = store.completed_rollouts(since=0)
+    store.close()
+    for rollout in rollouts:
+        for transition in rollout.transitions:
+            assert transition.response_token_ids and not transition.retokenized
