@@ -17,6 +17,8 @@ import pytest
 
 from spanrl.trainer_bridge.torch_backend.server.api_process import serve_in_process
 
+from .ctrl_c import as_in_a_terminal
+
 MESSAGES = [{"role": "user", "content": "What is 37 + 45?"}]
 
 
@@ -139,16 +141,10 @@ finally:
 """
 
 
-def ctrl_c_as_in_a_terminal() -> None:
-    """A child whose SIGINT is not ignored: a shell's background job (`cmd &`, CI launched so)
-    inherits SIGINT ignored, and Python then installs no KeyboardInterrupt handler at all."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-
-
 def test_waiting_for_the_front_end_ends_on_ctrl_c_delivered_to_another_thread():
     # `spanrl serve` waits on its front end in the main thread; on a GPU machine SIGINT went to a
     # CUDA driver thread, a blocking waitpid never returned and Ctrl-C did nothing.
-    result = subprocess.run([sys.executable, "-c", SIGINT_ON_ANOTHER_THREAD], capture_output=True, text=True,
-                            timeout=25, preexec_fn=ctrl_c_as_in_a_terminal)
+    result = subprocess.run(as_in_a_terminal([sys.executable, "-c", SIGINT_ON_ANOTHER_THREAD]), capture_output=True,
+                            text=True, timeout=25)
     assert "interrupted after" in result.stdout, result.stdout + result.stderr
     assert float(result.stdout.split()[2]) < 5

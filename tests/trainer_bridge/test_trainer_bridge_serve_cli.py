@@ -9,6 +9,8 @@ import pytest
 from spanrl.env_settings import SettingError
 from spanrl.trainer_bridge.torch_backend import serve_cli
 
+from .ctrl_c import as_in_a_terminal
+
 
 def parse(argv):
     parser = argparse.ArgumentParser()
@@ -64,12 +66,9 @@ def test_spanrl_serve_answers_and_sigint_stops_both_processes(tiny_model_dir, in
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    server = subprocess.Popen([sys.executable, "-m", "spanrl", "serve", str(tiny_model_dir), "--port", str(port),
-                               "--threads", "1", "--served-model-name", "tiny"],
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                              # Ctrl-C as in a terminal, also when the tests run as a background job
-                              # (which inherits SIGINT ignored, and then Python never raises KeyboardInterrupt)
-                              preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    server = subprocess.Popen(as_in_a_terminal([sys.executable, "-m", "spanrl", "serve", str(tiny_model_dir), "--port",
+                                                str(port), "--threads", "1", "--served-model-name", "tiny"]),
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.monotonic() + 60
         while True:

@@ -29,6 +29,7 @@ from ..trainer_bridge.apo_support import (
 
 @pytest.mark.timeout(1500)
 def test_apo_on_verl_selects_from_the_pool_then_one_grpo_update_under_the_best(tmp_path):
+    (tmp_path / "format-model").mkdir()
     model = format_model(tmp_path / "format-model")
     tasks, val_tasks = write_tasks(str(tmp_path / "tasks.jsonl"), str(tmp_path / "val.jsonl"))
     pool = tmp_path / "prompts.yaml"
