@@ -430,3 +430,10 @@ def test_a_verl_runs_policy_token_is_enforced_by_its_gateway(upstreams, tiny_mod
         assert [m.id for m in agent.models.list().data] == [SERVED]
     finally:
         gateway.stop()
+
+
+def test_the_gateways_settings_print_without_their_secrets():
+    # settings end up in logs and tracebacks: the agents' token and the replicas' key stay out
+    config = GatewayConfig(served_model_name="policy", api_token="agents-secret-1", upstream_api_key="replicas-secret-2")
+    assert "secret" not in repr(config) and "secret" not in str(config), repr(config)
+    assert config.api_token == "agents-secret-1"

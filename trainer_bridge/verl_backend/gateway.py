@@ -50,7 +50,7 @@ answers; with none up, requests get 503 with ``Retry-After``.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from spanrl.errors import SettingError
 from spanrl.trainer_bridge.model_names import ANY_NAME, ServedModelNames
@@ -78,8 +78,8 @@ class GatewayConfig:
     retry_after_s: float = 1.0
     request_timeout_s: float = 600.0
     health_check_interval_s: float = 2.0
-    api_token: str | None = None
-    upstream_api_key: str | None = None  # the upstreams' bearer token (verl's replicas: VLLM_API_KEY)
+    api_token: str | None = field(default=None, repr=False)
+    upstream_api_key: str | None = field(default=None, repr=False)  # the replicas' token (VLLM_API_KEY)
     log_level: str = "warning"  # uvicorn's
     spans_endpoint: str | None = None  # OTLP endpoint of its LLM spans; None: the environment's; "off": none
     prompts: str | None = None  # a file of prompt resources (trainer_bridge/prompt_resources.py)
