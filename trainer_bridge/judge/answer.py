@@ -102,4 +102,6 @@ def _in_run_order(entries: list, count: int) -> list:
 
 def _excerpt(text: str, limit: int = 80) -> str:
     flat = " ".join(text.split())
+    if not flat:
+        return f"only whitespace: {text[:limit]!r}"
     return repr(flat if len(flat) <= limit else flat[:limit] + "...")
