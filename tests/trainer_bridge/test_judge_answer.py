@@ -19,7 +19,8 @@ from spanrl.trainer_bridge.train_settings import TrainSettings
 
 def scores(*values, runs=None) -> str:
     runs = runs or range(1, len(values) + 1)
-    return json.dumps({"scores": [{"run": r, "score": v, "explanation": f"why {r}"} for r, v in zip(runs, values)]})
+    entries = [{"run": r, "score": v, "explanation": f"why {r}"} for r, v in zip(runs, values, strict=True)]
+    return json.dumps({"scores": entries})
 
 
 def test_a_usable_answer_gives_one_verdict_per_run_in_run_order():
