@@ -3,7 +3,8 @@
 ``spanrl receive``, ``spanrl train`` (tiny model, embedded torch backend) and ``spanrl run`` with the
 calculator agent. The judge is first a small real HTTP server of this test answering as a judge does
 (the real ``openai`` client of the trainer calls it): it scores run 1 of each group 1 and the others
-0, answers not-JSON for task t-1 and too few scores for task t-2. Checked: one request per group,
+0, answers not-JSON for task t-1 and too few scores for task t-2; its score is combined with a
+reward function (``judge.combine_with``, ``judge.weight``). Checked: one request per group,
 holding every member's run; the judged groups are trained on (scores recorded in the store as
 ``gen_ai.evaluation.result`` events with the explanation, which ``spanrl inspect rollout ID`` shows,
 and as the trained reward); the two failed groups are left out as ``judge_failed`` with the reason
@@ -156,8 +157,10 @@ def test_a_judge_scores_each_group_in_one_request_and_its_failures_leave_groups_
         receiver = start("receiver", "receive", "--db", str(tmp_path / "db"), "--grpc-port", str(grpc_port),
                          "--http-port", "0", "--grace-s", "0.3")
         wait_for_text(logs["receiver"], "spanrl receive: ready", receiver, 60)
-        with JudgeServer() as judge:
-            train("judged", write_config(tmp_path, "judged", model, bridge_port, judge.url))
+        (tmp_path / "judge_base.py").write_text("def reward(task, variables):\n    return 0.5\n")
+        with JudgeServer() as judge:  # combined with a function of the config's folder: 0.75 * judge + 0.25 * 0.5
+            train("judged", write_config(tmp_path, "judged", model, bridge_port, judge.url,
+                                         combine_with="judge_base:reward", weight=0.75))
         serve = start("serve", "serve", str(model), "--port", str(serve_port), "--device", TEST_DEVICE,
                       "--served-model-name", "judge-model")
         wait_for_text(logs["serve"], f"127.0.0.1:{serve_port}", serve, 120)
@@ -189,16 +192,16 @@ def test_a_judge_scores_each_group_in_one_request_and_its_failures_leave_groups_
     assert len(judged) == 2 * GROUP and {rid.split("-a")[0] for rid in judged} == {"s0-t-0", "s0-t-3"}, judged
     for rollout_id in judged:
         evaluation = evaluations[rollout_id]
-        assert evaluation.score in (0.0, 1.0) and evaluation.reward == evaluation.score
+        assert evaluation.score in (0.0, 1.0) and evaluation.reward == 0.75 * evaluation.score + 0.125
         assert re.fullmatch(r"run \d of the group", evaluation.explanation) and evaluation.group_size == GROUP
-        assert trained[rollout_id].reward == evaluation.score
-        assert trained[rollout_id].reward_source == "judge judge-model"
+        assert trained[rollout_id].reward == evaluation.reward
+        assert trained[rollout_id].reward_source == "judge judge-model x0.75 + judge_base:reward"
     assert sorted(evaluations[r].score for r in judged) == [0.0, 0.0, 0.0, 0.0, 1.0, 1.0]
     shown = subprocess.run([sys.executable, "-m", "spanrl", "inspect", "rollout", "--db", str(tmp_path / "db"),
                             judged[0]], capture_output=True, text=True, cwd=REPO, timeout=60)
     assert shown.returncode == 0, shown.stderr
     assert (f"gen_ai.evaluation.result spanrl.judge (judge judge-model, group of {GROUP}): score "
-            f"{evaluations[judged[0]].score:g}") in shown.stdout and evaluations[judged[0]].explanation in shown.stdout
+            f"{evaluations[judged[0]].score:g}, reward {evaluations[judged[0]].reward:g}") in shown.stdout and evaluations[judged[0]].explanation in shown.stdout
 
     # spanrl serve as the judge: a tiny model answers no JSON: every group left out, the reason logged
     row = read_metrics(tmp_path / "served")[0]
