@@ -200,8 +200,9 @@ def test_a_judge_scores_each_group_in_one_request_and_its_failures_leave_groups_
     shown = subprocess.run([sys.executable, "-m", "spanrl", "inspect", "rollout", "--db", str(tmp_path / "db"),
                             judged[0]], capture_output=True, text=True, cwd=REPO, timeout=60)
     assert shown.returncode == 0, shown.stderr
-    assert (f"gen_ai.evaluation.result spanrl.judge (judge judge-model, group of {GROUP}): score "
-            f"{evaluations[judged[0]].score:g}, reward {evaluations[judged[0]].reward:g}") in shown.stdout and evaluations[judged[0]].explanation in shown.stdout
+    first = evaluations[judged[0]]
+    assert (f"gen_ai.evaluation.result spanrl.judge (judge judge-model, group of {GROUP}): score {first.score:g}, "
+            f"reward {first.reward:g}: {first.explanation}") in shown.stdout, shown.stdout
 
     # spanrl serve as the judge: a tiny model answers no JSON: every group left out, the reason logged
     row = read_metrics(tmp_path / "served")[0]
