@@ -47,6 +47,7 @@ class EvalSettings(TrainSettings):
     def __post_init__(self) -> None:
         if self.endpoint_url:  # --endpoint: an endpoint spanrl neither starts nor trains
             self.backend = "endpoint"
+        self.resume = False  # the model named is what is served, never a run's newest checkpoint
         super().__post_init__()
         if self.samples is None:
             self.samples = self.k
