@@ -50,6 +50,9 @@ OK = "ok"
 # on); the policy endpoint reads it from x-spanrl-rollout-id to sample validation greedily.
 TRAINING_ROLLOUT_PREFIX = "s"
 VALIDATION_ROLLOUT_PREFIX = "v"
+# `spanrl eval`'s sampled rounds (pass@k): held out like validation, but sampled at the agent's own
+# temperature (an endpoint pins only validation rollouts' temperature)
+EVAL_ROLLOUT_PREFIX = "e"
 
 
 def new_rollout_id(prefix: str, step: int, task_id: str, attempt: int) -> str:
@@ -60,6 +63,12 @@ def new_rollout_id(prefix: str, step: int, task_id: str, attempt: int) -> str:
 def is_validation_rollout(rollout_id: str) -> bool:
     """Whether ``rollout_id`` was handed out for a validation round."""
     return rollout_id.startswith(VALIDATION_ROLLOUT_PREFIX) and rollout_id[1:2].isdigit()
+
+
+def is_held_out_rollout(rollout_id: str) -> bool:
+    """Whether ``rollout_id`` was handed out only to be scored (validation or ``spanrl eval``): never learned."""
+    return (is_validation_rollout(rollout_id)
+            or (rollout_id.startswith(EVAL_ROLLOUT_PREFIX) and rollout_id[1:2].isdigit()))
 
 
 # --- How an attempt ended, as a runner reports it ---------------------------------------------

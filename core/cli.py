@@ -40,6 +40,7 @@ COMMAND_MODULES = {
     "proxy": "spanrl.trainer_bridge.relay.proxy_cli",
     "prompts": "spanrl.trainer_bridge.prompts_cli",
     "train": "spanrl.trainer_bridge.train_cli",
+    "eval": "spanrl.trainer_bridge.eval_cli",
     "run": "spanrl.runner.run_cli",
     "dashboard": "spanrl.dashboard.dashboard_cli",
     "demo": "spanrl.demo",

@@ -5,7 +5,8 @@ Registered by ``core/cli.py``. Human tables by default, ``--json`` for machines 
 plain words). Safe while a receiver writes the same store (SQLite WAL). Besides what the
 receiver assembled, it shows what ``spanrl train`` trained each rollout with (its reward,
 whatever the source: a reward function, the agent's reward events, AIR; and each transition's
-return), which the trainer records in the same store (``trained_rewards``). ``metrics`` reads a
+return), which the trainer records in the same store (``trained_rewards``), and, with ``reward: judge``,
+the judge's ``gen_ai.evaluation.result`` (score and explanation, ``judge_evaluations``). ``metrics`` reads a
 run's ``metrics.jsonl`` through ``spanrl.schema.metrics.read_metrics``, so a run of an older
 version (flat keys) shows as a new one.
 """
@@ -64,6 +65,13 @@ def _trained(args) -> dict:
     from spanrl.otlp_receiver import trained_rewards
 
     return trained_rewards.load(_store_path(args))
+
+
+def _judged(args, rollout_id: str):
+    """The reward judge's evaluation of a rollout (a ``gen_ai.evaluation.result`` event), or None."""
+    from spanrl.otlp_receiver import judge_evaluations
+
+    return judge_evaluations.load(_store_path(args)).get(rollout_id)
 
 
 def _trained_to_dict(trained) -> dict | None:
@@ -144,6 +152,7 @@ def show_rollout(args) -> int:
                         "`spanrl inspect rollouts` lists them")
     tree = SpanTree(records_from_bodies(s.body for s in spans))
     trained = _trained(args).get(args.rollout_id)
+    judged = _judged(args, args.rollout_id)
     if args.json:
         print(json.dumps({
             "rollout_id": args.rollout_id,
@@ -157,6 +166,7 @@ def show_rollout(args) -> int:
             ],
             "assembled": None if rollout is None else rollout_to_dict(rollout),
             "trained": _trained_to_dict(trained),
+            "evaluations": [] if judged is None else [judged.as_event()],
         }, indent=2))
         return 0
     calls = {} if rollout is None else {t.span_id: t.index for t in rollout.transitions}
@@ -188,6 +198,9 @@ def show_rollout(args) -> int:
         print("variables: " + ", ".join(f"{k}={v!r}" for k, v in rollout.variables.items()))
     if rollout.counters:  # the receiver's reward and token-id checks (docs/trust.md)
         print("counted: " + ", ".join(f"{k} {v}" for k, v in rollout.counters.items()))
+    if judged is not None:  # the reward judge's score, recorded by the trainer (docs/judge.md)
+        print(f"{judged.as_event()['name']} {judged.name} (judge {judged.judge_model}, group of "
+              f"{judged.group_size}): score {judged.score:g}, reward {judged.reward:g}: {judged.explanation}")
     print()
     _print_transitions(rollout.transitions, {} if trained is None else {rollout.rollout_id: trained})
     for problem in rollout.problems:

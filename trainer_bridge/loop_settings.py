@@ -17,6 +17,7 @@ from spanrl.errors import SettingError
 from .algorithm import ADVANTAGE_LEVELS, ALGORITHMS, LOSS_AGG_MODES, LOSS_WEIGHTINGS
 from .apo.config import ApoConfig
 from .backend import BACKENDS, EndpointConfig
+from .judge.config import JudgeConfig
 from .warm_start import WARM_START_FROM_TOP_LEVEL, WarmStartConfig
 
 CHECKPOINTS_FOLDER = "checkpoints"  # <output_dir>/checkpoints: every backend's resumable checkpoints
@@ -32,8 +33,8 @@ class LoopSettings:
     store: str = field(default="spanrl.db", metadata={"help": "the receiver's SQLite store"})
     reward: str = field(
         default="events",
-        metadata={"help": "'events' (the agent's spanrl.reward events) or 'module:function' "
-                  "called with (task, variables)"},
+        metadata={"help": "'events' (the agent's spanrl.reward events), 'module:function' "
+                  "called with (task, variables), or 'judge' (a judge model scores each group: the judge: block)"},
     )
     trust_agent_rewards: bool = field(
         default=True,
@@ -202,6 +203,12 @@ class LoopSettings:
                   "keys); the warm model goes to <output_dir>/warm-start", "exclude": WARM_START_FROM_TOP_LEVEL},
     )
 
+    judge: JudgeConfig = field(
+        default_factory=JudgeConfig,
+        metadata={"help": "reward: judge: the judge model scoring each group's rollouts together in one request "
+                  "(url, model, api_key_env, rubric, combine_with, weight; docs/judge.md)"},
+    )
+
     apo: ApoConfig = field(
         default_factory=ApoConfig,
         metadata={"help": "automatic prompt optimization (algorithm: apo): the starting prompts, the beam search, "
@@ -215,8 +222,10 @@ class LoopSettings:
             raise SettingError("'model' is required: a Hugging Face model directory")
         if self.backend not in BACKENDS:
             raise SettingError(f"unknown backend {self.backend!r}; use one of {sorted(BACKENDS)}")
-        if self.reward != "events" and ":" not in self.reward:
-            raise SettingError(f"reward must be 'events' or 'module:function', got {self.reward!r}")
+        if self.reward not in ("events", "judge") and ":" not in self.reward:
+            raise SettingError(f"reward must be 'events', 'judge' or 'module:function', got {self.reward!r}")
+        if self.reward == "judge":
+            self._check_judge()
         if self.algorithm not in ALGORITHMS:
             raise SettingError(f"algorithm must be one of {ALGORITHMS}, got {self.algorithm!r}")
         if self.group_size < (2 if self.runs_grpo else 1):
@@ -249,8 +258,10 @@ class LoopSettings:
         from spanrl.trainer_bridge.trackers import check_report_to
 
         check_report_to(self.report_to)
-        self.warm_start = dataclasses.replace(
-            self.warm_start, **{name: getattr(self, name) for name in WARM_START_FROM_TOP_LEVEL})
+        shared = {name: getattr(self, name) for name in WARM_START_FROM_TOP_LEVEL}
+        if self.reward == "judge":  # the warm start learns demonstrations only (_check_judge): no reward
+            shared["reward"] = "events"
+        self.warm_start = dataclasses.replace(self.warm_start, **shared)
 
     @property
     def checkpoint_dir(self) -> str:
@@ -279,6 +290,15 @@ class LoopSettings:
                                "only (start the search again with another output_dir)")
         if self.async_training:
             raise SettingError("algorithm apo runs its rounds itself: turn async_training off")
+
+    def _check_judge(self) -> None:
+        self.judge.check_for_judge()
+        if self.algorithm == "apo":
+            raise SettingError("reward: judge scores GRPO groups; algorithm apo scores each rollout alone: "
+                               "use a reward function or events with apo")
+        if self.warm_start.store:
+            raise SettingError("warm_start.store picks rollouts by a reward function or events, not by the judge: "
+                               "remove warm_start.store, or warm-start from demonstrations")
 
     def _check_endpoint_backend(self) -> None:
         if self.algorithm != "apo" or self.apo.then_grpo:

@@ -2,10 +2,13 @@
 
 A rollout's score is its total reward (``reward: events``; only the receiver's AIR rule rewards
 with ``trust_agent_rewards: false``) or the configured reward function's value on its task and
-variables. Only the calls of the selected agents (``agents``) are kept for training. A rollout
-that failed, has no usable transition, no reward, or whose reward function raised is left out
-with a reason the step's metrics count (``LEFT_OUT_*``). Called by
-``training_loop.TrainingLoop.collect``; ``load_reward_function`` also by the warm start.
+variables. With ``reward: judge`` the score made here is only the base the judge combines with
+(``judge.combine_with``'s value, or 0 without one): ``judge/group_judge.py`` then scores each group
+in one request and sets every member's score (or leaves the group out, ``LEFT_OUT_JUDGE_FAILED``).
+Only the calls of the selected agents (``agents``) are kept for training. A rollout that failed,
+has no usable transition, no reward, or whose reward function raised is left out with a reason
+the step's metrics count (``LEFT_OUT_*``). Called by ``training_loop.TrainingLoop.collect``;
+``load_reward_function`` also by the warm start.
 """
 
 from __future__ import annotations
@@ -29,6 +32,9 @@ LEFT_OUT_NO_SELECTED_AGENT = "no_selected_agent"
 LEFT_OUT_REWARD_ERROR = "reward_error"
 LEFT_OUT_NO_REWARD = "no_reward"
 LEFT_OUT_UNASSEMBLED = "unassembled"  # reported ok, but its spans never made a rollout within assembly_wait_s
+LEFT_OUT_JUDGE_FAILED = "judge_failed"  # reward judge: the judge's request for its group failed (reason logged)
+EVENTS_REWARD = "events"
+JUDGE_REWARD = "judge"  # reward: judge (the judge: block)
 
 
 class RewardFunctionError(Exception):
@@ -54,21 +60,27 @@ class RolloutScorer:
     """Scores rollouts as ``reward``, ``trust_agent_rewards`` and ``agents`` say (module docstring)."""
 
     def __init__(self, reward: str, python_path: list, trust_agent_rewards: bool = True,
-                 agents: list | None = None) -> None:
+                 agents: list | None = None, judge: Any = None) -> None:
         self.reward = reward
-        self.reward_fn = None if reward == "events" else load_reward_function(reward, python_path)
+        self.judged = reward == JUDGE_REWARD
+        # the function scoring each rollout: the reward function, or the judge's combine_with (if any)
+        function = (judge.combine_with if judge is not None else "") if self.judged else reward
+        self.function_spec = "" if function == EVENTS_REWARD else function
+        self.reward_fn = load_reward_function(self.function_spec, python_path) if self.function_spec else None
         self.trust_agent_rewards = trust_agent_rewards
         self.agents = list(agents or [])
+        # False (spanrl eval): a rollout is scored as an outcome even without a transition to train on
+        self.require_transitions = True
 
     def scored(self, attempt: Attempt, rollout: AssembledRollout) -> ScoredRollout | str:
         """``rollout`` (of ``attempt``) scored, or why it is left out (a ``LEFT_OUT_*`` reason)."""
         if rollout.status != "ok":
             return LEFT_OUT_FAILED
-        if not rollout.transitions:
+        if not rollout.transitions and self.require_transitions:
             return LEFT_OUT_NO_TRANSITIONS
         # selective optimisation: only the named agents' calls are trained on
         transitions = tuple(t for t in rollout.transitions if not self.agents or t.agent_name in self.agents)
-        if not transitions:
+        if not transitions and self.require_transitions:
             return LEFT_OUT_NO_SELECTED_AGENT
         try:
             score = self.score(attempt, rollout)
@@ -78,7 +90,14 @@ class RolloutScorer:
             return LEFT_OUT_NO_REWARD
         return ScoredRollout(attempt, score, transitions, self.reward_source(rollout))
 
+    @property
+    def by_events(self) -> bool:
+        """Whether rollouts are scored by their reward events (``reward: events``)."""
+        return self.reward == EVENTS_REWARD
+
     def reward_source(self, rollout: AssembledRollout) -> str:
+        if self.judged:
+            return "judge (pending)"  # the judge sets its own source with its score
         if self.reward_fn is not None:
             return f"reward function {self.reward}"
         return "events: " + ", ".join(sorted({r.source for r in rollout.rewards}))
@@ -87,6 +106,8 @@ class RolloutScorer:
         """The rollout's score: its total reward (``reward: events``) or the reward function's
         value; ``None`` when there is none (no reward event, a non-finite value). Raises
         ``RewardFunctionError`` (logged, with the task id) when the reward function raised."""
+        if self.judged and self.reward_fn is None:
+            return 0.0  # no combine_with: the judge's score alone (group_judge sets it)
         if self.reward_fn is None:
             total = rollout.total_reward if self.trust_agent_rewards else rule_reward(rollout)
             return total if total is not None and math.isfinite(total) else None
@@ -94,10 +115,10 @@ class RolloutScorer:
             score = float(self.reward_fn(attempt.task, dict(rollout.variables)))
         except Exception as exc:  # a broken reward function must not kill training: skip the rollout
             logger.exception("reward function %s failed on task %s (rollout %s): rollout left out",
-                             self.reward, attempt.task_id, rollout.rollout_id)
+                             self.function_spec, attempt.task_id, rollout.rollout_id)
             raise RewardFunctionError(f"reward function failed on task {attempt.task_id}") from exc
         if not math.isfinite(score):
-            logger.warning("reward function gave %r for task %s (rollout %s): left out", score,
-                           attempt.task_id, rollout.rollout_id)
+            logger.warning("reward function %s gave %r for task %s (rollout %s): left out", self.function_spec,
+                           score, attempt.task_id, rollout.rollout_id)
             return None
         return score

@@ -9,7 +9,8 @@ steps (``training_loop`` or ``async_training``) with validation rounds, metrics,
 trackers; with ``algorithm: apo``, ``run_prompt_search`` runs the prompt search (``apo/``,
 weights frozen) instead, or before the steps with ``apo.then_grpo``; ``run_validation_only``
 runs one validation round instead. Called by ``train_cli``,
-``spanrl demo``, ``examples/sql_agent/pipeline.py`` and ``bench/``.
+``spanrl demo``, ``examples/sql_agent/pipeline.py`` and ``bench/``; ``spanrl eval``
+(``evaluation.py``) starts its session with ``check_start`` and ``start_session`` too.
 """
 
 from __future__ import annotations
@@ -52,9 +53,12 @@ class Session:
                        "start `spanrl run RUN.yaml` with bridge_url: %s", idle_s, unclaimed, self.api_url)
 
 
-def start_session(settings: TrainSettings, loop: TrainingLoop, cleanup: ExitStack) -> Session:
-    """Start the backend and the task API over ``loop``'s dispatcher; ``cleanup`` stops them."""
-    backend = make_backend(settings.backend, settings.backend_run())
+def start_session(settings: TrainSettings, loop: TrainingLoop, cleanup: ExitStack,
+                  backend: PolicyBackend | None = None) -> Session:
+    """Start the backend (unless one is given: ``spanrl eval --endpoint``) and the task API over
+    ``loop``'s dispatcher; ``cleanup`` stops them."""
+    if backend is None:
+        backend = make_backend(settings.backend, settings.backend_run())
     cleanup.callback(backend.close)
     api = BridgeAPI(
         loop.dispatcher, PolicyInfo(backend.endpoint_url, settings.policy_model_name),

@@ -3,7 +3,8 @@
 One step: open a round of ``tasks_per_step`` tasks x ``group_size`` attempts for runners;
 wait until every attempt is reported (ok, failed, timed out, or lost with its runner); read
 the assembled rollouts of the ok attempts from the receiver's store; score them
-(``scoring.RolloutScorer``); turn every usable transition into a training sample with its group
+(``scoring.RolloutScorer``; with ``reward: judge``, then each group in one request to the judge:
+``judge/group_judge.py``); turn every usable transition into a training sample with its group
 advantage (``samples``); hand the samples to the backend (``backend.PolicyBackend.update``),
 which trains and publishes the new policy at the same URL. Rollouts that failed, timed out,
 never assembled, carry no usable transition or whose reward function raised are counted in the
@@ -31,7 +32,7 @@ from .backend import PolicyBackend, TrainingSample
 from .loop_settings import LoopSettings
 from .rejection_sampling import sft_samples, sft_update
 from .samples import sample_advantages, trained_rollout, training_samples
-from .scoring import LEFT_OUT_UNASSEMBLED, RolloutScorer
+from .scoring import JUDGE_REWARD, LEFT_OUT_UNASSEMBLED, RolloutScorer
 from .task_dispatch import Attempt, Outcome, TaskDispatcher, check_hidden_task_fields
 from .trajectory_merge import update_rows
 
@@ -48,6 +49,8 @@ class StepReport:
     left_out: Counter
     # what the receiver's checks counted in the step's rollouts (AssembledRollout.counters summed)
     receiver_counters: Counter = field(default_factory=Counter)
+    # rollout id -> why it was left out (the reasons ``left_out`` counts); per-task results of ``spanrl eval``
+    reasons: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -68,7 +71,7 @@ class TrainingLoop:
         self.settings = settings
         self.tasks = load_tasks(settings.tasks)
         self.scorer = RolloutScorer(settings.reward, settings.python_path, settings.trust_agent_rewards,
-                                    settings.agents)
+                                    settings.agents, judge=settings.judge)
         self.rng = random.Random(settings.seed)
         check_hidden_task_fields(settings.hidden_task_fields, self.tasks, settings.tasks)
         self.dispatcher = TaskDispatcher(settings.rollout_timeout_s, tuple(settings.hidden_task_fields))
@@ -78,6 +81,11 @@ class TrainingLoop:
 
         self.store = SpanStore(settings.store)
         self.cursor = 0
+        self.judge = None
+        if settings.reward == JUDGE_REWARD:  # the judge scores each group of collected rollouts
+            from .judge.group_judge import GroupJudge
+
+            self.judge = GroupJudge(settings.judge, self.store, settings.store, settings.model)
 
     # --- rounds ----------------------------------------------------------------------------
     def next_tasks(self, count: int | None = None) -> list[Task]:
@@ -92,7 +100,7 @@ class TrainingLoop:
 
     def collect(self, attempts: list[Attempt], outcomes: dict[str, Outcome]) -> StepReport:
         """Read the ok attempts' rollouts from the store and score them."""
-        left_out: Counter = Counter()
+        reasons: dict[str, str] = {}
         waiting = {}
         for attempt in attempts:
             outcome = outcomes.get(attempt.rollout_id)
@@ -100,20 +108,22 @@ class TrainingLoop:
             if status == "ok":
                 waiting[attempt.rollout_id] = attempt
             else:
-                left_out[status] += 1
+                reasons[attempt.rollout_id] = status
         found = self.wait_for_rollouts(set(waiting))
-        if waiting.keys() - found.keys():
-            left_out[LEFT_OUT_UNASSEMBLED] += len(waiting.keys() - found.keys())
+        for rollout_id in waiting.keys() - found.keys():
+            reasons[rollout_id] = LEFT_OUT_UNASSEMBLED
         scored = []
         receiver_counters: Counter = Counter()
         for rollout_id, rollout in found.items():
             receiver_counters.update(rollout.counters)
             result = self.scorer.scored(waiting[rollout_id], rollout)
             if isinstance(result, str):
-                left_out[result] += 1
+                reasons[rollout_id] = result
             else:
                 scored.append(result)
-        return StepReport(scored, left_out, receiver_counters)
+        if self.judge is not None:  # reward: judge: one request per group scores its members together
+            scored = self.judge.score_groups(scored, found, reasons)
+        return StepReport(scored, Counter(reasons.values()), receiver_counters, reasons)
 
     def wait_for_rollouts(self, rollout_ids: set[str]) -> dict[str, AssembledRollout]:
         """The assembled rollouts of ``rollout_ids`` that reach the store within ``assembly_wait_s``."""
@@ -160,7 +170,7 @@ class TrainingLoop:
     def transition_returns(self) -> bool:
         """Whether each transition is scored by its own return (the agent's rewards, per transition)."""
         settings = self.settings
-        return (settings.advantage_level == "transition" and self.scorer.reward_fn is None
+        return (settings.advantage_level == "transition" and self.scorer.by_events
                 and settings.trust_agent_rewards)
 
     def update(self, backend: PolicyBackend, scored: list[ScoredRollout]) -> StepUpdate:

@@ -11,6 +11,9 @@ rollouts are collected and scored exactly as training rollouts are
 ``spanrl train --val-only`` (``session.run_validation_only``) starts the backend on the model
 (or, with ``--resume``, on the run's newest checkpoint), runs one validation round and returns
 its result: no training, no metrics.jsonl. Used by ``session``.
+
+``score_round`` is the one function that scores a round of held-out attempts: validation rounds
+run it, and so does ``spanrl eval`` (``evaluation.py``: a greedy round and a sampled one).
 """
 
 from __future__ import annotations
@@ -18,13 +21,13 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from spanrl.bridge_protocol import VALIDATION_ROLLOUT_PREFIX
+from spanrl.bridge_protocol import VALIDATION_ROLLOUT_PREFIX, Attempt
 from spanrl.schema import metrics as keys
-from spanrl.schema.tasks import load_tasks
+from spanrl.schema.tasks import Task, load_tasks
 
 from .backend import PolicyBackend
 from .loop_settings import LoopSettings
@@ -59,6 +62,34 @@ class ValidationResult:
         return row
 
 
+@dataclass(frozen=True)
+class ScoredRound:
+    """One round of held-out attempts, scored: what ``score_round`` returns (validation and ``spanrl eval``)."""
+
+    attempts: list[Attempt]
+    scores: dict[str, float]  # rollout id -> score, for the scored rollouts
+    reasons: dict[str, str]  # rollout id -> why it was left out (``scoring.LEFT_OUT_*`` or an outcome)
+    seconds: float
+
+    @property
+    def left_out(self) -> dict[str, int]:
+        return dict(Counter(self.reasons.values()))
+
+
+def score_round(loop: TrainingLoop, step: int, tasks: Sequence[Task], attempts_per_task: int,
+                prefix: str = VALIDATION_PREFIX, on_idle: Callable[[float, int], None] | None = None,
+                idle_after_s: float = 0.0) -> ScoredRound:
+    """``attempts_per_task`` attempts of each task, handed to runners through ``loop``'s dispatcher and
+    scored from its store exactly as training rollouts are (``TrainingLoop.collect``); nothing is trained.
+    The one round of held-out scoring: validation rounds and ``spanrl eval`` (``evaluation.py``) both run it."""
+    started = time.monotonic()
+    attempts = loop.dispatcher.open_round(step, tasks, attempts_per_task, prefix=prefix)
+    outcomes = loop.dispatcher.wait_round(on_idle=on_idle, idle_after_s=idle_after_s)
+    report = loop.collect(attempts, outcomes)
+    return ScoredRound(attempts, {item.attempt.rollout_id: item.score for item in report.scored},
+                       dict(report.reasons), time.monotonic() - started)
+
+
 class Validator:
     """The held-out tasks of ``settings.val_tasks`` and when to score them."""
 
@@ -75,20 +106,16 @@ class Validator:
             on_idle: Callable[[float, int], None] | None = None) -> ValidationResult:
         """One validation round through ``loop``'s dispatcher and store after ``steps_done``
         updates; nothing is trained."""
-        started = time.monotonic()
-        attempts = loop.dispatcher.open_round(steps_done, self.tasks, self.settings.val_attempts,
-                                              prefix=VALIDATION_PREFIX)
-        outcomes = loop.dispatcher.wait_round(on_idle=on_idle, idle_after_s=self.settings.runner_wait_warn_s)
-        report = loop.collect(attempts, outcomes)
-        scores = [item.score for item in report.scored]
+        scored = score_round(loop, steps_done, self.tasks, self.settings.val_attempts, on_idle=on_idle,
+                             idle_after_s=self.settings.runner_wait_warn_s)
+        scores = list(scored.scores.values())
         result = ValidationResult(
             step=steps_done, policy_version=backend.policy_version,
-            val_reward=sum(scores) / len(scores) if scores else None, rollouts=len(attempts),
-            rollouts_scored=len(scores), left_out=dict(Counter(report.left_out)),
-            seconds=time.monotonic() - started,
+            val_reward=sum(scores) / len(scores) if scores else None, rollouts=len(scored.attempts),
+            rollouts_scored=len(scores), left_out=scored.left_out, seconds=scored.seconds,
         )
         logger.info("validation after step %d (policy version %d): val_reward %s over %d of %d rollouts",
-                    result.step, result.policy_version, result.val_reward, len(scores), len(attempts))
+                    result.step, result.policy_version, result.val_reward, len(scores), len(scored.attempts))
         return result
 
 

@@ -100,7 +100,7 @@ class ChosenRollouts:
 
 def choose_rollouts(config: WarmStartConfig) -> ChosenRollouts:
     """The transitions of the best-rewarded ok rollouts of ``config.store`` (torch-free)."""
-    from spanrl.bridge_protocol import is_validation_rollout
+    from spanrl.bridge_protocol import is_held_out_rollout
     from spanrl.otlp_receiver.store import SpanStore
 
     if not os.path.isfile(config.store):
@@ -111,8 +111,8 @@ def choose_rollouts(config: WarmStartConfig) -> ChosenRollouts:
         rollouts, _ = store.completed_rollouts(since=0)
     scored: list[tuple[float, Any]] = []
     for rollout in rollouts:
-        if rollout.status != "ok" or is_validation_rollout(rollout.rollout_id):
-            continue  # validation rollouts are held out: never learned (a rollout without transitions may
+        if rollout.status != "ok" or is_held_out_rollout(rollout.rollout_id):
+            continue  # validation and eval rollouts are held out: never learned (a rollout without transitions may
             # still have calls recorded as text only)
         if reward_fn is None:
             score = rollout.total_reward

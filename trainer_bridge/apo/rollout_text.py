@@ -7,7 +7,8 @@ tool markup included). A call whose prompt continues the previous call's prompt 
 shows only what is new, so a rollout of many calls stays short. Calls without token ids (a
 hosted model behind ``spanrl proxy``) are read from their spans' text instead
 (``otlp_receiver.text_calls``: the messages, tools' calls and the reply). The whole text is cut to
-``apo.rollout_chars`` (its start and its end kept). Called by ``apo/run.py``; torch-free.
+``apo.rollout_chars`` (its start and its end kept). Called by ``apo/run.py`` and, without the
+reward (``body``), by the reward judge (``judge/group_judge.py``); torch-free.
 """
 
 from __future__ import annotations
@@ -42,8 +43,16 @@ class RolloutText:
 
     def text(self, task: Any, reward: float | None, rollout: AssembledRollout | None, status: str = "ok") -> str:
         """One rollout for the critique: its reward, task and calls."""
-        lines = [f"reward: {'none (' + status + ')' if reward is None else format(reward, '.3g')}",
-                 f"task: {_task_text(task)}"]
+        head = f"reward: {'none (' + status + ')' if reward is None else format(reward, '.3g')}"
+        return cut_text("\n".join([head, *self.lines(task, rollout)]), self.max_chars)
+
+    def body(self, task: Any, rollout: AssembledRollout | None) -> str:
+        """A rollout without its reward (what the reward judge reads): its task and calls, cut to ``max_chars``."""
+        return cut_text("\n".join(self.lines(task, rollout)), self.max_chars)
+
+    def lines(self, task: Any, rollout: AssembledRollout | None) -> list[str]:
+        """The task (none when ``task`` is None), the rollout's error (if any) and its calls, one line each."""
+        lines = [] if task is None else [f"task: {task_text(task)}"]
         if rollout is not None:
             if rollout.error:
                 lines.append(f"error: {rollout.error}")
@@ -51,7 +60,7 @@ class RolloutText:
                 lines.extend(self._calls(rollout.transitions))
             else:
                 lines.extend(self._text_calls(rollout.rollout_id))
-        return _cut("\n".join(lines), self.max_chars)
+        return lines
 
     def _text_calls(self, rollout_id: str) -> list[str]:
         from spanrl.otlp_receiver.text_calls import chat_examples
@@ -87,14 +96,14 @@ class RolloutText:
             return f"({len(ids)} tokens that this tokenizer cannot decode)"
 
 
-def _task_text(task: Any) -> str:
+def task_text(task: Any) -> str:
     try:
         return json.dumps(task, ensure_ascii=False, sort_keys=True)
     except (TypeError, ValueError):
         return repr(task)
 
 
-def _cut(text: str, max_chars: int) -> str:
+def cut_text(text: str, max_chars: int) -> str:
     """``text`` cut to ``max_chars``: its start and end kept, the middle said to be left out."""
     if len(text) <= max_chars:
         return text
