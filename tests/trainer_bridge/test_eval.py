@@ -25,7 +25,7 @@ from spanrl.child_processes import free_port
 from spanrl.demo import CALC_AGENT
 from spanrl.trainer_bridge.pass_at_k import pass_at_k
 
-from .test_apo_training import REPO, TEST_DEVICE, SpanrlProcesses, wait_for_text
+from .apo_support import REPO, TEST_DEVICE, SpanrlProcesses, wait_for_text
 
 TASKS = 6
 REWARD_MODULE = '''

@@ -434,6 +434,7 @@ def test_a_verl_runs_policy_token_is_enforced_by_its_gateway(upstreams, tiny_mod
 
 def test_the_gateways_settings_print_without_their_secrets():
     # settings end up in logs and tracebacks: the agents' token and the replicas' key stay out
-    config = GatewayConfig(served_model_name="policy", api_token="agents-secret-1", upstream_api_key="replicas-secret-2")
+    config = GatewayConfig(served_model_name="policy", api_token="agents-secret-1",
+                           upstream_api_key="replicas-secret-2")
     assert "secret" not in repr(config) and "secret" not in str(config), repr(config)
     assert config.api_token == "agents-secret-1"
