@@ -43,6 +43,7 @@ DUPLICATE = "duplicate"  # the rollout counted the same event itself (it arrived
 COUNTERS = ("received", "replayed", "joined", "duplicates", "expired", "evicted", "rejected",
             "clipped", "evaluations_ignored")
 INDEX_BATCH = 64  # rollouts indexed per transaction
+INDEX_BATCHES_PER_CALL = 4  # an old store is indexed over several assembler polls, not in one
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS feedback (
@@ -194,11 +195,11 @@ class FeedbackStore:
 
     def catch_up(self, spans: SpanStore, now: float | None = None) -> int:
         """Index the targets of rollouts assembled since the last call (the cursor is kept in the
-        store) and join the feedback that waited for them; expire what waited too long.
-        Returns how many feedback joined."""
+        store; at most ``INDEX_BATCHES_PER_CALL * INDEX_BATCH`` rollouts a call) and join the
+        feedback that waited for them; expire what waited too long. Returns how many joined."""
         now = time.time() if now is None else now
         joined = 0
-        while True:
+        for _ in range(INDEX_BATCHES_PER_CALL):
             with self._lock:
                 cursor = _get(self._db, "indexed_sequence")
             rollouts, next_cursor = spans.completed_rollouts(since=cursor, limit=INDEX_BATCH)

@@ -202,7 +202,20 @@ def show_rollout(args) -> int:
     _print_transitions(rollout.transitions, {} if trained is None else {rollout.rollout_id: trained})
     for problem in rollout.problems:
         print(f"problem: {problem}")
+    _print_late_feedback(_store_path(args), rollout.rollout_id)
     return 0
+
+
+def _print_late_feedback(path: str, rollout_id: str) -> None:
+    """The feedback that arrived after the rollout was assembled (``spanrl inspect feedback``)."""
+    from spanrl.otlp_receiver.feedback_store import FeedbackStore
+
+    with FeedbackStore(path) as book:
+        joined = book.feedback_of(rollout_id)
+    for stored in joined:
+        f = stored.feedback
+        judged = f"call {stored.call_span_id}" if stored.call_span_id else "the rollout"
+        print(f"late feedback: {f.name}={f.value:g} on {judged} ({f.source}{', ' + f.comment if f.comment else ''})")
 
 
 def _trained_return(transition, trained: dict) -> float | None:

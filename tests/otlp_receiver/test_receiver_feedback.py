@@ -114,6 +114,9 @@ def test_feedback_after_kill9_joins_the_call_and_feedback_before_its_rollout_wai
     assert listed["counters"]["joined"] == 2
     assert {(f["key"], f["state"], f["rollout_id"]) for f in listed["feedback"]} == {
         ("http:early", "joined", "r-later"), ("http:k-1", "joined", "r-served")}
+    shown = subprocess.run([sys.executable, "-m", "spanrl", "inspect", "rollout", "r-served", "--db", str(db)],
+                           capture_output=True, text=True, check=True)
+    assert f"late feedback: thumbs=1 on call {call} (http, good answer)" in shown.stdout
 
 
 def test_replayed_feedback_counts_once_and_a_reused_key_is_refused(start_receiver, memory_tracer, kit, tmp_path):
