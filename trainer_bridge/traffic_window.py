@@ -1,7 +1,7 @@
 """Training from served traffic: a rolling window of rollouts whose feedback has arrived.
 
-The core of ``spanrl train --from-traffic`` (issue 31, item 3; not yet wired into the CLI: see
-docs/algorithms.md "Training from traffic"). There is no task list and no runner: agents serve
+The core of ``spanrl train --from-traffic`` (``traffic_loop.py`` runs the steps; docs/algorithms.md
+"Training from traffic"). There is no task list and no runner: agents serve
 real requests through the policy endpoint, the receiver assembles each conversation into a
 rollout, and feedback arrives later (``otlp_receiver/feedback_store.py``). ``TrafficWindow``
 reads both from the store: a rollout waits in the window (at most ``window_size``, at most
