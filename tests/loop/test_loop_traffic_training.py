@@ -86,6 +86,6 @@ def test_a_step_trains_on_served_requests_once_their_feedback_arrived(served):
     assert row[keys.ROLLOUTS] == 4 and row[keys.TRAFFIC_GROUPED] == 2 and row[keys.TRAFFIC_BY_AGENT_BASELINE] == 2
     assert row[keys.REWARD_MEAN] == pytest.approx((1.0 + 0.0 + 0.3 + 0.9) / 4)
     # every call is trained: the group's two (GRPO), and the two alone, against their agent's running
-    # mean (1.0 and 0.0 from the group -> 0.9, then 0.5): 0.3 - 0.5 and 0.9 - 0.48
+    # mean (decay 0.9: 1.0 and 0.0 from the group leave 0.9): 0.3 - 0.9, then 0.9 - 0.84
     assert row[keys.TRANSITIONS] == 4
     assert backend.policy_version == before + 1
