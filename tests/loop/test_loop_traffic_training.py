@@ -20,8 +20,8 @@ from spanrl.otlp_receiver.server import ReceiverServer
 from spanrl.otlp_receiver.settings import ReceiverSettings
 from spanrl.schema import metrics as keys
 from spanrl.trainer_bridge.endpoint_spans import SPANS_ENDPOINT_ENV
-from spanrl.trainer_bridge.train_settings import TrainSettings
 from spanrl.trainer_bridge.traffic_loop import TrafficLoop
+from spanrl.trainer_bridge.train_settings import TrainSettings
 
 TEST_DEVICE = os.environ.get("SPANRL_TEST_DEVICE", "cpu")
 
