@@ -50,7 +50,7 @@ class FeedbackError(ValueError):
 def checked_value(raw: Any, policy: RewardPolicy) -> tuple[float | None, str | None]:
     """``raw`` as the reward value the policy allows, and what happened: None (taken as is),
     ``clipped``, or ``rejected`` (the value is None then)."""
-    if isinstance(raw, bool) or not isinstance(raw, (int, float)) or not math.isfinite(float(raw)):
+    if not _is_number(raw):
         return None, "rejected"
     value = float(raw)
     if policy.minimum <= value <= policy.maximum:
@@ -99,7 +99,13 @@ def parse_feedback_body(body: bytes, header_key: str | None, policy: RewardPolic
 
 
 def _is_number(raw: Any) -> bool:
-    return isinstance(raw, (int, float)) and not isinstance(raw, bool) and math.isfinite(float(raw))
+    """A finite int or float (not a bool; an int too big for a float is not one either)."""
+    if isinstance(raw, bool) or not isinstance(raw, (int, float)):
+        return False
+    try:
+        return math.isfinite(float(raw))
+    except OverflowError:
+        return False
 
 
 def _target(kind: str, raw: Any) -> str:

@@ -149,6 +149,7 @@ def test_replayed_feedback_counts_once_and_a_reused_key_is_refused(start_receive
     (b'{"rollout_id": "r", "value": NaN, "idempotency_key": "k"}', "value"),
     ({"rollout_id": "r", "value": 1e9, "idempotency_key": "k"}, "value"),
     ({"rollout_id": "r", "value": True, "idempotency_key": "k"}, "value"),
+    (b'{"rollout_id": "r", "value": 1' + b"0" * 400 + b', "idempotency_key": "k"}', "value"),
     ({"rollout_id": "r", "value": 1.0}, "idempotency_key"),
     ({"rollout_id": "r", "value": 1.0, "idempotency_key": ""}, "idempotency_key"),
     ({"trace_id": "xyz", "value": 1.0, "idempotency_key": "k"}, "trace_id"),
