@@ -7,7 +7,9 @@ that ``spanrl train`` serves, with the real ``openai`` client, one conversation 
 each conversation and, after a random delay (a user who rates the answer later), sends feedback
 (1 right, 0 wrong) to ``POST /spanrl/v1/feedback`` by the conversation's id. The trainer's steps
 take the conversations whose feedback arrived. Before and after, a held-out question set is
-answered greedily by the warm model and by the trained one, each served by the same engine.
+answered by the warm model and by the trained one, each served by the same engine, at the
+temperature the service samples at (1.0: what its users get; the warm model is nearly always
+right greedily, so greedy accuracy leaves nothing to learn).
 
     python bench/traffic_service.py --out /tmp/traffic --steps 12
 
@@ -64,8 +66,8 @@ def post(url: str, body: dict) -> None:
         pass
 
 
-def held_out_accuracy(model_dir: str, tasks: list[dict], device: str, out: str) -> float:
-    """Greedy accuracy of ``model_dir`` on ``tasks``, served by the embedded engine."""
+def held_out_accuracy(model_dir: str, tasks: list[dict], device: str, out: str, temperature: float) -> float:
+    """Accuracy of ``model_dir`` on ``tasks`` at ``temperature``, served by the embedded engine."""
     from spanrl.trainer_bridge.torch_backend.backend import start_backend
     from spanrl.trainer_bridge.train_settings import TrainSettings
 
@@ -74,7 +76,8 @@ def held_out_accuracy(model_dir: str, tasks: list[dict], device: str, out: str) 
     backend = start_backend(settings.backend_run())
     try:
         with ThreadPoolExecutor(8) as pool:
-            answers = list(pool.map(lambda t: converse(backend.endpoint_url, t["question"], None, 0.0), tasks))
+            answers = list(pool.map(lambda t: converse(backend.endpoint_url, t["question"], None, temperature),
+                                    tasks))
     finally:
         backend.close()
     return sum(a == str(t["answer"]) for a, t in zip(answers, tasks, strict=True)) / len(tasks)
@@ -83,8 +86,10 @@ def held_out_accuracy(model_dir: str, tasks: list[dict], device: str, out: str) 
 class Service:
     """Users' questions through the endpoint; each answer rated after a random delay."""
 
-    def __init__(self, base_url: str, receiver_http: int, questions: list[dict], max_delay_s: float, seed: int):
+    def __init__(self, base_url: str, receiver_http: int, questions: list[dict], max_delay_s: float, seed: int,
+                 temperature: float):
         self.base_url, self.questions, self.max_delay_s = base_url, questions, max_delay_s
+        self.temperature = temperature
         self.receiver = f"http://127.0.0.1:{receiver_http}"
         self.rng = random.Random(seed)
         self.lock = threading.Lock()
@@ -100,7 +105,7 @@ class Service:
             conversation = f"user{worker}-{count}"
             count += 1
             try:
-                answer = converse(self.base_url, task["question"], conversation, 1.0)
+                answer = converse(self.base_url, task["question"], conversation, self.temperature)
                 post(f"{self.receiver}/spanrl/v1/rollouts/{conversation}/complete", {})
             except Exception:  # the endpoint restarting between steps, a timeout: the next question
                 time.sleep(0.5)
@@ -110,8 +115,11 @@ class Service:
             self.served += 1
 
     def rate(self, conversation: str, value: float) -> None:
-        post(f"{self.receiver}/spanrl/v1/feedback",
-             {"rollout_id": conversation, "value": value, "idempotency_key": conversation})
+        try:
+            post(f"{self.receiver}/spanrl/v1/feedback",
+                 {"rollout_id": conversation, "value": value, "idempotency_key": conversation})
+        except OSError:  # the run ended (the receiver stopped) before this user rated
+            return
         self.rated += 1
 
 
@@ -123,7 +131,10 @@ def main() -> int:
     parser.add_argument("--users", type=int, default=16, help="conversations at once")
     parser.add_argument("--max-delay-s", type=float, default=5.0, help="feedback comes 0..this many seconds later")
     parser.add_argument("--sft-steps", type=int, default=400)
-    parser.add_argument("--held-out", type=int, default=100)
+    parser.add_argument("--held-out", type=int, default=300, help="held-out questions")
+    parser.add_argument("--temperature", type=float, default=1.0, help="the service's (and held-out) temperature")
+    parser.add_argument("--warm-model", default=None, help="a warm model made by an earlier run (skips the warm start)")
+    parser.add_argument("--learning-rate", type=float, default=2e-4)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
@@ -136,10 +147,11 @@ def main() -> int:
     out = os.path.abspath(args.out)
     os.makedirs(out, exist_ok=True)
     started = time.monotonic()
-    warm = prepare_model(DemoSettings(sft_steps=args.sft_steps, device=args.device, seed=args.seed), out)
+    warm = args.warm_model or prepare_model(DemoSettings(sft_steps=args.sft_steps, device=args.device,
+                                                          seed=args.seed), out)
     questions = make_tasks(200, seed=args.seed + 1)  # what the service's users ask
     held_out = make_tasks(args.held_out, seed=args.seed + 99)
-    before = held_out_accuracy(warm, held_out, args.device, out)
+    before = held_out_accuracy(warm, held_out, args.device, out, args.temperature)
     print(f"held-out accuracy of the warm model: {before:.2f}", flush=True)
     db = os.path.join(out, "spanrl.db")
     for suffix in ("", "-wal", "-shm"):
@@ -149,13 +161,14 @@ def main() -> int:
     with LocalServices(out) as services:
         receiver = services.start_receiver(db, "--idle-timeout-s", "0")
         os.environ[SPANS_ENDPOINT_ENV] = receiver.otlp_endpoint  # the endpoint's own spans -> the receiver
-        service = Service(f"http://127.0.0.1:{policy_port}/v1", receiver.http, questions, args.max_delay_s, args.seed)
+        service = Service(f"http://127.0.0.1:{policy_port}/v1", receiver.http, questions, args.max_delay_s, args.seed,
+                          args.temperature)
         users = [threading.Thread(target=service.user, args=(i,), daemon=True) for i in range(args.users)]
         for thread in users:
             thread.start()
         settings = TrainSettings(
             from_traffic=True, model=warm, output_dir=os.path.join(out, "run"), store=db, steps=args.steps,
-            tasks_per_step=args.per_step, learning_rate=2e-4, policy_port=policy_port, device=args.device,
+            tasks_per_step=args.per_step, learning_rate=args.learning_rate, policy_port=policy_port, device=args.device,
             seed=args.seed, checkpoint_every=0, max_empty_steps=0, traffic_wait_s=300)
         try:
             summary = run_training(settings, show_progress=False)
@@ -163,7 +176,7 @@ def main() -> int:
             service.stop.set()
         for thread in users:
             thread.join(timeout=180)
-    after = held_out_accuracy(summary["checkpoint"], held_out, args.device, out)
+    after = held_out_accuracy(summary["checkpoint"], held_out, args.device, out, args.temperature)
     result = {"held_out_before": before, "held_out_after": after, "steps": summary["steps"],
               "served": service.served, "rated": service.rated, "train_reward_first": summary["first_reward"],
               "train_reward_last": summary["last_reward"], "seconds": round(time.monotonic() - started),
