@@ -99,3 +99,17 @@ def test_judged_rollouts_become_samples_grouped_by_prompt_or_by_agent_baseline(r
         assert (window.waiting, window.left_out[LEFT_OUT_TOO_OLD]) == ({}, 1)
     finally:
         window.close()
+
+
+def test_from_traffic_needs_no_tasks_and_refuses_what_it_cannot_do(tmp_path):
+    from spanrl.errors import SettingError
+    from spanrl.trainer_bridge.train_settings import TrainSettings
+
+    settings = TrainSettings(from_traffic=True, model=str(tmp_path))
+    assert settings.tasks == "" and settings.traffic_window == 1024
+    with pytest.raises(SettingError, match="'tasks' is required"):
+        TrainSettings(model=str(tmp_path))
+    for wrong in ({"val_tasks": "held-out.jsonl"}, {"async_training": True}, {"algorithm": "sft"},
+                  {"traffic_baseline_decay": 1.0}, {"traffic_window": 0}):
+        with pytest.raises(SettingError, match="from_traffic"):
+            TrainSettings(from_traffic=True, model=str(tmp_path), **wrong)
