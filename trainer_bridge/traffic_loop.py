@@ -7,22 +7,27 @@ endpoint's spans reach the receiver, and feedback arrives when it arrives (docs/
 of the window whose score is known (``traffic_window.TrafficWindow``), builds their samples
 (``traffic_window.traffic_samples``: GRPO over rollouts with the same first prompt, else the
 agent's running mean as baseline) and makes one update through the same path as every other
-step (``trajectory_merge.update_rows``, ``backend.update``, ``training_loop.step_row``).
+step (``trajectory_merge.update_rows``, ``backend.update``, ``training_loop.step_row``), and
+records what each rollout was trained with (``trained_rewards``: ``spanrl inspect`` shows it, and
+a resumed run does not train on those rollouts again).
 """
 
 from __future__ import annotations
 
 import logging
+import sqlite3
 import time
 from collections import Counter
 from collections.abc import Callable
 
+from spanrl.otlp_receiver import trained_rewards
 from spanrl.schema import metrics as keys
 
 from .backend import PolicyBackend
 from .loop_settings import LoopSettings
+from .samples import sample_advantages, trained_rollout
 from .task_dispatch import TaskDispatcher
-from .traffic_window import AgentBaselines, TrafficSettings, TrafficWindow, traffic_samples
+from .traffic_window import AgentBaselines, TrafficSettings, TrafficWindow, scored_traffic, traffic_samples
 from .training_loop import STORE_POLL_S, StepReport, StepUpdate, step_row
 from .trajectory_merge import update_rows
 
@@ -41,6 +46,7 @@ class TrafficLoop:
         # the task API still runs (runners asking get nothing to do); no round is ever opened
         self.dispatcher = TaskDispatcher(settings.rollout_timeout_s, tuple(settings.hidden_task_fields))
         self._left_out_before: Counter = Counter()
+        self.window.trained = set(trained_rewards.load(settings.store))  # a resumed run trains each once
 
     def run_step(self, step: int, backend: PolicyBackend,
                  on_wait: Callable[[int, int], None] | None = None,
@@ -64,19 +70,26 @@ class TrafficLoop:
         stats = backend.update(rows).as_metrics() if rows else {}
         left_out = self.window.left_out - self._left_out_before
         self._left_out_before = Counter(self.window.left_out)
-        from spanrl.schema.scored import ScoredRollout
-
-        scored = [ScoredRollout(None, float(r.total_reward or 0.0), r.transitions, "traffic")  # type: ignore[arg-type]
-                  for r in rollouts]
+        scored = scored_traffic(rollouts, step, self.settings.traffic_prefix_tokens)
         report = StepReport(scored, left_out, Counter())
         for rollout in rollouts:
             report.receiver_counters.update(rollout.counters)
-        row = step_row(step, backend.policy_version, rollouts, report,  # type: ignore[arg-type]
-                       StepUpdate(samples, set(), 0, {**stats, **merge_metrics}), waited, started)
+        update = StepUpdate(samples, set(), 0, {**stats, **merge_metrics}, sample_advantages(samples))
+        self._record(step, scored, update)
+        row = step_row(step, backend.policy_version, [item.attempt for item in scored], report, update, waited,
+                       started)
         row.update({keys.TRAFFIC_GROUPED: counts["grouped"],
                     keys.TRAFFIC_BY_AGENT_BASELINE: counts["by_agent_baseline"],
                     keys.TRAFFIC_WAITING: len(self.window.waiting)})
         return row
+
+    def _record(self, step: int, scored: list, update: StepUpdate) -> None:
+        """What each rollout was trained with, in the store (``spanrl inspect``; a resumed run skips them)."""
+        try:
+            trained_rewards.record(self.settings.store, [
+                trained_rollout(step + 1, item, False, True, update.advantages) for item in scored])
+        except sqlite3.Error as exc:  # what inspect shows must not stop training
+            logger.warning("could not record the rewards of step %d in %s: %s", step + 1, self.settings.store, exc)
 
     def close(self) -> None:
         self.window.close()

@@ -76,6 +76,7 @@ class TrafficWindow:
         self.feedback_cursor = 0
         self.waiting: OrderedDict[str, _Waiting] = OrderedDict()
         self.left_out: Counter = Counter()
+        self.trained: set[str] = set()  # rollouts trained on already (a resumed run skips them)
 
     def close(self) -> None:
         self.spans.close()
@@ -86,6 +87,8 @@ class TrafficWindow:
         now = time.time() if now is None else now
         rollouts, self.rollout_cursor = self.spans.completed_rollouts(since=self.rollout_cursor)
         for rollout in rollouts:
+            if rollout.rollout_id in self.trained:
+                continue
             if not rollout.transitions:
                 self.left_out[LEFT_OUT_NO_TRANSITION] += 1
                 continue
@@ -113,6 +116,7 @@ class TrafficWindow:
         taken = self.judged()[:limit]
         for rollout in taken:
             del self.waiting[rollout.rollout_id]
+            self.trained.add(rollout.rollout_id)
         return taken
 
 
@@ -138,6 +142,12 @@ class AgentBaselines:
         return 0.0 if mean is None else score - mean
 
 
+def scored_traffic(rollouts: Sequence[AssembledRollout], step: int, prefix_tokens: int = 0) -> list[ScoredRollout]:
+    """Judged ``rollouts`` as the loop's scored rollouts: the task id is the prompt group."""
+    return [ScoredRollout(Attempt(r.rollout_id, group_key(r, prefix_tokens), 0, {}, step),
+                          float(r.total_reward or 0.0), r.transitions, SOURCE) for r in rollouts]
+
+
 def traffic_samples(rollouts: Sequence[AssembledRollout], baselines: AgentBaselines, step: int,
                     prefix_tokens: int = 0, norm_adv_by_std: bool = True,
                     ) -> tuple[list[TrainingSample], dict[str, int]]:
@@ -145,8 +155,7 @@ def traffic_samples(rollouts: Sequence[AssembledRollout], baselines: AgentBaseli
     baseline. Returns the samples and how many rollouts went each way."""
     from .samples import training_samples
 
-    scored = [ScoredRollout(Attempt(r.rollout_id, group_key(r, prefix_tokens), 0, {}, step),
-                            float(r.total_reward or 0.0), r.transitions, SOURCE) for r in rollouts]
+    scored = scored_traffic(rollouts, step, prefix_tokens)
     sizes = Counter(item.attempt.task_id for item in scored)
     grouped = [item for item in scored if sizes[item.attempt.task_id] > 1]
     alone = [item for item in scored if sizes[item.attempt.task_id] == 1]
