@@ -1,6 +1,8 @@
 """OTLP/HTTP: ``POST /v1/traces`` (protobuf or JSON), ``/v1/metrics`` and ``/v1/logs``
-(accepted and dropped), spanrl's ``POST /spanrl/v1/rollouts/<id>/complete``, ``GET
-/spanrl/v1/health`` and ``GET /spanrl/v1/stats`` (the ingest counters, behind the token).
+(accepted and dropped, but for their reward events: late feedback), spanrl's ``POST
+/spanrl/v1/rollouts/<id>/complete`` and ``POST /spanrl/v1/feedback`` (late feedback,
+``feedback_intake``), ``GET /spanrl/v1/health`` and ``GET /spanrl/v1/stats`` (the ingest and
+feedback counters, behind the token).
 
 Started by ``server.py`` on a stdlib ``ThreadingHTTPServer`` (no extra dependency; one thread
 per connection, keep-alive). Follows the OTLP/HTTP spec: the response has the request's
@@ -30,8 +32,11 @@ from google.protobuf import json_format
 from google.rpc import status_pb2
 
 from spanrl.otlp_receiver.export_service import ExportService, TooLarge, protocol_error
+from spanrl.otlp_receiver.feedback_intake import FeedbackError, parse_feedback_body
+from spanrl.otlp_receiver.feedback_store import FeedbackStore
 from spanrl.otlp_receiver.ingest import Overloaded
 from spanrl.otlp_receiver.otlp_decode import PayloadError
+from spanrl.otlp_receiver.rewards import RewardPolicy
 from spanrl.otlp_receiver.store import (
     COMPLETION_ALREADY_ASSEMBLED,
     COMPLETION_PENDING,
@@ -46,6 +51,7 @@ JSON = "application/json"
 COMPLETE_PREFIX = "/spanrl/v1/rollouts/"
 COMPLETE_SUFFIX = "/complete"
 STATS_PATH = "/spanrl/v1/stats"
+FEEDBACK_PATH = "/spanrl/v1/feedback"
 TLS_HANDSHAKE_TIMEOUT_S = 10.0
 SIGNAL_PATHS = {"/v1/traces": "traces", "/v1/metrics": "metrics", "/v1/logs": "logs"}
 
@@ -94,7 +100,10 @@ class _Handler(BaseHTTPRequestHandler):
             except Exception as exc:
                 self._send(401, JSON, json.dumps({"message": str(exc)}).encode())
                 return
-            self._send(200, JSON, json.dumps(self.server.export.stats()).encode())
+            stats: dict = dict(self.server.export.stats())
+            if self.server.feedback is not None:
+                stats["feedback"] = self.server.feedback.counters()
+            self._send(200, JSON, json.dumps(stats).encode())
         else:
             self._send(404, JSON, b'{"message": "not found"}')
 
@@ -117,6 +126,10 @@ class _Handler(BaseHTTPRequestHandler):
                 else:
                     response = self.server.export.export_other(signal, body, json_encoding)
                 self._send_message(200, response, json_encoding)
+            elif path == FEEDBACK_PATH and self.server.feedback is not None:
+                if content_type != JSON:
+                    raise UnsupportedMediaType(f"Content-Type must be {JSON}, got {content_type or 'none'!r}")
+                self._post_feedback(self._read_body())
             elif path.startswith(COMPLETE_PREFIX) and path.endswith(COMPLETE_SUFFIX):
                 self._read_body()
                 rollout_id = unquote(path[len(COMPLETE_PREFIX) : -len(COMPLETE_SUFFIX)])
@@ -152,6 +165,36 @@ class _Handler(BaseHTTPRequestHandler):
             if status in (413, 401):
                 self.close_connection = True  # the unread body must not be parsed as a request
             self._send_error(status, str(exc), json_encoding, headers)
+
+    def _post_feedback(self, body: bytes) -> None:
+        """Keep a feedback (once per idempotency key): 202 while its target is unknown, 200 once
+        joined or when the key was seen; 400 naming the field of a bad body; 409 for a key used
+        with another content."""
+        book, policy = self.server.feedback, self.server.feedback_policy
+        assert book is not None and policy is not None
+        try:
+            feedback, clipped = parse_feedback_body(body, self.headers.get("Idempotency-Key"), policy)
+        except FeedbackError as exc:
+            self._send(400, JSON, json.dumps({"message": str(exc), "field": exc.field}).encode())
+            return
+        result = book.submit(feedback)
+        key = feedback.key.removeprefix("http:")
+        if result.conflict:
+            self._send(409, JSON, json.dumps({
+                "message": f"idempotency_key {key!r} was used for another feedback; nothing changed",
+                "field": "idempotency_key"}).encode())
+            return
+        if clipped and not result.replayed:
+            book.count("clipped")
+        stored = result.stored
+        answer = {"idempotency_key": key, "state": stored.state, "replayed": result.replayed,
+                  "rollout_id": stored.rollout_id, "call_span_id": stored.call_span_id,
+                  "value": stored.feedback.value}
+        if stored.state == "pending":
+            answer["message"] = ("its target is not assembled (yet): kept, and joined when it is"
+                                 f" (for at most {book.ttl_s:g} s)")
+        self._send(202 if stored.state == "pending" and not result.replayed else 200, JSON,
+                   json.dumps(answer).encode())
 
     def _read_body(self) -> bytes:
         limit = self.server.max_message_bytes
@@ -239,9 +282,12 @@ class _Server(ThreadingHTTPServer):
     request_queue_size = 4096  # capped by the kernel's net.core.somaxconn
 
     def __init__(self, address, export: ExportService, store: SpanStore, max_message_bytes: int,
-                 ssl_context: ssl.SSLContext | None = None, read_timeout_s: float = 30.0) -> None:
+                 ssl_context: ssl.SSLContext | None = None, read_timeout_s: float = 30.0,
+                 feedback: FeedbackStore | None = None, feedback_policy: RewardPolicy | None = None) -> None:
         self.export = export
         self.store = store
+        self.feedback = feedback
+        self.feedback_policy = feedback_policy
         self.max_message_bytes = max_message_bytes
         self.read_timeout_s = read_timeout_s
         super().__init__(address, _Handler)
@@ -259,9 +305,11 @@ class _Server(ThreadingHTTPServer):
 
 class HttpExportServer:
     def __init__(self, export: ExportService, store: SpanStore, host: str, port: int, max_message_bytes: int,
-                 ssl_context: ssl.SSLContext | None = None, read_timeout_s: float = 30.0) -> None:
+                 ssl_context: ssl.SSLContext | None = None, read_timeout_s: float = 30.0,
+                 feedback: FeedbackStore | None = None, feedback_policy: RewardPolicy | None = None) -> None:
         try:
-            self.server = _Server((host, port), export, store, max_message_bytes, ssl_context, read_timeout_s)
+            self.server = _Server((host, port), export, store, max_message_bytes, ssl_context, read_timeout_s,
+                                  feedback, feedback_policy)
         except OSError as exc:
             raise OSError(f"cannot bind OTLP/HTTP on {host}:{port}: {exc.strerror or exc}") from exc
         self.port = self.server.server_address[1]

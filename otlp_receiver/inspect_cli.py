@@ -1,5 +1,5 @@
-"""``spanrl inspect``: read the span store (``rollouts``, ``rollout ID``, ``transitions``) and a
-training run's metrics (``metrics RUN``).
+"""``spanrl inspect``: read the span store (``rollouts``, ``rollout ID``, ``transitions``, late
+``feedback``: ``feedback_cli.py``) and a training run's metrics (``metrics RUN``).
 
 Registered by ``core/cli.py``. Human tables by default, ``--json`` for machines (keys are
 plain words). Safe while a receiver writes the same store (SQLite WAL). Besides what the
@@ -38,6 +38,10 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     transitions.add_argument("--since", type=int, default=0, help="only rollouts after this cursor")
     transitions.add_argument("--rollout", default=None, help="only this rollout")
     transitions.set_defaults(func=show_transitions)
+    feedback = what.add_parser("feedback", parents=[common], help="late feedback: counters, pending and joined")
+    feedback.add_argument("--state", choices=("pending", "joined", "duplicate"), default=None,
+                          help="only feedback in this state")
+    feedback.set_defaults(func=show_feedback)
     metrics = what.add_parser("metrics", help="a training run's metrics per step (its metrics.jsonl)")
     metrics.add_argument("run", metavar="RUN", help="the run's output_dir, or its metrics.jsonl")
     metrics.add_argument("--json", action="store_true", help="print every row as JSON (namespaced keys)")
@@ -103,6 +107,12 @@ def _ids(ids, limit: int = 12) -> str:
     ids = list(ids)
     text = " ".join(str(i) for i in ids[:limit])
     return f"[{text}{' …' if len(ids) > limit else ''}] ({len(ids)})"
+
+
+def show_feedback(args) -> int:
+    from spanrl.otlp_receiver.feedback_cli import show_feedback as show
+
+    return show(args, _store_path(args), _table)
 
 
 def show_rollouts(args) -> int:
@@ -205,7 +215,20 @@ def show_rollout(args) -> int:
     _print_transitions(rollout.transitions, {} if trained is None else {rollout.rollout_id: trained})
     for problem in rollout.problems:
         print(f"problem: {problem}")
+    _print_late_feedback(_store_path(args), rollout.rollout_id)
     return 0
+
+
+def _print_late_feedback(path: str, rollout_id: str) -> None:
+    """The feedback that arrived after the rollout was assembled (``spanrl inspect feedback``)."""
+    from spanrl.otlp_receiver.feedback_store import FeedbackStore
+
+    with FeedbackStore(path) as book:
+        joined = book.feedback_of(rollout_id)
+    for stored in joined:
+        f = stored.feedback
+        judged = f"call {stored.call_span_id}" if stored.call_span_id else "the rollout"
+        print(f"late feedback: {f.name}={f.value:g} on {judged} ({f.source}{', ' + f.comment if f.comment else ''})")
 
 
 def _trained_return(transition, trained: dict) -> float | None:

@@ -136,6 +136,11 @@ def parse_json_request(body: bytes, message_type=ExportTraceServiceRequest):
         raise PayloadError("body must be a JSON object (an OTLP Export request)")
     if message_type is ExportTraceServiceRequest:
         _hex_ids_to_base64(data)
+    elif message_type.__name__ == "ExportLogsServiceRequest":  # log records link to spans by hex ids too
+        for resource_logs in _list(data, "resourceLogs", "resource_logs"):
+            for scope_logs in _list(resource_logs, "scopeLogs", "scope_logs"):
+                for record in _list(scope_logs, "logRecords", "log_records"):
+                    _convert_ids(record)
     try:
         return json_format.ParseDict(data, message_type(), ignore_unknown_fields=True)
     except json_format.ParseError as exc:

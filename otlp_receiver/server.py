@@ -8,7 +8,9 @@ Used by ``spanrl receive`` and by tests (in-process, on free ports)::
 The assembler wakes every ``poll_s``, asks the store which open rollouts have ended
 (their ``spanrl.rollout`` span or an explicit completion plus ``grace_s`` of quiet, or
 ``idle_timeout_s`` without spans), assembles each and saves the result. Because rollout state
-lives in the store, a rollout open when the process died completes after a restart.
+lives in the store, a rollout open when the process died completes after a restart. After each
+pass it indexes the rollouts just assembled for late feedback and joins what waited for them
+(``feedback_store.FeedbackStore.catch_up``).
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ import time
 from spanrl.otlp_receiver.air import load_rules
 from spanrl.otlp_receiver.assembly import AssemblyOptions, assemble_rollout
 from spanrl.otlp_receiver.export_service import ExportService
+from spanrl.otlp_receiver.feedback_intake import EventFeedback
+from spanrl.otlp_receiver.feedback_store import FeedbackStore
 from spanrl.otlp_receiver.grpc_service import GrpcExportServer
 from spanrl.otlp_receiver.http_service import HttpExportServer
 from spanrl.otlp_receiver.ingest import IngestWriter
@@ -56,10 +60,12 @@ def assembly_options(settings: ReceiverSettings) -> AssemblyOptions:
 class Assembler:
     """Assembles ended rollouts from the store, in a thread or on demand (``run_once``)."""
 
-    def __init__(self, store: SpanStore, settings: ReceiverSettings, options: AssemblyOptions) -> None:
+    def __init__(self, store: SpanStore, settings: ReceiverSettings, options: AssemblyOptions,
+                 feedback: FeedbackStore | None = None) -> None:
         self.store = store
         self.settings = settings
         self.options = options
+        self.feedback = feedback  # late feedback joined as rollouts are assembled
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="spanrl-assembler", daemon=True)
 
@@ -93,6 +99,10 @@ class Assembler:
             )
             for problem in saved.problems:
                 logger.info("rollout %s: %s", saved.rollout_id, problem)
+        if self.feedback is not None:
+            joined = self.feedback.catch_up(self.store, now)
+            if joined:
+                logger.info("%d late feedback joined to their rollouts", joined)
         return done
 
     def assemble(self, rollout_id: str, end_reason: str) -> tuple[AssembledRollout, int]:
@@ -133,18 +143,19 @@ class Assembler:
 class ReceiverServer:
     def __init__(self, settings: ReceiverSettings) -> None:
         self.settings = settings.validate()
-        options = assembly_options(settings)
+        options = self.options = assembly_options(settings)
         # one receiver per store (StoreInUse otherwise), held until stop()
         self.lock = ReceiverLock(settings.db).acquire()
         try:
             self.write_store = SpanStore(settings.db, sync=settings.sync)
             self.read_store = SpanStore(settings.db, sync=settings.sync)
+            self.feedback = FeedbackStore(settings.db, settings.feedback_ttl_s, settings.feedback_max_pending)
         except BaseException:
             self.lock.release()
             raise
         self.writer = IngestWriter(self.write_store, settings.max_pending_bytes, settings.retry_after_s)
-        self.export = ExportService(self.writer, settings.token)
-        self.assembler = Assembler(self.read_store, settings, options)
+        self.export = ExportService(self.writer, settings.token, EventFeedback(self.feedback, options.rewards))
+        self.assembler = Assembler(self.read_store, settings, options, self.feedback)
         self.grpc: GrpcExportServer | None = None
         self.http: HttpExportServer | None = None
         self._started = False
@@ -168,13 +179,14 @@ class ReceiverServer:
             self.grpc = GrpcExportServer(self.export, s.host, s.grpc_port, s.workers, s.max_message_bytes,
                                          credentials, s.max_concurrent_rpcs)
             self.http = HttpExportServer(self.export, self.read_store, s.host, s.http_port, s.max_message_bytes,
-                                         ssl_context, s.read_timeout_s)
+                                         ssl_context, s.read_timeout_s, self.feedback, self.options.rewards)
         except Exception:
             if self.grpc is not None:
                 self.grpc.stop(0)
             self.writer.stop()
             self.write_store.close()
             self.read_store.close()
+            self.feedback.close()
             self.lock.release()
             raise
         self.grpc.start()
@@ -199,6 +211,7 @@ class ReceiverServer:
         self.assembler.stop()
         self.write_store.close()
         self.read_store.close()
+        self.feedback.close()
         self.lock.release()
         self._started = False
 

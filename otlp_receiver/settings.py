@@ -21,6 +21,8 @@ CREDIT_MODES = ("identical", "discounted")
 OUT_OF_RANGE_MODES = ("reject", "clip")
 REWARD_MIN_DEFAULT = -100.0
 REWARD_MAX_DEFAULT = 100.0
+FEEDBACK_TTL_S_DEFAULT = 7 * 24 * 3600.0  # 7 days
+FEEDBACK_MAX_PENDING_DEFAULT = 100_000
 
 
 @dataclass
@@ -51,6 +53,12 @@ class ReceiverSettings:
         " counted in the rollout's counters either way")
     evaluation_rewards: bool = setting(
         False, "count gen_ai.evaluation.result events as rewards (off: only spanrl.reward events count)")
+    feedback_ttl_s: float = setting(
+        FEEDBACK_TTL_S_DEFAULT, "late feedback whose rollout, trace, span or response id is not (yet) assembled waits"
+        " this long for it, then is dropped and counted (expired), seconds")
+    feedback_max_pending: int = setting(
+        FEEDBACK_MAX_PENDING_DEFAULT,
+        "at most this many feedback wait for their target; past it the oldest are dropped (evicted)")
     retokenize_with: str | None = setting(None, "tokenizer directory allowed to rebuild missing token ids (flagged)")
     tls_cert: str | None = setting(
         None, "PEM certificate (chain) file: serve both ports over TLS (with --tls-key); none = plaintext")
@@ -90,7 +98,8 @@ class ReceiverSettings:
                                f" got {self.reward_min!r} and {self.reward_max!r}")
         if (self.tls_cert is None) != (self.tls_key is None):
             raise SettingError("TLS needs both tls_cert and tls_key (PEM files); give both or neither")
-        for name in ("max_message_mb", "max_pending_mb", "workers", "poll_s", "max_concurrent_rpcs", "read_timeout_s"):
+        for name in ("max_message_mb", "max_pending_mb", "workers", "poll_s", "max_concurrent_rpcs", "read_timeout_s",
+                     "feedback_ttl_s", "feedback_max_pending"):
             if getattr(self, name) <= 0:
                 raise SettingError(f"{name} must be positive, got {getattr(self, name)!r}")
         return self

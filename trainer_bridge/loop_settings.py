@@ -142,6 +142,22 @@ class LoopSettings:
                   "serve HTTPS only (with tls_key); none = plain HTTP"},
     )
     tls_key: str | None = field(default=None, metadata={"help": "PEM private key file of tls_cert"})
+    from_traffic: bool = field(
+        default=False,
+        metadata={"help": "train on served traffic instead of tasks: no task list, no runner; each step takes "
+                  "tasks_per_step rollouts whose feedback arrived (docs/algorithms.md, 'Training from traffic')"},
+    )
+    traffic_window: int = field(default=1024, metadata={"help": "from_traffic: rollouts kept waiting for feedback"})
+    traffic_max_age_s: float = field(
+        default=3600.0, metadata={"help": "from_traffic: a rollout without feedback this long leaves the window"})
+    traffic_prefix_tokens: int = field(
+        default=0, metadata={"help": "from_traffic: group rollouts by their first call's first N prompt tokens "
+                             "(0: the whole first prompt); a rollout alone uses its agent's running mean"})
+    traffic_baseline_decay: float = field(
+        default=0.9, metadata={"help": "from_traffic: decay of each agent's running mean of rewards"})
+    traffic_wait_s: float = field(
+        default=600.0, metadata={"help": "from_traffic: a step waits at most this long for tasks_per_step judged "
+                                 "rollouts, then trains on those it has"})
     max_empty_steps: int = field(
         default=3,
         metadata={"help": "stop with an error after this many steps in a row trained on nothing (0 = never)"},
@@ -216,8 +232,10 @@ class LoopSettings:
     )
 
     def __post_init__(self) -> None:
-        if not self.tasks:
-            raise SettingError("'tasks' is required: a JSONL file of tasks")
+        if not self.tasks and not self.from_traffic:
+            raise SettingError("'tasks' is required: a JSONL file of tasks (or from_traffic: train on served traffic)")
+        if self.from_traffic:
+            self._check_traffic()
         if not self.model and self.backend != "endpoint":
             raise SettingError("'model' is required: a Hugging Face model directory")
         if self.backend not in BACKENDS:
@@ -307,6 +325,15 @@ class LoopSettings:
         if not self.endpoint_url:
             raise SettingError("backend endpoint needs endpoint_url: the OpenAI base URL (.../v1) of the endpoint "
                                "the agents call (e.g. `spanrl proxy --upstream ...`)")
+
+    def _check_traffic(self) -> None:
+        if self.algorithm != "grpo" or self.async_training or self.val_tasks or self.backend == "endpoint":
+            raise SettingError("from_traffic trains GRPO on served traffic: algorithm grpo, backend torch or verl, "
+                               "without async_training or val_tasks (score a held-out set through the endpoint)")
+        if self.traffic_window < 1 or self.traffic_max_age_s <= 0 or self.traffic_prefix_tokens < 0 \
+                or not 0 <= self.traffic_baseline_decay < 1 or self.traffic_wait_s <= 0:
+            raise SettingError("from_traffic needs traffic_window >= 1, traffic_max_age_s > 0, traffic_prefix_tokens"
+                               " >= 0, 0 <= traffic_baseline_decay < 1 and traffic_wait_s > 0")
 
     def _check_async(self) -> None:
         if self.max_staleness < 0:

@@ -113,6 +113,10 @@ def warm_start_before_training(settings: TrainSettings, progress: bool = True) -
 
 
 def new_loop(settings: TrainSettings) -> TrainingLoop:
+    if settings.from_traffic:  # served traffic and its late feedback, no tasks (traffic_loop.py)
+        from .traffic_loop import TrafficLoop
+
+        return TrafficLoop(settings)  # type: ignore[return-value]  # the steps' interface: run_step, dispatcher
     if settings.async_training:
         from .async_training import AsyncTrainingLoop
 

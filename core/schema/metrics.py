@@ -27,6 +27,11 @@ ROLLOUTS_USED = "rollout/used"
 ROLLOUTS_LEFT_OUT = "rollout/left_out"  # {reason: count}
 RECEIVER_COUNTERS = "rollout/receiver_counters"  # {AssembledRollout.counters name: count}, summed over the step
 GROUPS_OF_ONE_DROPPED = "rollout/groups_of_one_dropped"
+# from_traffic (trainer_bridge/traffic_loop.py): rollouts of the step scored within their prompt group, and
+# against their agent's running mean of rewards; rollouts in the window still waiting for feedback
+TRAFFIC_GROUPED = "rollout/traffic_grouped"
+TRAFFIC_BY_AGENT_BASELINE = "rollout/traffic_by_agent_baseline"
+TRAFFIC_WAITING = "rollout/traffic_waiting"
 ROLLOUTS_PER_S = "rollout/per_s"
 BELOW_SFT_MIN_REWARD = "rollout/below_sft_min_reward"
 ROLLOUTS_OFF_POLICY = "rollout/off_policy"

@@ -126,6 +126,32 @@ def openai_message(data: bytes) -> str | None:
         return text if text and not text.startswith("{") else None
 
 
+def receiver_message(data: bytes) -> str | None:
+    """The receiver's error message: its JSON ``message`` (spanrl's routes, google.rpc.Status in
+    JSON), else a google.rpc.Status in protobuf."""
+    try:
+        return json.loads(data).get("message")
+    except Exception:  # noqa: BLE001
+        from google.rpc import status_pb2
+
+        try:
+            return status_pb2.Status.FromString(data).message or None
+        except Exception:  # noqa: BLE001
+            return None
+
+
+def fuzz_feedback(port: int, token: str, cases: int) -> FuzzReport:
+    """The receiver's ``POST /spanrl/v1/feedback`` (late feedback) under ``cases`` requests."""
+    seeds = [{"rollout_id": "r-1", "value": 1.0, "idempotency_key": "k"},
+             {"response_id": "resp-1", "value": -0.5, "name": "thumbs", "comment": "ok", "idempotency_key": "k2"},
+             {"trace_id": "ab" * 16, "value": 0, "idempotency_key": "k3"},
+             {"span_id": "cd" * 8, "value": 100, "idempotency_key": "k4"}]
+    strategy = http_cases(["/spanrl/v1/feedback"], seeds, [f"Bearer {token}"])
+    allowed = {200, 202, 400, 401, 404, 405, 409, 413, 415}
+    return fuzz_http_api("receiver feedback", port, cases, strategy, lambda case, status: status in allowed,
+                         receiver_message)
+
+
 def fuzz_bridge(api, token: str, cases: int) -> FuzzReport:
     """The bridge API (``BridgeAPI`` with an open round) under ``cases`` requests."""
     from spanrl import bridge_protocol as protocol

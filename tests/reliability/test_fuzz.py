@@ -1,5 +1,5 @@
 """Bad input, fuzzed (hypothesis), each into its real server over real sockets: OTLP protobuf and
-JSON payloads into a receiver (in process, over HTTP and over gRPC), the bridge API, the policy
+JSON payloads into a receiver (in process, over HTTP and over gRPC), its late-feedback route, the bridge API, the policy
 server's routes with the agents' token, its weights route, the verl gateway in front of a policy
 server, and slow clients of the bridge, the receiver and the policy server. Zero crashes: every
 bad case gets its documented status and a message, nothing answers 5xx, a stalled client is
@@ -68,6 +68,11 @@ def bridge_api():
 
 def test_bridge_api_answers_every_bad_request(fuzz_http, bridge_api):
     assert_clean(fuzz_http.fuzz_bridge(bridge_api, "fuzz-token", CASES), CASES)
+
+
+def test_feedback_route_answers_every_bad_request(fuzz_http, start_receiver):
+    receiver = start_receiver(token="fuzz-token")
+    assert_clean(fuzz_http.fuzz_feedback(receiver.http_port, "fuzz-token", CASES), CASES)
 
 
 def test_slow_clients_are_dropped_by_the_bridge_and_the_receiver(fuzz_http, bridge_api, start_receiver):
