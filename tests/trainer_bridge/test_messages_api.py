@@ -16,7 +16,8 @@ from spanrl.instrumentation import semconv
 from spanrl.trainer_bridge.torch_backend.server import chat_format
 
 WEATHER = {"name": "get_weather", "description": "The weather in a city.",
-           "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
+           "input_schema": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 8}},
+                            "required": ["city"], "additionalProperties": False}}
 
 
 # the anthropic client (2.x) has no temperature argument: it goes in the body, as older clients send it
