@@ -4,9 +4,10 @@ Called by ``spanrl serve`` (``serve_cli.py``), by ``api_process.py`` (the torch-
 in a child process, over a ``RemoteEngine``) and, inside the trainer's process, through
 ``serve_in_thread(engine, host, port)``. ``create_app`` only assembles the parts: the routes
 live one module per API family (``chat_completions``, ``completions``, ``responses``, ``messages``
-(Anthropic's Messages API), ``models``, ``policy``), their bodies in ``protocol`` and ``responses_protocol``, chat formatting in
-``chat_format``, the error mapping in ``errors``. Every response carries the serving policy
-version in the body (``policy_version``) and the ``x-spanrl-policy-version`` header (names from
+(Anthropic's Messages API), ``models``, ``policy``), their bodies in ``protocol``,
+``responses_protocol`` and ``messages_protocol``, chat formatting in ``chat_format``, the error
+mapping in ``errors``. Every response carries the serving policy version in the body
+(``policy_version``) and the ``x-spanrl-policy-version`` header (names from
 ``spanrl.instrumentation.semconv``). Prompt resources (``trainer_bridge/endpoint_prompts.py``)
 replace agents' instructions before a route sees the request, and add ``/spanrl/v1/prompts``.
 """

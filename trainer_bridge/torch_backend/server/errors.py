@@ -153,5 +153,5 @@ def install_error_handlers(app: FastAPI) -> None:
 
 
 __all__ = ["APIError", "AuthenticationError", "ConflictError", "InternalServerError", "InvalidRequestError",
-           "NotFoundError", "PermissionDeniedError", "RequestTooLarge", "UnprocessableRequestError", "anthropic_error_body",
-           "as_api_error", "error_body", "error_response", "install_error_handlers"]
+           "NotFoundError", "PermissionDeniedError", "RequestTooLarge", "UnprocessableRequestError",
+           "anthropic_error_body", "as_api_error", "error_body", "error_response", "install_error_handlers"]

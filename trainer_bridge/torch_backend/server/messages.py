@@ -156,7 +156,7 @@ class MessageEvents:
         message = Message(id=self.message_id, model=self.body.model, content=[],
                           usage=MessageUsage(input_tokens=len(self.job.prompt_ids), output_tokens=0),
                           prompt_token_ids=self.job.prompt_ids if self.body.return_token_ids else None,
-                          policy_version=self.version)
+                          token_ids=None, policy_version=self.version)
         return sse_event("message_start", {"type": "message_start", "message": message.model_dump(by_alias=True)})
 
     def _open(self, block: dict[str, Any]) -> list[str]:
@@ -178,7 +178,8 @@ class MessageEvents:
 
     def pieces(self, text: str, finished: bool) -> list[str]:
         """The events the reply's next text makes."""
-        content, calls = text, ()
+        content = text
+        calls: tuple[CallDelta, ...] = ()
         if self.calls is not None:
             piece = self.calls.feed(text)
             content, calls = piece.content, piece.calls
@@ -208,8 +209,8 @@ class MessageEvents:
         stop = None
         if finish_reason == "stop" and not called:
             stop = matched_stop(self.engine.tokenizer, self.token_ids, self.text, tuple(self.body.stop_sequences or ()))
-        delta: dict[str, Any] = {"type": "message_delta",
-                                 "delta": {"stop_reason": stop_reason(finish_reason, called, stop), "stop_sequence": stop},
+        reason = stop_reason(finish_reason, called, stop)
+        delta: dict[str, Any] = {"type": "message_delta", "delta": {"stop_reason": reason, "stop_sequence": stop},
                                  "usage": {"output_tokens": len(self.token_ids)}}
         if self.body.return_token_ids:
             delta["token_ids"] = list(self.token_ids)

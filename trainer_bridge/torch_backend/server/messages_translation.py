@@ -47,7 +47,7 @@ def block_text(content: str | list[ContentBlock] | list[dict[str, Any]] | None) 
 
 def unread_block_types(body: MessagesRequest) -> list[str]:
     """The content block types of the request this server does not read (images, thinking...)."""
-    found = set()
+    found: set[str] = set()
     for message in body.messages:
         if isinstance(message.content, list):
             found.update(f"messages[].content[].{b.type}" for b in message.content if b.type not in READ_BLOCKS)
