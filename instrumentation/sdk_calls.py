@@ -81,6 +81,15 @@ class SdkTokenIdInstrumentor(BaseInstrumentor):
         """openinference's instrumentor of the SDK (a singleton, as every ``BaseInstrumentor``)."""
         raise NotImplementedError
 
+    def instrument(self, **kwargs: Any) -> Any:
+        """As ``BaseInstrumentor.instrument``, but this SDK's requirement is always checked:
+        ``opentelemetry-instrument`` skips it (``skip_dep_check``) once the distribution's check
+        passed, and that one (``instruments-any``) passes when any of spanrl's SDKs is installed.
+        A missing SDK is then the loader's ``DependencyConflictError`` (logged at debug level)."""
+        if kwargs.pop("skip_dep_check", False):
+            kwargs["raise_exception_on_conflict"] = True
+        return super().instrument(**kwargs)
+
     def _instrument(self, **kwargs: Any) -> None:
         settings = InstrumentationSettings.from_env()
         self._instrumented_openinference = False
@@ -112,9 +121,11 @@ class SdkTokenIdInstrumentor(BaseInstrumentor):
             self._originals[(class_name, method_name)] = original
 
     def _uninstrument(self, **kwargs: Any) -> None:
-        base_client = import_module(self.calls.base_client_module)
-        for (class_name, method_name), original in getattr(self, "_originals", {}).items():
-            setattr(getattr(base_client, class_name), method_name, original)
+        originals = getattr(self, "_originals", {})
+        if originals:
+            base_client = import_module(self.calls.base_client_module)
+            for (class_name, method_name), original in originals.items():
+                setattr(getattr(base_client, class_name), method_name, original)
         self._originals = {}
         if getattr(self, "_instrumented_openinference", False):
             self.openinference().uninstrument()
