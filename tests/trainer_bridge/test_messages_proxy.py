@@ -1,7 +1,8 @@
 """Anthropic's Messages API through ``spanrl proxy`` in front of ``spanrl serve``: the real
 ``anthropic`` client -> the proxy -> the embedded policy server (a tiny model), the proxy's spans
 exported over OTLP/gRPC to a real ``spanrl receive``. Each call (a message, a stream, a forced tool
-call) is one transition with the engine's ids, though the agent never asked for them; a prompt
+call) is one transition with the engine's ids, though the agent never asked for them, its span
+carrying the call's text; a prompt
 candidate replaces the ``system`` prompt; upstream faults are Anthropic-shaped 502s; upstream 4xx
 pass unchanged; the proxy takes its token as ``x-api-key``.
 """
@@ -19,7 +20,7 @@ from spanrl.trainer_bridge.endpoint_spans import SPANS_ENDPOINT_ENV
 from spanrl.trainer_bridge.relay.proxy import ProxySettings, start_proxy
 from spanrl.trainer_bridge.torch_backend.server import chat_format
 
-from .proxy_support import assembled, complete, running_receiver, span_bodies, unused_port_url
+from .proxy_support import assembled, complete, running_receiver, silent_upstream, span_bodies, unused_port_url
 
 QUESTION = [{"role": "user", "content": "What is 2 + 2?"}]
 WEATHER = {"name": "get_weather", "description": "The weather in a city.",
@@ -107,7 +108,14 @@ def test_messages_through_the_proxy_are_one_transition_each_with_the_engines_ids
     calls = [r for r in records_from_bodies(span_bodies(receiver, "proxy-messages"))
              if r.attributes.get(semconv.LLM_SOURCE) == semconv.LLM_SOURCE_ENDPOINT]
     assert [r.attributes["http.route"] for r in calls] == ["/v1/messages"] * 3
-    assert {r.attributes[semconv.GENAI_RESPONSE_ID] for r in calls} == {message.id, final.id, forced.id}
+    by_id = {r.attributes[semconv.GENAI_RESPONSE_ID]: r.attributes for r in calls}
+    assert set(by_id) == {message.id, final.id, forced.id}
+    # each span carries the call's text too (what a hosted upstream's calls are learnt from)
+    assert by_id[message.id]["llm.input_messages.0.message.role"] == "system"
+    assert by_id[message.id]["llm.input_messages.1.message.content"] == "What is 2 + 2?"
+    assert by_id[final.id]["llm.output_messages.0.message.content"] == "".join(
+        b.text for b in final.content if b.type == "text")
+    assert by_id[forced.id]["llm.output_messages.0.message.tool_calls.0.tool_call.function.name"] == "get_weather"
 
 
 def test_a_prompt_candidate_replaces_the_system_prompt(proxy_for, upstream, engine, tmp_path):
@@ -128,6 +136,13 @@ def test_upstream_faults_and_refusals_keep_anthropics_shape(proxy_for, upstream,
         agent(proxy_for(down)).messages.create(model="claude-x", max_tokens=4, messages=QUESTION)
     assert caught.value.status_code == 502 and down in caught.value.message
     assert caught.value.body["type"] == "error" and caught.value.body["error"]["type"] == "api_error"
+    with silent_upstream() as silent:
+        slow = agent(proxy_for(silent, request_timeout_s=0.5))
+        for stream in (False, True):
+            with pytest.raises(anthropic.APIStatusError) as caught:
+                slow.messages.create(model="claude-x", max_tokens=4, messages=QUESTION, stream=stream)
+            assert caught.value.status_code == 504 and silent in caught.value.message
+            assert caught.value.body["error"]["type"] == "api_error"
 
     proxy = proxy_for(upstream.base_url)
     body = {"model": engine.model_name, "messages": QUESTION}  # no max_tokens: the server's 400 passes
