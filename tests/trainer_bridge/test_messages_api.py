@@ -1,7 +1,8 @@
 """Anthropic's Messages API on the embedded policy server, through the real ``anthropic`` client.
 
 The server runs its HTTP front end in a child process (as ``spanrl serve`` does) and in a thread
-(the ``server`` fixture's two forms); the client speaks to it over HTTP. A reply, a stream, a
+(the ``server`` fixture's two forms), and as the ``spanrl serve`` command itself; the client
+speaks to it over HTTP. A reply, a stream, a
 system prompt, a forced tool call answered with its result, token ids and the policy version, the
 x-api-key token, and Anthropic-shaped 400s naming the field.
 """
@@ -140,3 +141,32 @@ def test_the_agents_token_is_taken_as_x_api_key(engine):
             client_of(handle, "secret-token").messages.create(**{**question, "model": "no-such-model"})
     finally:
         handle.stop()
+
+
+def test_spanrl_serve_answers_the_anthropic_client(tiny_model_dir):
+    """The CLI as users run it, with a token: the client sends it as ``x-api-key``."""
+    import os
+    import subprocess
+    import sys
+
+    from spanrl.child_processes import free_port, wait_for_port
+
+    from .conftest import TEST_DEVICE
+
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    process = subprocess.Popen([sys.executable, "-m", "spanrl", "serve", str(tiny_model_dir), "--port", str(port),
+                                "--token", "agents-token", "--served-model-name", "*", "--device", TEST_DEVICE],
+                               env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for_port(port, process, "spanrl serve", timeout_s=120)
+        client = anthropic.Anthropic(base_url=f"http://127.0.0.1:{port}", api_key="agents-token", max_retries=0)
+        message = client.messages.create(model="claude-sonnet", max_tokens=4, system="Be brief.",
+                                         messages=[{"role": "user", "content": "What is 2 + 3?"}])
+        assert message.model == "claude-sonnet" and message.usage.output_tokens <= 4
+        with client.messages.stream(model="claude-sonnet", max_tokens=4,
+                                    messages=[{"role": "user", "content": "What is 2 + 3?"}]) as stream:
+            assert stream.get_final_message().usage.output_tokens <= 4
+    finally:
+        process.terminate()
+        process.communicate(timeout=30)
