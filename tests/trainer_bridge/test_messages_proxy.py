@@ -4,7 +4,8 @@ exported over OTLP/gRPC to a real ``spanrl receive``. Each call (a message, a st
 call) is one transition with the engine's ids, though the agent never asked for them, its span
 carrying the call's text; a prompt
 candidate replaces the ``system`` prompt; upstream faults are Anthropic-shaped 502s; upstream 4xx
-pass unchanged; the proxy takes its token as ``x-api-key``.
+pass unchanged; the proxy takes its token as ``x-api-key``. The verl gateway (the same relay)
+serves them under its model name.
 """
 
 from __future__ import annotations
@@ -156,3 +157,25 @@ def test_upstream_faults_and_refusals_keep_anthropics_shape(proxy_for, upstream,
     with pytest.raises(anthropic.AuthenticationError) as refused:
         agent(guarded, api_key="wrong").messages.create(model=engine.model_name, max_tokens=2, messages=QUESTION)
     assert refused.value.body["error"]["type"] == "authentication_error"
+
+
+def test_the_verl_gateway_relays_messages_under_its_served_name(upstream, engine):
+    """The gateway (the same relay): the agent's name becomes the upstream's and comes back, the
+    upstream is asked for the engine's ids, every event carries the gateway's policy version."""
+    from spanrl.trainer_bridge.verl_backend.gateway import GatewayConfig, start_gateway
+
+    gateway = start_gateway(GatewayConfig(served_model_name="policy"), [upstream.url])
+    try:
+        client = anthropic.Anthropic(base_url=gateway.url.removesuffix("/v1"), api_key="unused", max_retries=0)
+        message = client.messages.create(model="policy", max_tokens=4, messages=QUESTION)
+        extras = message.model_extra or {}
+        assert message.model == "policy" and extras[semconv.RESPONSE_POLICY_VERSION] == 0
+        assert extras[semconv.RESPONSE_PROMPT_TOKEN_IDS] == chat_format.encode_chat(engine.tokenizer, QUESTION)
+        with client.messages.stream(model="policy", max_tokens=4, messages=QUESTION) as stream:
+            events = list(stream)
+        assert next(e for e in events if e.type == "message_start").message.model == "policy"
+        relayed = [e.model_extra or {} for e in events if e.type in ("message_start", "message_delta")]
+        assert [extra.get(semconv.RESPONSE_POLICY_VERSION) for extra in relayed] == [0, 0]
+        assert relayed[1][semconv.RESPONSE_CHOICE_TOKEN_IDS]  # asked for by the gateway
+    finally:
+        gateway.stop()
