@@ -101,6 +101,16 @@ def test_a_forced_tool_call_and_its_result_round_trip(server, engine):
         engine.tokenizer, rendered)
 
 
+def test_a_last_assistant_message_is_a_prefill_the_reply_continues(server, engine):
+    history = [{"role": "user", "content": "What is 2 + 3?"}]
+    message = client_of(server).messages.create(
+        model=engine.model_name, max_tokens=3, messages=[*history, {"role": "assistant", "content": "ANSWER"}],
+        extra_body={semconv.REQUEST_RETURN_TOKEN_IDS: True, **GREEDY})
+    prompt = chat_format.render_chat(engine.tokenizer, history) + "ANSWER"
+    assert (message.model_extra or {})[semconv.RESPONSE_PROMPT_TOKEN_IDS] == chat_format.encode_text(
+        engine.tokenizer, prompt)
+
+
 def _json(value) -> str:
     import json
 
