@@ -17,7 +17,7 @@ import socket
 import ssl
 from pathlib import Path
 
-__all__ = ["TlsSetupError", "bearer_token_matches", "check_tls_pair", "is_loopback", "read_pem",
+__all__ = ["TlsSetupError", "agent_token_matches", "bearer_token_matches", "check_tls_pair", "is_loopback", "read_pem",
            "server_ssl_context", "warn_if_exposed"]
 
 BEARER = b"Bearer "
@@ -42,6 +42,14 @@ def bearer_token_matches(header: str | bytes | None, token: str) -> bool:
     if header is None:
         return False
     return hmac.compare_digest(_raw_bytes(header).strip(), BEARER + token.encode("utf-8"))
+
+
+def agent_token_matches(authorization: str | bytes | None, api_key: str | bytes | None, token: str) -> bool:
+    """Whether a request carries ``token``: as ``Authorization: Bearer <token>`` (OpenAI's
+    clients) or as ``x-api-key: <token>`` (Anthropic's), each compared in constant time."""
+    if bearer_token_matches(authorization, token):
+        return True
+    return api_key is not None and hmac.compare_digest(_raw_bytes(api_key).strip(), token.encode("utf-8"))
 
 
 def is_loopback(host: str) -> bool:

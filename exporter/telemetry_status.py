@@ -126,6 +126,12 @@ def instrumentor_problem() -> str | None:
         conflict = get_dist_dependency_conflicts(distribution("spanrl"))
     except PackageNotFoundError:
         return "the spanrl distribution is not installed (its entry points are not registered)"
+    if conflict is None:  # the distribution's check (instruments-any) passes with either SDK: the OpenAI one's
+        from opentelemetry.instrumentation.dependencies import get_dependency_conflicts
+
+        from spanrl.instrumentation.package import _instruments
+
+        conflict = get_dependency_conflicts(list(_instruments))
     if conflict is None:
         return None
     return conflict._format_message("spanrl_openai")  # OTel's own wording of the conflict

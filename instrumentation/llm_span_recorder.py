@@ -12,6 +12,9 @@ each server-sent-event chunk for a streaming one. Response shapes are vLLM's (do
   ``response.incomplete`` / ``response.failed`` event carrying one): the prompt's ids in
   ``input_messages[].tokens``, the reply's in ``output_messages[].tokens`` (concatenated), logprobs
   in ``output[].content[].logprobs[].logprob`` of the ``output_text`` parts;
+- Anthropic's messages (``"type": "message"``, spanrl's server with ``return_token_ids``): the
+  prompt's ids in ``prompt_token_ids``, the reply's in ``token_ids`` (written as choice 0);
+  streamed, on ``message_start``'s message and on ``message_delta``;
 - all: top-level ``policy_version`` (or the ``x-spanrl-policy-version`` header) and ``id``.
 
 Streams concatenate ``token_ids`` (and logprobs) per choice index; a choice's attributes are
@@ -35,6 +38,11 @@ logger = logging.getLogger(__name__)
 _INT_TYPE_ONLY = frozenset((int,))
 # Stream events of the Responses API whose ``response`` is the finished response object.
 _FINAL_RESPONSE_EVENTS = frozenset({"response.completed", "response.incomplete", "response.failed"})
+# Anthropic's Messages API: a message, and the stream events that carry its ids (the others,
+# content blocks and pings, repeat nothing the recorder needs)
+_MESSAGE_TYPES = frozenset({"message", "message_start", "message_delta"})
+_OTHER_MESSAGE_EVENTS = frozenset({"content_block_start", "content_block_delta", "content_block_stop",
+                                   "message_stop", "ping", "error"})
 
 
 class MalformedTokenData(ValueError):
@@ -186,6 +194,11 @@ class LLMSpanRecorder:
         if data.get("object") == "response":
             self._observe_response(data)
             return
+        if event_type in _MESSAGE_TYPES:
+            self._observe_message(data)
+            return
+        if event_type in _OTHER_MESSAGE_EVENTS:
+            return
         self._observe_common(data)
         problems: list[MalformedTokenData] = []
         prompt_ids = data.get(semconv.RESPONSE_PROMPT_TOKEN_IDS)
@@ -235,6 +248,19 @@ class LLMSpanRecorder:
         logprobs = response_logprobs(response)
         if logprobs is not None and len(logprobs) == len(output_ids):
             self._set(semconv.llm_response_logprobs(0), logprobs)
+
+    def _observe_message(self, data: dict[str, Any]) -> None:
+        """An Anthropic message, or its stream's ``message_start`` / ``message_delta`` event."""
+        message = data.get("message") if data.get("type") == "message_start" else data
+        if not isinstance(message, dict):
+            return
+        self._observe_common(message)
+        prompt_ids = message.get(semconv.RESPONSE_PROMPT_TOKEN_IDS)
+        if prompt_ids is not None:
+            self._set_prompt_ids(prompt_ids, semconv.RESPONSE_PROMPT_TOKEN_IDS)
+        ids = data.get(semconv.RESPONSE_CHOICE_TOKEN_IDS)
+        if ids is not None:
+            self._set(semconv.llm_response_token_ids(0), parse_token_ids(ids, semconv.RESPONSE_CHOICE_TOKEN_IDS))
 
     def _observe_choice(self, position: int, choice: dict[str, Any]) -> None:
         index = choice.get("index", position)

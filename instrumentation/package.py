@@ -1,9 +1,11 @@
 """The libraries spanrl's auto-instrumentors patch, read by ``opentelemetry-instrument``.
 
-``opentelemetry-instrument`` reads the ``instruments`` extra of the spanrl distribution
-(pyproject.toml) and ``BaseInstrumentor.instrument()`` reads ``_instruments``; both must list the
-same requirements (a test checks it). When a library listed here is missing (or too old), the
-instrumentor is skipped with a log line instead of failing the agent's start-up.
+``opentelemetry-instrument`` reads the ``instruments-any`` extra of the spanrl distribution
+(pyproject.toml: spanrl's instrumentors load when any of the SDKs is installed) and each
+``BaseInstrumentor.instrument()`` reads its own requirement (``_instruments`` for OpenAI's SDK,
+``_instruments_anthropic`` for Anthropic's); the extra lists exactly those (a test checks it).
+When an instrumentor's library is missing (or too old), that instrumentor is skipped with a log
+line instead of failing the agent's start-up.
 
 openai >= 1.60: the oldest SDK whose ``SyncAPIClient._process_response``,
 ``AsyncAPIClient._process_response``, ``BaseClient._build_request`` and
@@ -13,3 +15,7 @@ has its own range; ``openai_instrumentor`` warns when that one declines the inst
 """
 
 _instruments = ("openai >= 1.60",)
+# anthropic >= 1.8 (what openinference's Anthropic instrumentor takes): its ``_base_client`` has the same
+# four methods (checked against 2.10).
+_instruments_anthropic = ("anthropic >= 1.8",)
+_instruments_any = _instruments + _instruments_anthropic

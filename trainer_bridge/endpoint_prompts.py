@@ -5,7 +5,8 @@ the routes that show and change the candidates, and a client for those routes.
 (``spanrl serve``'s ``torch_backend/server/app.py``, the relay's ``relay/app.py`` for the verl
 gateway and ``spanrl proxy``). It adds:
 
-- ``PromptMiddleware`` (ASGI): on ``POST /v1/chat/completions`` and ``/v1/responses``, reads the
+- ``PromptMiddleware`` (ASGI): on ``POST /v1/chat/completions``, ``/v1/responses`` and
+  ``/v1/messages`` (Anthropic's ``system``), reads the
   body, asks ``PromptResources.choose`` for the call's agent (W3C baggage), model and rollout
   (baggage or ``x-spanrl-rollout-id``), and hands the route the body with the candidate's
   instructions (``prompt_resources.substitute_instructions``). The call's span, when one is
@@ -37,6 +38,7 @@ from spanrl.instrumentation import semconv
 from spanrl.trainer_bridge.endpoint_spans import call_origin, serving_call
 from spanrl.trainer_bridge.prompt_resources import (
     CHAT_PATH,
+    MESSAGES_PATH,
     RESPONSES_PATH,
     PromptResourceError,
     PromptResources,
@@ -46,7 +48,7 @@ from spanrl.trainer_bridge.prompt_resources import (
 logger = logging.getLogger(__name__)
 
 PROMPTS_PATH = "/spanrl/v1/prompts"
-SUBSTITUTING_PATHS = frozenset({CHAT_PATH, RESPONSES_PATH})
+SUBSTITUTING_PATHS = frozenset({CHAT_PATH, RESPONSES_PATH, MESSAGES_PATH})
 
 
 class PromptMiddleware:

@@ -60,8 +60,8 @@ DEFAULT_SCHEDULE_DELAY_MS = 500
 EXPORT_TIMEOUT_S = 5.0
 MAX_QUEUED_CALLS = 10_000  # beyond this, calls are dropped (said once) rather than held in memory
 SERVICE = "spanrl-policy-endpoint"
-# the OpenAI-compatible routes that generate: one span per request to them
-GENERATING_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/responses"})
+# the routes that generate (OpenAI-compatible, and Anthropic's Messages): one span per request to them
+GENERATING_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages"})
 
 _PROPAGATOR = CompositePropagator([TraceContextTextMapPropagator(), W3CBaggagePropagator()])
 

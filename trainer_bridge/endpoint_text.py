@@ -1,14 +1,16 @@
 """The text of a call an endpoint served, for its LLM span: the request's messages and tools and
-the reply's text and tool calls, read from the OpenAI bodies as they passed.
+the reply's text and tool calls, read from the OpenAI (or Anthropic) bodies as they passed.
 
 Called by ``endpoint_spans.EndpointSpans.record`` (on its worker thread, off the serving path) for
 a call whose ``ServedCall.request`` was kept (``spanrl proxy`` keeps every one: a hosted model
 returns no token ids, and the text is then all there is to learn from). Chat completions and the
 Responses API become ``otlp_receiver.call_text.ChatText`` (Responses ``instructions`` as the first,
 system, message; ``function_call`` items as an assistant's ``tool_calls``; ``function_call_output``
-as ``tool`` messages); a text completion is ``input.value`` / ``output.value``. Streams are read
-chunk by chunk (content and tool-call fragments concatenated). Lenient: what it does not know is
-left out, nothing raises.
+as ``tool`` messages), and so do Anthropic's Messages (``system`` first; ``tool_use`` blocks as
+``tool_calls``, ``tool_result`` blocks as ``tool`` messages; a stream's content blocks put
+together); a text completion is ``input.value`` / ``output.value``. Streams are read chunk by
+chunk (content and tool-call fragments concatenated). Lenient: what it does not know is left
+out, nothing raises.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from spanrl.instrumentation import semconv
 from spanrl.otlp_receiver.call_text import ChatText, to_attributes
 
 CHAT_PATH, COMPLETIONS_PATH, RESPONSES_PATH = "/v1/chat/completions", "/v1/completions", "/v1/responses"
+MESSAGES_PATH = "/v1/messages"
 _TEXT_PARTS = ("text", "input_text", "output_text")
 _FINAL_RESPONSE_EVENTS = ("response.completed", "response.incomplete", "response.failed")
 
@@ -46,6 +49,9 @@ def call_text_attributes(route: str, request: dict[str, Any], replies: list[dict
     elif route == RESPONSES_PATH:
         chat = ChatText(_responses_messages(request), _responses_tools(request.get("tools")),
                         _responses_reply(replies))
+    elif route == MESSAGES_PATH:
+        chat = ChatText(_anthropic_messages(request), _anthropic_tools(request.get("tools")),
+                        _anthropic_reply(replies))
     else:
         return attributes
     return {**attributes, **to_attributes(chat)}
@@ -181,6 +187,73 @@ def _responses_reply(replies: list[dict[str, Any]]) -> dict[str, Any] | None:
         if message.get("tool_calls"):
             merged.setdefault("tool_calls", []).extend(message["tool_calls"])
     return merged
+
+
+def _anthropic_messages(request: dict[str, Any]) -> list[dict[str, Any]]:
+    """A Messages request as chat messages: ``system`` first, each turn's blocks as chat writes them."""
+    system = text_of(request.get("system"))
+    messages: list[dict[str, Any]] = [{"role": "system", "content": system}] if system else []
+    for message in request.get("messages") or ():
+        if not isinstance(message, dict):
+            continue
+        blocks = message.get("content")
+        blocks = blocks if isinstance(blocks, list) else [{"type": "text", "text": blocks}]
+        if message.get("role") == "assistant":
+            messages.append(_anthropic_assistant(blocks))
+            continue
+        for block in blocks:
+            if isinstance(block, dict) and block.get("type") == "tool_result":
+                messages.append({"role": "tool", "tool_call_id": block.get("tool_use_id"),
+                                 "content": text_of(block.get("content")) or ""})
+        text = text_of([b for b in blocks if isinstance(b, dict) and b.get("type") == "text"])
+        if text:
+            messages.append({"role": "user", "content": text})
+    return messages
+
+
+def _anthropic_assistant(blocks: list[Any]) -> dict[str, Any]:
+    """An assistant's content blocks as one chat message (``tool_use`` blocks as ``tool_calls``)."""
+    text = text_of([b for b in blocks if isinstance(b, dict) and b.get("type") == "text"])
+    message: dict[str, Any] = {"role": "assistant", "content": text or None}
+    calls = [{"id": b.get("id"), "type": "function",
+              "function": {"name": b.get("name") or "", "arguments": b["input"] if isinstance(b.get("input"), str)
+                           else json.dumps(b.get("input") or {})}}
+             for b in blocks if isinstance(b, dict) and b.get("type") == "tool_use"]
+    if calls:
+        message["tool_calls"] = calls
+    return message
+
+
+def _anthropic_tools(tools: Any) -> list[dict[str, Any]]:
+    """Anthropic's custom tools (``name``, ``description``, ``input_schema``) in chat form."""
+    return [{"type": "function", "function": {"name": tool["name"], "description": tool.get("description", ""),
+                                              "parameters": tool.get("input_schema") or {}}}
+            for tool in (tools if isinstance(tools, list) else ())
+            if isinstance(tool, dict) and isinstance(tool.get("name"), str)]
+
+
+def _anthropic_reply(replies: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The reply of a Messages call: a whole message's blocks, or a stream's blocks put together."""
+    blocks: dict[int, dict[str, Any]] = {}
+    for reply in replies:
+        kind = reply.get("type")
+        if kind == "message":
+            return _anthropic_assistant(list(reply.get("content") or ()))
+        index = reply.get("index")
+        if kind == "content_block_start" and isinstance(index, int) and isinstance(reply.get("content_block"), dict):
+            block = dict(reply["content_block"])
+            if block.get("type") == "tool_use":
+                block["input"] = ""  # the arguments' JSON text arrives in pieces
+            blocks[index] = block
+        elif kind == "content_block_delta" and index in blocks and isinstance(reply.get("delta"), dict):
+            delta, block = reply["delta"], blocks[index]
+            if delta.get("type") == "text_delta":
+                block["text"] = (block.get("text") or "") + str(delta.get("text") or "")
+            elif delta.get("type") == "input_json_delta":
+                block["input"] += str(delta.get("partial_json") or "")
+    if not blocks:
+        return None
+    return _anthropic_assistant([blocks[i] for i in sorted(blocks)])
 
 
 __all__ = ["call_text_attributes", "text_of"]

@@ -14,7 +14,8 @@ each generation request before the route sees it. Torch-free.
 - What is replaced (``substitute_instructions``): on ``/v1/chat/completions`` the first ``system``
   or ``developer`` message's content (a system message is put first when there is none); on
   ``/v1/responses`` the ``instructions`` (or, without them, the first system/developer input
-  message). Text completions have no instructions and pass unchanged.
+  message); on Anthropic's ``/v1/messages`` the top-level ``system`` (a string or text blocks,
+  set when there is none). Text completions have no instructions and pass unchanged.
 
 The file format (``--prompts FILE``, YAML or JSON; what ``spanrl prompts export`` writes)::
 
@@ -38,7 +39,7 @@ from typing import Any
 from spanrl.errors import SettingError, UserError
 
 DEFAULT_CANDIDATE = "default"
-CHAT_PATH, RESPONSES_PATH = "/v1/chat/completions", "/v1/responses"
+CHAT_PATH, RESPONSES_PATH, MESSAGES_PATH = "/v1/chat/completions", "/v1/responses", "/v1/messages"
 INSTRUCTION_ROLES = ("system", "developer")
 MAX_ASSIGNED_ROLLOUTS = 100_000  # per resource; the least recently assigned is forgotten first
 
@@ -215,6 +216,8 @@ def substitute_instructions(body: dict[str, Any], path: str, text: str) -> dict[
                     return new
         new["instructions"] = text
         return new
+    if path == MESSAGES_PATH:
+        return {**body, "system": text}
     return None
 
 

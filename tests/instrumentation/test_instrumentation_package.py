@@ -77,25 +77,33 @@ def _instruments_extra_of_pyproject() -> list[Requirement]:
     import tomllib
 
     pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
-    return [Requirement(spec) for spec in pyproject["project"]["optional-dependencies"]["instruments"]]
+    extras = pyproject["project"]["optional-dependencies"]
+    assert "instruments" not in extras  # each of its requirements would be needed by every instrumentor
+    return [Requirement(spec) for spec in extras["instruments-any"]]
 
 
-def test_the_instruments_extra_is_exactly_what_the_instrumentor_instruments():
-    """opentelemetry-instrument reads the extra, instrument() reads _instruments: one meaning."""
-    from spanrl.instrumentation.package import _instruments
+def test_the_instruments_extra_is_exactly_what_the_instrumentors_instrument():
+    """opentelemetry-instrument reads the extra (any one of its SDKs loads spanrl's instrumentors),
+    each instrumentor's instrument() reads its own requirement: one meaning."""
+    from spanrl.instrumentation.anthropic_instrumentor import SpanrlAnthropicInstrumentor
+    from spanrl.instrumentation.openai_instrumentor import SpanrlOpenAIInstrumentor
+    from spanrl.instrumentation.package import _instruments_any
 
     declared = sorted(str(r) for r in _instruments_extra_of_pyproject())
-    assert declared == sorted(str(Requirement(spec)) for spec in _instruments)
+    assert declared == sorted(str(Requirement(spec)) for spec in _instruments_any)
+    each = [*SpanrlOpenAIInstrumentor().instrumentation_dependencies(),
+            *SpanrlAnthropicInstrumentor().instrumentation_dependencies()]
+    assert sorted(str(Requirement(spec)) for spec in each) == declared
     # and the installed distribution's metadata says the same (an editable install may lag)
     installed = [Requirement(r) for r in distribution("spanrl").requires or ()
-                 if Requirement(r).marker is not None and Requirement(r).marker.evaluate({"extra": "instruments"})]
+                 if Requirement(r).marker is not None and Requirement(r).marker.evaluate({"extra": "instruments-any"})]
     assert sorted(f"{r.name}{r.specifier}" for r in installed) == declared
 
 
 def test_with_the_installed_openai_neither_dependency_check_skips_the_instrumentor():
     from spanrl.instrumentation.openai_instrumentor import SpanrlOpenAIInstrumentor
 
-    # the check opentelemetry-instrument's loader runs on the distribution's "instruments" extra
+    # the check opentelemetry-instrument's loader runs on the distribution's "instruments-any" extra
     assert get_dist_dependency_conflicts(distribution("spanrl")) is None
     # the check BaseInstrumentor.instrument() runs on instrumentation_dependencies()
     assert SpanrlOpenAIInstrumentor()._check_dependency_conflicts() is None

@@ -3,10 +3,10 @@ from this checkout) and ``openai`` with their dependencies, no extras, no LangCh
 OpenAI-SDK agent under ``opentelemetry-instrument`` exports LLM spans carrying the ids the
 endpoint (vLLM's recorded answers) sent.
 
-This is what OpenTelemetry's loader decides from the ``instruments`` extra: were it to name a
-library missing here, ``opentelemetry-instrument`` would skip spanrl's instrumentor (saying so at
-DEBUG only) and the spans would carry no ids. To stay fast and download nothing, the
-environment (``python -m venv --without-pip``) gets the wheel by ``pip install --no-deps
+This is what OpenTelemetry's loader decides from the ``instruments-any`` extra (Anthropic's SDK is
+not installed here): were it to need a library missing here, ``opentelemetry-instrument`` would
+skip spanrl's instrumentor (saying so at DEBUG only) and the spans would carry no ids. To stay
+fast and download nothing, the environment (``python -m venv --without-pip``) gets the wheel by ``pip install --no-deps
 --no-index``, and a copy of the installed files (their ``RECORD``) of the exact versions this
 test environment has of every package the wheel's own metadata requires, directly or not (the
 set ``pip install spanrl openai`` resolves to here).
@@ -113,7 +113,7 @@ def plain_venv(tmp_path_factory):
 
 def test_a_plain_install_records_the_engines_ids(plain_venv, trace_collector, vllm_recording, harness):
     python = str(plain_venv / "python")
-    # a plain install: no LangChain, and OpenTelemetry's own check passes on the instruments extra
+    # a plain install: no LangChain, and OpenTelemetry's own check passes on the instruments-any extra
     check = ("import importlib.util, json\n"
              "from importlib.metadata import distribution\n"
              "from opentelemetry.instrumentation.dependencies import get_dist_dependency_conflicts\n"

@@ -1,10 +1,11 @@
 """A relay's HTTP app (Starlette): the routes every relay serves and the one place a failure
-becomes an OpenAI-style error response.
+becomes an error response (OpenAI's shape; Anthropic's on ``/v1/messages``).
 
 ``create_relay_app(state, extra_routes)`` is called by the verl gateway (``gateway_app.py``, which
 adds its stats route) and by ``spanrl proxy`` (``proxy.py``); it runs with uvicorn on a loop of its
 own (``server_thread.py``). Routes: ``POST /v1/chat/completions``, ``/v1/completions``,
-``/v1/responses`` (relayed to an upstream, streamed or not); ``GET /v1/models`` (a relay with a
+``/v1/responses`` and Anthropic's ``/v1/messages`` (relayed to an upstream that speaks it, streamed or
+not; its errors in Anthropic's shape); ``GET /v1/models`` (a relay with a
 served name answers the upstream's card under each of its names, else the upstream's list
 passes); ``GET /health``; ``GET`` and
 ``POST /spanrl/v1/prompts`` (``endpoint_prompts.py``). Middleware: the prompt resources (the
@@ -184,7 +185,8 @@ async def handle_error(request: Request, exc: Exception) -> Response:
     if error.retry_after_s is not None:
         headers["retry-after"] = str(max(1, math.ceil(error.retry_after_s)))
         headers["retry-after-ms"] = str(round(error.retry_after_s * 1000))  # honoured by the openai client
-    return Response(encode_json(error.body()), error.status, headers=headers, media_type="application/json")
+    return Response(encode_json(error.body(request.url.path)), error.status, headers=headers,
+                    media_type="application/json")
 
 
 def route_names(routes: Sequence[BaseRoute]) -> list[str]:

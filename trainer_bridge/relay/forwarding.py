@@ -22,7 +22,13 @@ from starlette.types import Receive, Scope, Send
 
 from spanrl.instrumentation import semconv
 from spanrl.trainer_bridge.relay import spans
-from spanrl.trainer_bridge.relay.rewrite import encode_json, rewrite_reply, rewrite_sse_event, sse_error_event
+from spanrl.trainer_bridge.relay.rewrite import (
+    MESSAGES_PATH,
+    encode_json,
+    rewrite_reply,
+    rewrite_sse_event,
+    sse_error_event,
+)
 from spanrl.trainer_bridge.relay.state import Lease, RelayError, RelayState
 from spanrl.trainer_bridge.relay.upstreams import NoUpstreamError, Upstream, display_url
 
@@ -200,7 +206,8 @@ async def relay_events(state: RelayState, upstream: Upstream, reply: httpx.Respo
     except (httpx.TimeoutException, httpx.TransportError) as exc:
         error = _transport_failure(state, upstream, exc)
         spans.observe_failure(f"mid-stream: {error.message}")
-        yield sse_error_event(error.body())
+        anthropic = reply.request.url.path.rstrip("/").endswith("/messages")
+        yield sse_error_event(error.body(MESSAGES_PATH if anthropic else ""))
 
 
 async def watch_upstreams(state: RelayState, interval_s: float) -> None:

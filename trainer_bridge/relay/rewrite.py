@@ -1,10 +1,12 @@
-"""What a relay changes in the bodies passing through it, and its OpenAI-style error bodies.
+"""What a relay changes in the bodies passing through it, and its error bodies (OpenAI's; Anthropic's
+on ``/v1/messages``).
 
 Used by ``app.py`` and ``forwarding.py``, as ``RelayConfig`` says. On the way in
 (``rewrite_request``): the agent's model name becomes the upstream's (the gateway) or a fixed one
 (a proxy's ``upstream_model``); the temperature is pinned when the relay is told to (the trainer
 recomputes log-probs at that temperature); and either ``return_token_ids`` and logprobs are asked
-for (``enable_response_messages`` on ``/v1/responses``; logprobs not for a grammar-constrained
+for (``enable_response_messages`` on ``/v1/responses``, ``return_token_ids`` on Anthropic's
+``/v1/messages``, which spanrl's server answers with the ids; logprobs not for a grammar-constrained
 request: ``constrains_output``), so every span carries the engine's token ids whatever the agent
 asked, or, for an upstream that does not speak vLLM's dialect (a hosted API), those vLLM-only
 fields are removed. On the way out (``rewrite_reply``, ``rewrite_sse_event``): the model name goes
@@ -32,7 +34,8 @@ logger = logging.getLogger(__name__)
 CHAT_PATH = "/v1/chat/completions"
 COMPLETIONS_PATH = "/v1/completions"
 RESPONSES_PATH = "/v1/responses"
-GENERATION_PATHS = (CHAT_PATH, COMPLETIONS_PATH, RESPONSES_PATH)
+MESSAGES_PATH = "/v1/messages"  # Anthropic's Messages API, relayed to upstreams that speak it (spanrl's)
+GENERATION_PATHS = (CHAT_PATH, COMPLETIONS_PATH, RESPONSES_PATH, MESSAGES_PATH)
 # request fields only vLLM (and spanrl's server) know; removed for other upstreams
 VLLM_ONLY_FIELDS = (semconv.REQUEST_RETURN_TOKEN_IDS, semconv.REQUEST_ENABLE_RESPONSE_MESSAGES)
 
@@ -96,6 +99,8 @@ def rewrite_request(body: dict[str, Any], path: str, config: RelayConfig, upstre
             payload["logprobs"] = 0  # the sampled token's logprob, no alternatives
     elif path == RESPONSES_PATH:
         payload[semconv.REQUEST_ENABLE_RESPONSE_MESSAGES] = True
+    elif path == MESSAGES_PATH:
+        payload[semconv.REQUEST_RETURN_TOKEN_IDS] = True  # spanrl's server: on the message / its stream's events
     return payload
 
 
@@ -142,7 +147,8 @@ def rewrite_sse_event(lines: list[str], served_model: str | None, version: int |
         except json.JSONDecodeError:
             data = None
         if isinstance(data, dict):
-            response = data.get("response")  # a Responses stream event carries its response object
+            # a Responses stream event carries its response object, Anthropic's message_start its message
+            response = data.get("response") if "response" in data else data.get("message")
             answered = _answered_name.get() or served_model
             if answered is not None and isinstance(response, dict) and "model" in response:
                 response["model"] = answered
@@ -156,11 +162,21 @@ def error_body(message: str, error_type: str = "invalid_request_error", code: st
     return {"error": {"message": message, "type": error_type, "param": param, "code": code}}
 
 
+def anthropic_error_body(status: int, message: str) -> dict[str, Any]:
+    """Anthropic's error body, ``{"type": "error", "error": {type, message}}`` (the ``/v1/messages`` route's)."""
+    kinds = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+             404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error", 503: "overloaded_error"}
+    return {"type": "error", "error": {"type": kinds.get(status, "api_error"), "message": message}}
+
+
 def sse_error_event(body: dict[str, Any]) -> bytes:
-    """An error sent in place of the rest of a stream (the ``openai`` client raises it)."""
-    return f"data: {json.dumps(body, separators=(',', ':'))}\n\n".encode()
+    """An error sent in place of the rest of a stream (the ``openai`` client raises it; Anthropic's
+    body goes as an ``error`` event, which the ``anthropic`` client raises)."""
+    event = "event: error\n" if body.get("type") == "error" else ""
+    return f"{event}data: {json.dumps(body, separators=(',', ':'))}\n\n".encode()
 
 
-__all__ = ["CHAT_PATH", "COMPLETIONS_PATH", "GENERATION_PATHS", "RESPONSES_PATH", "VLLM_ONLY_FIELDS", "answer_as",
+__all__ = ["CHAT_PATH", "COMPLETIONS_PATH", "GENERATION_PATHS", "MESSAGES_PATH", "RESPONSES_PATH", "VLLM_ONLY_FIELDS",
+           "anthropic_error_body", "answer_as",
            "constrains_output", "encode_json", "error_body", "rewrite_reply", "rewrite_request", "rewrite_sse_event",
            "sse_error_event"]

@@ -14,14 +14,16 @@ from typing import Any
 import httpx
 from starlette.requests import Request
 
-from spanrl.server_security import bearer_token_matches
+from spanrl.server_security import agent_token_matches
 from spanrl.trainer_bridge.relay.config import RelayConfig
-from spanrl.trainer_bridge.relay.rewrite import error_body
+from spanrl.trainer_bridge.relay.rewrite import MESSAGES_PATH, anthropic_error_body, error_body
 from spanrl.trainer_bridge.relay.upstreams import Upstream, UpstreamPool
 
 PROBE_TIMEOUT_S = 5.0  # a health or model probe of an upstream (or request_timeout_s when shorter)
-# request headers an agent sends that go upstream as they are (OpenAI's account headers)
-PASSED_REQUEST_HEADERS = ("openai-organization", "openai-project")
+# request headers an agent sends that go upstream as they are (OpenAI's account headers, Anthropic's
+# API version and beta features)
+PASSED_REQUEST_HEADERS = ("openai-organization", "openai-project", "anthropic-version", "anthropic-beta")
+API_KEY_HEADER = "x-api-key"  # how Anthropic's clients send their key
 
 
 class RelayError(Exception):
@@ -36,8 +38,10 @@ class RelayError(Exception):
         self.retry_after_s = retry_after_s
         self.upstream_failure = upstream_failure
 
-    def body(self) -> dict[str, Any]:
-        """Its OpenAI-style body: ``{"error": {message, type, param, code}}``."""
+    def body(self, path: str = "") -> dict[str, Any]:
+        """Its body: OpenAI's ``{"error": {message, type, param, code}}``, or Anthropic's on ``/v1/messages``."""
+        if path == MESSAGES_PATH:
+            return anthropic_error_body(self.status, self.message)
         return error_body(self.message, self.error_type, self.code)
 
 
@@ -85,7 +89,8 @@ class RelayState:
 
     def authorize(self, request: Request) -> None:
         token = self.config.api_token
-        if token and not bearer_token_matches(request.headers.get("authorization"), token):
+        if token and not agent_token_matches(request.headers.get("authorization"), request.headers.get(API_KEY_HEADER),
+                                             token):
             raise RelayError(401, "missing or wrong bearer token", "invalid_api_key", "authentication_error")
 
     def upstream_headers(self, request: Request | None) -> dict[str, str]:
@@ -93,10 +98,13 @@ class RelayState:
         headers = dict(self.config.upstream_headers)
         if self.config.upstream_api_key:
             headers["authorization"] = f"Bearer {self.config.upstream_api_key}"
+            if request is not None and request.url.path == MESSAGES_PATH:
+                headers[API_KEY_HEADER] = self.config.upstream_api_key  # as Anthropic's API takes it
         elif request is not None and self.config.pass_agent_key and not self.config.api_token:
-            agent_key = request.headers.get("authorization")
-            if agent_key:
-                headers["authorization"] = agent_key
+            for name in ("authorization", API_KEY_HEADER):
+                agent_key = request.headers.get(name)
+                if agent_key:
+                    headers[name] = agent_key
         if request is not None:
             for name in PASSED_REQUEST_HEADERS:
                 value = request.headers.get(name)
@@ -105,4 +113,4 @@ class RelayState:
         return headers
 
 
-__all__ = ["Lease", "PASSED_REQUEST_HEADERS", "PROBE_TIMEOUT_S", "RelayError", "RelayState"]
+__all__ = ["API_KEY_HEADER", "Lease", "PASSED_REQUEST_HEADERS", "PROBE_TIMEOUT_S", "RelayError", "RelayState"]

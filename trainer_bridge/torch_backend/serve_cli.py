@@ -26,8 +26,8 @@ class ServeSettings:
         "help": "Hugging Face model directory (e.g. from `spanrl model init`)", "positional": True})
     host: str = setting("127.0.0.1", "bind address (another address: give a token and TLS too)")
     port: int = setting(8000, "port")
-    token: str | None = setting(None, "require 'Authorization: Bearer TOKEN' (the agents' OPENAI_API_KEY)",
-                                secret=True)
+    token: str | None = setting(None, "require 'Authorization: Bearer TOKEN' or 'x-api-key: TOKEN' (the agents' "
+                                      "OPENAI_API_KEY or ANTHROPIC_API_KEY)", secret=True)
     admin_token: str | None = setting(
         None, "the trainer's bearer token for POST /spanrl/v1/weights (never give it to agents; must differ from "
         "token); none = the route is off", secret=True)

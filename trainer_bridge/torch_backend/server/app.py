@@ -3,10 +3,11 @@
 Called by ``spanrl serve`` (``serve_cli.py``), by ``api_process.py`` (the torch-free front end
 in a child process, over a ``RemoteEngine``) and, inside the trainer's process, through
 ``serve_in_thread(engine, host, port)``. ``create_app`` only assembles the parts: the routes
-live one module per API family (``chat_completions``, ``completions``, ``responses``, ``models``,
-``policy``), their bodies in ``protocol`` and ``responses_protocol``, chat formatting in
-``chat_format``, the error mapping in ``errors``. Every response carries the serving policy
-version in the body (``policy_version``) and the ``x-spanrl-policy-version`` header (names from
+live one module per API family (``chat_completions``, ``completions``, ``responses``, ``messages``
+(Anthropic's Messages API), ``models``, ``policy``), their bodies in ``protocol``,
+``responses_protocol`` and ``messages_protocol``, chat formatting in ``chat_format``, the error
+mapping in ``errors``. Every response carries the serving policy version in the body
+(``policy_version``) and the ``x-spanrl-policy-version`` header (names from
 ``spanrl.instrumentation.semconv``). Prompt resources (``trainer_bridge/endpoint_prompts.py``)
 replace agents' instructions before a route sees the request, and add ``/spanrl/v1/prompts``.
 """
@@ -23,12 +24,19 @@ from typing import TYPE_CHECKING, Any
 from fastapi import Depends, FastAPI, Request
 
 from spanrl.instrumentation import semconv
-from spanrl.server_security import bearer_token_matches, check_tls_pair, warn_if_exposed
+from spanrl.server_security import agent_token_matches, check_tls_pair, warn_if_exposed
 from spanrl.trainer_bridge.endpoint_prompts import install_prompt_resources
 from spanrl.trainer_bridge.endpoint_spans import EndpointSpans
 from spanrl.trainer_bridge.model_names import ServedModelNames
 from spanrl.trainer_bridge.prompt_resources import PromptResources
-from spanrl.trainer_bridge.torch_backend.server import chat_completions, completions, models, policy, responses
+from spanrl.trainer_bridge.torch_backend.server import (
+    chat_completions,
+    completions,
+    messages,
+    models,
+    policy,
+    responses,
+)
 from spanrl.trainer_bridge.torch_backend.server.call_spans import CallSpanMiddleware
 from spanrl.trainer_bridge.torch_backend.server.errors import (
     AuthenticationError,
@@ -47,7 +55,8 @@ logger = logging.getLogger(__name__)
 VERSION_HEADER = semconv.POLICY_VERSION_HEADER  # kept for importers of the old name
 
 # one router per API family
-ROUTERS = (chat_completions.router, completions.router, responses.router, models.router, policy.router)
+ROUTERS = (chat_completions.router, completions.router, responses.router, messages.router, models.router,
+           policy.router)
 # Largest request body: far above any real prompt, far below what would strain memory.
 MAX_BODY_BYTES = 32 * 1024 * 1024
 # Connections and requests uvicorn serves at once; past it, new requests get a 503 at once
@@ -62,7 +71,8 @@ def create_app(engine: ServedEngine, api_token: str | None = None,
                spans: EndpointSpans | None | str = SPANS_FROM_ENVIRONMENT,
                validation_temperature: float | None = None, weights_admin: WeightsAdmin | None = None,
                model_names: Sequence[str] = (), prompts: PromptResources | str | None = None) -> FastAPI:
-    """A FastAPI app serving ``engine``; requires ``Authorization: Bearer <api_token>`` if set.
+    """A FastAPI app serving ``engine``; requires ``Authorization: Bearer <api_token>`` (or
+    ``x-api-key: <api_token>``, as Anthropic's clients send it) if set.
 
     ``spans``: where its LLM span per generation request goes (``trainer_bridge/endpoint_spans.py``):
     by default as the environment says (off when it names no OTLP endpoint), None for none.
@@ -110,7 +120,7 @@ class _BodyLimit:
             return
         declared = dict(scope["headers"]).get(b"content-length", b"")
         if declared.isdigit() and int(declared) > self.max_bytes:
-            await error_response(self._too_large(int(declared)))(scope, receive, send)
+            await error_response(self._too_large(int(declared)), scope.get("path", ""))(scope, receive, send)
             return
         received = 0
 
@@ -133,7 +143,8 @@ class _BodyLimit:
 def _bearer_token_check(api_token: str) -> Any:
     async def check_token(request: Request) -> None:
         if request.url.path not in NO_AGENT_TOKEN_PATHS:
-            if not bearer_token_matches(request.headers.get("authorization"), api_token):
+            if not agent_token_matches(request.headers.get("authorization"), request.headers.get("x-api-key"),
+                                       api_token):
                 raise AuthenticationError("missing or wrong bearer token", code="invalid_api_key")
 
     return check_token

@@ -7,7 +7,9 @@ Python's recursion limit raises ``RecursionError`` (a 400). ``as_api_error`` tur
 ``APIError``, ``error_response`` into ``{"error": {message, type, param, code}}`` with its status
 (and ``Retry-After`` when the server is overloaded), and ``install_error_handlers`` (called by
 ``app.create_app``) routes every exception of the app there. The streaming routes use
-``error_body`` for an error mid-stream. A failure of the server itself is logged with its
+``error_body`` for an error mid-stream. Anthropic's Messages route (``/v1/messages``) answers in
+Anthropic's shape, ``{"type": "error", "error": {"type", "message"}}`` (``messages_protocol``),
+with the same status. A failure of the server itself is logged with its
 traceback and answered with a fixed message: no exception text reaches a response body.
 """
 
@@ -22,6 +24,7 @@ from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from spanrl.trainer_bridge.torch_backend.engine.requests import EngineError, EngineOverloadedError
+from spanrl.trainer_bridge.torch_backend.server.messages_protocol import MESSAGES_PATH, AnthropicError, anthropic_error
 from spanrl.trainer_bridge.torch_backend.server.protocol import ErrorInfo, ErrorResponse
 
 logger = logging.getLogger(__name__)
@@ -120,12 +123,18 @@ def error_body(exc: BaseException) -> ErrorResponse:
     return _body_of(as_api_error(exc))
 
 
-def error_response(exc: BaseException) -> Response:
-    """The one place an exception becomes an HTTP response."""
+def anthropic_error_body(exc: BaseException) -> AnthropicError:
+    """The Anthropic-shaped body of an exception (also sent as an ``error`` event mid-stream)."""
+    error = as_api_error(exc)
+    return anthropic_error(error.status, error.message)
+
+
+def error_response(exc: BaseException, path: str = "") -> Response:
+    """The one place an exception becomes an HTTP response (``path``: the route it answers)."""
     error = as_api_error(exc)
     headers = {} if error.retry_after_s is None else {"Retry-After": str(max(1, math.ceil(error.retry_after_s)))}
-    return Response(_body_of(error).to_json(), status_code=error.status, media_type="application/json",
-                    headers=headers)
+    body = anthropic_error(error.status, error.message) if path == MESSAGES_PATH else _body_of(error)
+    return Response(body.to_json(), status_code=error.status, media_type="application/json", headers=headers)
 
 
 def _body_of(error: APIError) -> ErrorResponse:
@@ -136,13 +145,13 @@ def _body_of(error: APIError) -> ErrorResponse:
 def install_error_handlers(app: FastAPI) -> None:
     """Every failure of ``app`` becomes an error body; none crashes the server."""
 
-    async def handle(_request: Request, exc: Exception) -> Response:
-        return error_response(exc)
+    async def handle(request: Request, exc: Exception) -> Response:
+        return error_response(exc, request.url.path)
 
     for kind in (Exception, StarletteHTTPException, APIError, EngineError, ValidationError):
         app.add_exception_handler(kind, handle)
 
 
 __all__ = ["APIError", "AuthenticationError", "ConflictError", "InternalServerError", "InvalidRequestError",
-           "NotFoundError", "PermissionDeniedError", "RequestTooLarge", "UnprocessableRequestError", "as_api_error",
-           "error_body", "error_response", "install_error_handlers"]
+           "NotFoundError", "PermissionDeniedError", "RequestTooLarge", "UnprocessableRequestError",
+           "anthropic_error_body", "as_api_error", "error_body", "error_response", "install_error_handlers"]
