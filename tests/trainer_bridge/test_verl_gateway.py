@@ -18,6 +18,7 @@ import pytest
 from starlette.datastructures import Headers
 
 from spanrl.trainer_bridge.relay import rewrite as relay_rewrite
+from spanrl.trainer_bridge.relay.config import RelayConfig
 from spanrl.trainer_bridge.relay.upstreams import rollout_key
 from spanrl.trainer_bridge.verl_backend.gateway import GatewayConfig, start_gateway
 
@@ -432,9 +433,12 @@ def test_a_verl_runs_policy_token_is_enforced_by_its_gateway(upstreams, tiny_mod
         gateway.stop()
 
 
-def test_the_gateways_settings_print_without_their_secrets():
+def test_the_relays_settings_print_without_their_secrets():
     # settings end up in logs and tracebacks: the agents' token and the replicas' key stay out
     config = GatewayConfig(served_model_name="policy", api_token="agents-secret-1",
                            upstream_api_key="replicas-secret-2")
     assert "secret" not in repr(config) and "secret" not in str(config), repr(config)
     assert config.api_token == "agents-secret-1"
+    relay = RelayConfig(name="proxy", api_token="agents-secret-1", upstream_api_key="upstream-secret-2",
+                        upstream_headers=(("x-api-key", "upstream-secret-3"),))
+    assert "secret" not in repr(relay), repr(relay)

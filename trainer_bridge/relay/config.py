@@ -7,7 +7,7 @@ The verl gateway (``verl_backend/gateway.GatewayConfig.relay_config``) and ``spa
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from spanrl.errors import SettingError
 from spanrl.trainer_bridge.model_names import ServedModelNames
@@ -35,11 +35,12 @@ class RelayConfig:
     # a failing upstream leaves rotation until its /health answers (several replicas); False: each
     # request tries it again (one upstream, e.g. a hosted API without /health)
     rotate_out_on_failure: bool = True
-    api_token: str | None = None  # agents must send ``Authorization: Bearer <api_token>``
-    upstream_api_key: str | None = None  # sent upstream as ``Authorization: Bearer <key>``
+    # secrets (the token, the key, headers that may carry one) stay out of the printed settings
+    api_token: str | None = field(default=None, repr=False)  # agents must send ``Authorization: Bearer <api_token>``
+    upstream_api_key: str | None = field(default=None, repr=False)  # sent upstream as ``Authorization: Bearer <key>``
     # without an upstream key (and no api_token): the agent's own Authorization goes upstream
     pass_agent_key: bool = False
-    upstream_headers: tuple[tuple[str, str], ...] = ()  # sent upstream with every request
+    upstream_headers: tuple[tuple[str, str], ...] = field(default=(), repr=False)  # sent upstream with every request
     stamp_policy_version: bool = True  # replies carry the relay's policy version
     spans_endpoint: str | None = None  # where its LLM spans go (None: the environment's; "off": none)
     record_text: bool = False  # its spans carry the request's messages and the reply's text
