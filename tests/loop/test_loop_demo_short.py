@@ -62,7 +62,7 @@ def test_short_demo_trains_on_transitions_from_received_spans(tmp_path, demo_war
 
     # The weights changed: the final checkpoint differs from the warm start.
     checkpoints = sorted((out / "run" / "checkpoints").iterdir())
-    warm = load_file(str(out / "model-warm" / "model.safetensors"))
+    warm = load_file(os.path.join(demo_warm_model, "model.safetensors"))
     final = load_file(str(checkpoints[-1] / "model.safetensors"))
     changed = [name for name in warm if not (warm[name] == final[name]).all()]
     assert changed, "GRPO steps left every weight unchanged"
