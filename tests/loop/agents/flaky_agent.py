@@ -1,8 +1,8 @@
 """Test agents that misbehave on purpose: they crash or hang on the tasks that say so.
 
-``hang_once`` tasks hang on their first attempt only (the command-line agent; a marker file per
-task in ``$FLAKY_MARKER_DIR``). ``solve`` is the in-process callable (a normal task just echoes). Run as a script it is the
-command-line agent (task on stdin): a normal task runs the calculator agent against the
+``hang_once`` tasks hang on their first attempt only (the command-line agent; a marker
+file per task in ``$FLAKY_MARKER_DIR``). ``solve`` is the in-process callable (a normal task
+just echoes). Run as a script it is the command-line agent (task on stdin): a normal task runs the calculator agent against the
 policy. Neither imports spanrl.
 """
 
