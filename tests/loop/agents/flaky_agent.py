@@ -2,8 +2,8 @@
 
 ``hang_once`` tasks hang on their first attempt only (the command-line agent; a marker
 file per task in ``$FLAKY_MARKER_DIR``). ``solve`` is the in-process callable (a normal task
-just echoes). Run as a script it is the command-line agent (task on stdin): a normal task runs the calculator agent against the
-policy. Neither imports spanrl.
+just echoes). Run as a script it is the command-line agent (task on stdin): a normal task
+runs the calculator agent against the policy. Neither imports spanrl.
 """
 
 from __future__ import annotations
