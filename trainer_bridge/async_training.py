@@ -4,8 +4,12 @@ The synchronous loop (``training_loop.TrainingLoop``) opens a round of ``tasks_p
 groups and waits for its slowest rollout before it updates. With ``async_training: true``
 ``AsyncTrainingLoop`` keeps ``tasks_per_step * (1 + max_staleness)`` groups in flight
 (``GroupDispatcher``: one long-lived round that groups are added to and taken from); a step
-takes the first ``tasks_per_step`` groups whose attempts have all ended and updates on them,
-while runners keep working on the others, which then finish under the new policy.
+takes the first ``tasks_per_step`` groups whose attempts have all ended, oldest (first
+dispatched) first, and updates on them, while runners keep working on the others, which then
+finish under the new policy. Admission is paced (``groups_to_open``): a group in flight already
+``max_staleness`` versions behind and still running holds back one new group, so runners finish it before it goes
+stale instead of starting fresh work. Validation rounds (``val_tasks``) run as held-out groups
+among the training ones (``GroupDispatcher.run_round``), never trained on.
 
 Staleness of a rollout: the current policy version minus the oldest version that generated
 one of its calls (``Transition.policy_version``; the version at dispatch when the engine did
@@ -119,6 +123,12 @@ class GroupDispatcher(TaskDispatcher):
         with self._lock:
             return len(self._groups) - len(self._held_out)
 
+    def versions_running(self) -> list[int]:
+        """The dispatch version of each training group with attempts still running or waiting, oldest first."""
+        with self._lock:
+            return [version for key, (_, version) in self._groups.items()
+                    if key not in self._held_out and not self._ended_group(key)]
+
     def knows(self, rollout_id: str) -> bool:
         """True while ``rollout_id`` belongs to a group not taken yet."""
         with self._lock:
@@ -182,6 +192,16 @@ class GroupDispatcher(TaskDispatcher):
             current.relaunches.pop(i, None)
         current.by_claim_id = {c: r for c, r in current.by_claim_id.items() if r not in ids}
         return FinishedGroup(attempts, outcomes, version)
+
+
+def groups_to_open(capacity: int, in_flight: int, versions_running: Sequence[int], current_version: int,
+                   max_staleness: int) -> int:
+    """How many groups a step opens (admission pacing): up to ``capacity`` groups in flight, less
+    one for each still running group already ``max_staleness`` (at least 1) versions behind. Such a
+    group goes stale at the next update unless it ends first; new work would only compete with it
+    for runners."""
+    at_limit = sum(1 for version in versions_running if current_version - version >= max(max_staleness, 1))
+    return max(0, capacity - in_flight - at_limit)
 
 
 def rollout_lag(transitions: Sequence[Transition], dispatched_at_version: int, current_version: int) -> int:
@@ -260,8 +280,9 @@ class AsyncTrainingLoop(TrainingLoop):
         """One update on the first ``tasks_per_step`` groups to finish; its metrics row."""
         settings = self.settings
         started = time.monotonic()
-        in_flight = settings.tasks_per_step * (1 + settings.max_staleness)
-        missing = in_flight - self.dispatcher.groups_in_flight
+        capacity = settings.tasks_per_step * (1 + settings.max_staleness)
+        missing = groups_to_open(capacity, self.dispatcher.groups_in_flight, self.dispatcher.versions_running(),
+                                 backend.policy_version, settings.max_staleness)
         if missing > 0:
             self.dispatcher.add_groups(step, self.next_tasks(missing), settings.group_size, backend.policy_version)
         groups = self.dispatcher.take_finished_groups(settings.tasks_per_step, on_wait=on_wait, on_idle=on_idle,

@@ -142,3 +142,36 @@ def test_a_validation_round_runs_among_async_groups_and_is_never_trained():
     finally:
         dispatcher.close()
         api.stop()
+
+
+def test_admission_is_paced_by_the_groups_about_to_go_stale():
+    from spanrl.trainer_bridge.async_training import groups_to_open
+
+    assert groups_to_open(4, 0, [], 0, 1) == 4
+    assert groups_to_open(4, 2, [3, 3], 3, 1) == 2  # on-policy groups running: fill up to capacity
+    assert groups_to_open(4, 2, [3], 3, 1) == 2  # a finished group waiting to train holds nothing back
+    assert groups_to_open(4, 2, [2, 3], 3, 1) == 1  # the version-2 group is one update from stale
+    assert groups_to_open(4, 2, [1, 2], 3, 1) == 0
+    assert groups_to_open(2, 1, [2], 3, 0) == 0  # max_staleness 0: a running group behind holds one back
+
+
+def test_groups_are_taken_oldest_first_and_report_their_versions():
+    dispatcher = GroupDispatcher(rollout_timeout_s=30.0)
+    api = serve(dispatcher)
+    client = BridgeClient(api.url)
+    try:
+        dispatcher.add_groups(0, [("old", {"q": 1})], group_size=1, policy_version=0)
+        dispatcher.add_groups(1, [("new", {"q": 2})], group_size=1, policy_version=1)
+        assert dispatcher.versions_running() == [0, 1]
+        claimed = [client.claim(), client.claim()]
+        for attempt in reversed(claimed):  # the newer group ends first
+            assert attempt is not None
+            client.finish(attempt.rollout_id, "ok")
+            if attempt is claimed[1]:
+                assert dispatcher.versions_running() == [0]
+        taken = dispatcher.take_finished_groups(2, poll_s=0.05)
+        assert [g.attempts[0].task_id for g in taken] == ["old", "new"]
+        assert [g.dispatched_at_version for g in taken] == [0, 1]
+    finally:
+        dispatcher.close()
+        api.stop()
