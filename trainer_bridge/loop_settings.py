@@ -109,6 +109,10 @@ class LoopSettings:
         metadata={"help": "train only transitions of these agent names (empty = all agents)"},
     )
     rollout_timeout_s: float = field(default=120.0, metadata={"help": "per-rollout time limit"})
+    relaunch_attempts: int = field(
+        default=1, metadata={"help": "relaunch an attempt lost with its runner, timed out or failed by the runner "
+                             "itself up to this many times, keeping its group whole (0 = never; docs/algorithms.md)"},
+    )
     assembly_wait_s: float = field(
         default=30.0, metadata={"help": "wait this long for a finished rollout's spans"}
     )
@@ -336,6 +340,8 @@ class LoopSettings:
                                " >= 0, 0 <= traffic_baseline_decay < 1 and traffic_wait_s > 0")
 
     def _check_async(self) -> None:
+        if self.relaunch_attempts < 0:
+            raise SettingError(f"relaunch_attempts must be 0 or more, got {self.relaunch_attempts}")
         if self.max_staleness < 0:
             raise SettingError(f"max_staleness must be 0 or more, got {self.max_staleness}")
         if self.off_policy_rollouts not in ("correct", "drop"):
@@ -345,7 +351,3 @@ class LoopSettings:
         if self.async_training and self.off_policy_rollouts == "correct" and self.backend != "torch":
             raise SettingError("async_training with off_policy_rollouts 'correct' (importance sampling) runs on the "
                                "torch backend only; with backend verl set off_policy_rollouts: drop")
-        if self.async_training and self.val_tasks and not self.val_only:
-            # validation rounds would replace the async dispatcher's one long-lived round of groups
-            raise SettingError("val_tasks with async_training is not supported yet: validate the checkpoints "
-                               "with `spanrl train CONFIG --val-only --resume`, or train without async_training")

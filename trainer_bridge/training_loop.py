@@ -74,7 +74,8 @@ class TrainingLoop:
                                     settings.agents, judge=settings.judge)
         self.rng = random.Random(settings.seed)
         check_hidden_task_fields(settings.hidden_task_fields, self.tasks, settings.tasks)
-        self.dispatcher = TaskDispatcher(settings.rollout_timeout_s, tuple(settings.hidden_task_fields))
+        self.dispatcher = TaskDispatcher(settings.rollout_timeout_s, tuple(settings.hidden_task_fields),
+                                         settings.relaunch_attempts)
         self._task_order: list[int] = []
 
         from spanrl.otlp_receiver.store import SpanStore
@@ -153,11 +154,14 @@ class TrainingLoop:
         version stays). The reward and returns each scored rollout was trained with are
         recorded in the store for ``spanrl inspect``."""
         started = time.monotonic()
-        attempts = self.dispatcher.open_round(step, self.next_tasks(), self.settings.group_size)
+        self.dispatcher.open_round(step, self.next_tasks(), self.settings.group_size)
         outcomes = self.dispatcher.wait_round(on_wait=on_wait, on_idle=on_idle,
                                               idle_after_s=self.settings.runner_wait_warn_s)
+        attempts = self.dispatcher.round_attempts()  # relaunched attempts in place of the faulted ones
         report = self.collect(attempts, outcomes)
-        return self.train_on(step, backend, attempts, report, time.monotonic() - started, started)
+        row = self.train_on(step, backend, attempts, report, time.monotonic() - started, started)
+        row[keys.ROLLOUTS_RELAUNCHED] = dict(self.dispatcher.relaunched())
+        return row
 
     def train_on(self, step: int, backend: PolicyBackend, attempts: list[Attempt], report: StepReport,
                  rollout_seconds: float, started: float) -> dict:

@@ -83,8 +83,8 @@ def score_round(loop: TrainingLoop, step: int, tasks: Sequence[Task], attempts_p
     scored from its store exactly as training rollouts are (``TrainingLoop.collect``); nothing is trained.
     The one round of held-out scoring: validation rounds and ``spanrl eval`` (``evaluation.py``) both run it."""
     started = time.monotonic()
-    attempts = loop.dispatcher.open_round(step, tasks, attempts_per_task, prefix=prefix)
-    outcomes = loop.dispatcher.wait_round(on_idle=on_idle, idle_after_s=idle_after_s)
+    # relaunched attempts in place of the faulted ones; with async_training, groups among the training ones
+    attempts, outcomes = loop.dispatcher.run_round(step, tasks, attempts_per_task, prefix, on_idle, idle_after_s)
     report = loop.collect(attempts, outcomes)
     return ScoredRound(attempts, {item.attempt.rollout_id: item.score for item in report.scored},
                        dict(report.reasons), time.monotonic() - started)

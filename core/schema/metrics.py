@@ -25,6 +25,7 @@ REWARD_MEAN = "rollout/reward_mean"
 ROLLOUTS = "rollout/count"
 ROLLOUTS_USED = "rollout/used"
 ROLLOUTS_LEFT_OUT = "rollout/left_out"  # {reason: count}
+ROLLOUTS_RELAUNCHED = "rollout/relaunched"  # {infrastructure fault: attempts relaunched}
 RECEIVER_COUNTERS = "rollout/receiver_counters"  # {AssembledRollout.counters name: count}, summed over the step
 GROUPS_OF_ONE_DROPPED = "rollout/groups_of_one_dropped"
 # from_traffic (trainer_bridge/traffic_loop.py): rollouts of the step scored within their prompt group, and

@@ -58,6 +58,7 @@ def test_crashing_and_hanging_agent_processes_are_failed_rollouts(tmp_path):
             store=str(db), reward="spanrl.examples.calc_agent.reward:reward", group_size=2,
             tasks_per_step=3, steps=2, rollout_timeout_s=20.0, assembly_wait_s=20.0,
             policy_port=0, bridge_port=bridge_port, device=TEST_DEVICE, checkpoint_every=0,
+            relaunch_attempts=0,  # what is left out without relaunch (test_a_timed_out_member_is_relaunched)
         )
         summary = run_training(settings, show_progress=False)
         runner_output, _ = runner.communicate(timeout=60)
@@ -74,6 +75,60 @@ def test_crashing_and_hanging_agent_processes_are_failed_rollouts(tmp_path):
         assert row["rollout/left_out"] == {"failed": 2, "timeout": 2}, row
         assert row["rollout/used"] == 2 and row["actor/transitions"] >= 2
     assert "rollouts: failed 4, ok 4, timeout 4" in runner_output, runner_output[-2000:]
+
+
+def test_a_timed_out_member_is_relaunched_and_its_group_trains_whole(tmp_path):
+    """The agent hangs on the first attempt of ``once`` only: that attempt times out, is relaunched
+    in the same group, and the step trains both tasks' whole groups; the agent's crash is not relaunched."""
+    model_dir = create_model_dir(tmp_path / "model", preset="tiny", seed=0)
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text("\n".join(json.dumps(t) for t in [
+        {"id": "fine", "question": "12+30", "answer": 42},
+        {"id": "once", "question": "2+2", "answer": 4, "behaviour": "hang_once"},
+        {"id": "boom", "question": "1+1", "answer": 2, "behaviour": "crash"},
+    ]) + "\n")
+    (tmp_path / "markers").mkdir()
+    db = tmp_path / "spanrl.db"
+    grpc_port, http_port, bridge_port = free_port(), free_port(), free_port()
+    receiver = subprocess.Popen(
+        [sys.executable, "-m", "spanrl", "receive", "--db", str(db), "--grpc-port",
+         str(grpc_port), "--http-port", str(http_port), "--grace-s", "0.3"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    runner = None
+    try:
+        wait_for_port(grpc_port, receiver, "spanrl receive")
+        env = dict(os.environ, CALC_AGENT_DIR=os.path.join(REPO, "examples", "calc_agent"),
+                   FLAKY_MARKER_DIR=str(tmp_path / "markers"))
+        runner = subprocess.Popen(
+            [sys.executable, "-m", "spanrl", "run", "--command",
+             json.dumps([sys.executable, os.path.join(HERE, "agents", "flaky_agent.py")]),
+             "--bridge-url", f"http://127.0.0.1:{bridge_port}",
+             "--otlp-endpoint", f"http://127.0.0.1:{grpc_port}", "--concurrency", "6"],
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )
+        settings = TrainSettings(
+            tasks=str(tasks), model=str(model_dir), output_dir=str(tmp_path / "run"),
+            store=str(db), reward="spanrl.examples.calc_agent.reward:reward", group_size=2,
+            tasks_per_step=3, steps=1, rollout_timeout_s=15.0, assembly_wait_s=20.0,
+            policy_port=0, bridge_port=bridge_port, device=TEST_DEVICE, checkpoint_every=0,
+            relaunch_attempts=1,
+        )
+        summary = run_training(settings, show_progress=False)
+        runner_output, _ = runner.communicate(timeout=60)
+    finally:
+        for process in (runner, receiver):
+            if process is not None and process.poll() is None:
+                process.kill()
+                process.wait()
+
+    assert summary["steps"] == 1, summary
+    (row,) = read_metrics(tmp_path / "run")
+    assert row["rollout/count"] == 6
+    assert row["rollout/relaunched"] == {"timeout": 1}, row
+    assert row["rollout/left_out"] == {"failed": 2}, row  # the crashing agent's own failures
+    assert row["rollout/used"] == 4, row  # fine and once: both groups whole
+    assert "rollouts: failed 2, ok 4, timeout 1" in runner_output, runner_output[-2000:]
 
 
 def test_a_taken_policy_port_is_a_clear_settings_error(tmp_path):
