@@ -27,66 +27,13 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 
 
-def test_crashing_and_hanging_agent_processes_are_failed_rollouts(tmp_path):
+def train_with_the_flaky_agent(tmp_path, tasks: list[dict], steps: int, rollout_timeout_s: float,
+                               relaunch_attempts: int) -> tuple[dict, str]:
+    """A real receiver and a runner of ``agents/flaky_agent.py`` (each task's ``behaviour`` says how
+    it fails) around ``run_training`` on a tiny model; the summary and the runner's output."""
     model_dir = create_model_dir(tmp_path / "model", preset="tiny", seed=0)
-    tasks = tmp_path / "tasks.jsonl"
-    tasks.write_text("\n".join(json.dumps(t) for t in [
-        {"id": "fine", "question": "12+30", "answer": 42},
-        {"id": "boom", "question": "1+1", "answer": 2, "behaviour": "crash"},
-        {"id": "stuck", "question": "2+2", "answer": 4, "behaviour": "hang"},
-    ]) + "\n")
-    db = tmp_path / "spanrl.db"
-    grpc_port, http_port, bridge_port = free_port(), free_port(), free_port()
-    receiver = subprocess.Popen(
-        [sys.executable, "-m", "spanrl", "receive", "--db", str(db), "--grpc-port",
-         str(grpc_port), "--http-port", str(http_port), "--grace-s", "0.3"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )
-    runner = None
-    try:
-        wait_for_port(grpc_port, receiver, "spanrl receive")
-        env = dict(os.environ, CALC_AGENT_DIR=os.path.join(REPO, "examples", "calc_agent"))
-        runner = subprocess.Popen(
-            [sys.executable, "-m", "spanrl", "run", "--command",
-             json.dumps([sys.executable, os.path.join(HERE, "agents", "flaky_agent.py")]),
-             "--bridge-url", f"http://127.0.0.1:{bridge_port}",
-             "--otlp-endpoint", f"http://127.0.0.1:{grpc_port}", "--concurrency", "6"],
-            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        )
-        settings = TrainSettings(
-            tasks=str(tasks), model=str(model_dir), output_dir=str(tmp_path / "run"),
-            store=str(db), reward="spanrl.examples.calc_agent.reward:reward", group_size=2,
-            tasks_per_step=3, steps=2, rollout_timeout_s=20.0, assembly_wait_s=20.0,
-            policy_port=0, bridge_port=bridge_port, device=TEST_DEVICE, checkpoint_every=0,
-            relaunch_attempts=0,  # what is left out without relaunch (test_a_timed_out_member_is_relaunched)
-        )
-        summary = run_training(settings, show_progress=False)
-        runner_output, _ = runner.communicate(timeout=60)
-    finally:
-        for process in (runner, receiver):
-            if process is not None and process.poll() is None:
-                process.kill()
-                process.wait()
-
-    assert summary["steps"] == 2 and summary["policy_version"] == 2, summary
-    rows = read_metrics(tmp_path / "run")
-    for row in rows:
-        assert row["rollout/count"] == 6
-        assert row["rollout/left_out"] == {"failed": 2, "timeout": 2}, row
-        assert row["rollout/used"] == 2 and row["actor/transitions"] >= 2
-    assert "rollouts: failed 4, ok 4, timeout 4" in runner_output, runner_output[-2000:]
-
-
-def test_a_timed_out_member_is_relaunched_and_its_group_trains_whole(tmp_path):
-    """The agent hangs on the first attempt of ``once`` only: that attempt times out, is relaunched
-    in the same group, and the step trains both tasks' whole groups; the agent's crash is not relaunched."""
-    model_dir = create_model_dir(tmp_path / "model", preset="tiny", seed=0)
-    tasks = tmp_path / "tasks.jsonl"
-    tasks.write_text("\n".join(json.dumps(t) for t in [
-        {"id": "fine", "question": "12+30", "answer": 42},
-        {"id": "once", "question": "2+2", "answer": 4, "behaviour": "hang_once"},
-        {"id": "boom", "question": "1+1", "answer": 2, "behaviour": "crash"},
-    ]) + "\n")
+    tasks_file = tmp_path / "tasks.jsonl"
+    tasks_file.write_text("\n".join(json.dumps(t) for t in tasks) + "\n")
     (tmp_path / "markers").mkdir()
     db = tmp_path / "spanrl.db"
     grpc_port, http_port, bridge_port = free_port(), free_port(), free_port()
@@ -108,11 +55,11 @@ def test_a_timed_out_member_is_relaunched_and_its_group_trains_whole(tmp_path):
             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         )
         settings = TrainSettings(
-            tasks=str(tasks), model=str(model_dir), output_dir=str(tmp_path / "run"),
+            tasks=str(tasks_file), model=str(model_dir), output_dir=str(tmp_path / "run"),
             store=str(db), reward="spanrl.examples.calc_agent.reward:reward", group_size=2,
-            tasks_per_step=3, steps=1, rollout_timeout_s=15.0, assembly_wait_s=20.0,
+            tasks_per_step=3, steps=steps, rollout_timeout_s=rollout_timeout_s, assembly_wait_s=20.0,
             policy_port=0, bridge_port=bridge_port, device=TEST_DEVICE, checkpoint_every=0,
-            relaunch_attempts=1,
+            relaunch_attempts=relaunch_attempts,
         )
         summary = run_training(settings, show_progress=False)
         runner_output, _ = runner.communicate(timeout=60)
@@ -121,6 +68,34 @@ def test_a_timed_out_member_is_relaunched_and_its_group_trains_whole(tmp_path):
             if process is not None and process.poll() is None:
                 process.kill()
                 process.wait()
+    return summary, runner_output
+
+
+def test_crashing_and_hanging_agent_processes_are_failed_rollouts(tmp_path):
+    summary, runner_output = train_with_the_flaky_agent(tmp_path, [
+        {"id": "fine", "question": "12+30", "answer": 42},
+        {"id": "boom", "question": "1+1", "answer": 2, "behaviour": "crash"},
+        {"id": "stuck", "question": "2+2", "answer": 4, "behaviour": "hang"},
+    ], steps=2, rollout_timeout_s=20.0,
+        relaunch_attempts=0)  # what is left out without relaunch (test_a_timed_out_member_is_relaunched)
+
+    assert summary["steps"] == 2 and summary["policy_version"] == 2, summary
+    rows = read_metrics(tmp_path / "run")
+    for row in rows:
+        assert row["rollout/count"] == 6
+        assert row["rollout/left_out"] == {"failed": 2, "timeout": 2}, row
+        assert row["rollout/used"] == 2 and row["actor/transitions"] >= 2
+    assert "rollouts: failed 4, ok 4, timeout 4" in runner_output, runner_output[-2000:]
+
+
+def test_a_timed_out_member_is_relaunched_and_its_group_trains_whole(tmp_path):
+    """The agent hangs on the first attempt of ``once`` only: that attempt times out, is relaunched
+    in the same group, and the step trains both tasks' whole groups; the agent's crash is not relaunched."""
+    summary, runner_output = train_with_the_flaky_agent(tmp_path, [
+        {"id": "fine", "question": "12+30", "answer": 42},
+        {"id": "once", "question": "2+2", "answer": 4, "behaviour": "hang_once"},
+        {"id": "boom", "question": "1+1", "answer": 2, "behaviour": "crash"},
+    ], steps=1, rollout_timeout_s=15.0, relaunch_attempts=1)
 
     assert summary["steps"] == 1, summary
     (row,) = read_metrics(tmp_path / "run")
