@@ -25,6 +25,7 @@ TEST_DEVICE = os.environ.get("SPANRL_TEST_DEVICE", "cpu")
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
+UNUSED_INSTRUMENTORS = "spanrl_anthropic,anthropic,langchain,crewai,spanrl_openai_agents"
 
 
 def train_with_the_flaky_agent(tmp_path, tasks: list[dict], steps: int, rollout_timeout_s: float,
@@ -46,7 +47,10 @@ def train_with_the_flaky_agent(tmp_path, tasks: list[dict], steps: int, rollout_
     try:
         wait_for_port(grpc_port, receiver, "spanrl receive")
         env = dict(os.environ, CALC_AGENT_DIR=os.path.join(REPO, "examples", "calc_agent"),
-                   FLAKY_MARKER_DIR=str(tmp_path / "markers"))
+                   FLAKY_MARKER_DIR=str(tmp_path / "markers"),
+                   # a plain OpenAI-SDK agent: the other instrumentors installed here (Anthropic,
+                   # LangChain, CrewAI, Agents SDK) would add ~3 s of start-up to every attempt
+                   OTEL_PYTHON_DISABLED_INSTRUMENTATIONS=UNUSED_INSTRUMENTORS)
         runner = subprocess.Popen(
             [sys.executable, "-m", "spanrl", "run", "--command",
              json.dumps([sys.executable, os.path.join(HERE, "agents", "flaky_agent.py")]),
@@ -95,7 +99,7 @@ def test_a_timed_out_member_is_relaunched_and_its_group_trains_whole(tmp_path):
         {"id": "fine", "question": "12+30", "answer": 42},
         {"id": "once", "question": "2+2", "answer": 4, "behaviour": "hang_once"},
         {"id": "boom", "question": "1+1", "answer": 2, "behaviour": "crash"},
-    ], steps=1, rollout_timeout_s=15.0, relaunch_attempts=1)
+    ], steps=1, rollout_timeout_s=30.0, relaunch_attempts=1)  # CI: six agents starting at once took > 15 s
 
     assert summary["steps"] == 1, summary
     (row,) = read_metrics(tmp_path / "run")
