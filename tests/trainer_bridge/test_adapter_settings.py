@@ -58,6 +58,8 @@ def test_adapters_and_the_whole_model_lora_conflict():
         TrainerConfig(adapters={"writer": {}}, lora_rank=4)
 
 
-def test_adapters_need_the_torch_backend(tmp_path):
+def test_adapters_need_the_torch_backend_and_grpo(tmp_path):
     with pytest.raises(SettingError, match="built for backend torch only, not 'verl'"):
         train_settings(tmp_path, "  writer: {}\n", extra="backend: verl\n")
+    with pytest.raises(SettingError, match="trains with algorithm grpo only, not 'sft'"):
+        train_settings(tmp_path, "  writer: {}\n", extra="algorithm: sft\n")
