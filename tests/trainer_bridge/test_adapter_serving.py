@@ -111,3 +111,34 @@ def test_the_server_routes_by_model_name_then_baggage_and_swaps_adapters(engine,
         assert fixers_after["logprobs"]["token_logprobs"] == fixers_before["logprobs"]["token_logprobs"]
     finally:
         server.stop()
+
+
+def test_spanrl_trains_adapters_behind_one_endpoint_and_warns_of_an_unseen_agent(tiny_model_dir, tmp_path, caplog):
+    """The torch backend of `spanrl train` with adapters: the endpoint serves them from the start,
+    each update swaps in the adapters' new weights, and the end of the run names an adapter's
+    agent that never sent a transition (once)."""
+    from spanrl.trainer_bridge.torch_backend.backend import start_backend
+    from spanrl.trainer_bridge.train_settings import TrainSettings
+
+    settings = TrainSettings(tasks=str(tmp_path / "unused.jsonl"), model=str(tiny_model_dir), device=TEST_DEVICE,
+                             policy_port=0, learning_rate=0.05, output_dir=str(tmp_path / "run"),
+                             adapters={"writer": {"rank": 4}, "fixers": {"agents": ["rewriter", "checker"]}})
+    backend = start_backend(settings.backend_run())
+    try:
+        api = openai.OpenAI(base_url=backend.endpoint_url, api_key="unused", max_retries=0)
+        assert {"writer", "fixers"} <= {m.id for m in api.models.list().data}
+        before = completion(api, "writer")  # LoRA's B starts at zero: the base's answer
+        assert before["choices"][0]["logprobs"]["token_logprobs"] == pytest.approx(
+            completion(api, "policy")["choices"][0]["logprobs"]["token_logprobs"], abs=1e-6)
+        for step in range(2):
+            stats = backend.update(agent_samples("writer", step) + agent_samples("rewriter", 10 + step))
+            assert stats.details["writer/samples"] == 4 and stats.details["fixers/samples"] == 4
+        after = completion(api, "writer")
+        assert after["policy_version"] == 2
+        assert after["choices"][0]["logprobs"]["token_logprobs"] != before["choices"][0]["logprobs"]["token_logprobs"]
+    finally:
+        with caplog.at_level("WARNING", logger="spanrl.trainer_bridge.torch_backend.backend"):
+            backend.close()
+    warnings = [r.getMessage() for r in caplog.records if "reached an update" in r.getMessage()]
+    assert len(warnings) == 1 and "adapter 'fixers'" in warnings[0] and "'checker'" in warnings[0]
+    assert "'rewriter'" not in warnings[0]
