@@ -67,7 +67,8 @@ class TrainSettings(LoopSettings):
         if self.adapters and self.backend != "torch":
             raise SettingError(f"adapters: (one LoRA per agent) is built for backend torch only, not {self.backend!r}")
         if self.adapters and self.algorithm != "grpo":
-            raise SettingError(f"adapters: (one LoRA per agent) trains with algorithm grpo only, not {self.algorithm!r}")
+            raise SettingError(f"adapters: (one LoRA per agent) trains with algorithm grpo only, "
+                               f"not {self.algorithm!r}")
         # the blocks run with the top-level values: one name per setting
         self.trainer = dataclasses.replace(
             self.trainer, checkpoint_dir=self.checkpoint_dir,

@@ -18,7 +18,8 @@ from spanrl.trainer_bridge.torch_backend.trainer import TorchTrainer
 from .conftest import TEST_DEVICE
 
 ADAPTERS = {"writer": {"rank": 4, "alpha": 8, "learning_rate": 0.02},
-            "fixers": {"agents": ["rewriter", "checker"], "rank": 2, "alpha": 4, "target_modules": ["q_proj", "v_proj"]}}
+            "fixers": {"agents": ["rewriter", "checker"], "rank": 2, "alpha": 4,
+                       "target_modules": ["q_proj", "v_proj"]}}
 
 
 def agent_samples(agent: str, seed: int, count: int = 4) -> list[TrainingSample]:
