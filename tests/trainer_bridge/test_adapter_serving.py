@@ -132,7 +132,7 @@ def test_spanrl_trains_adapters_behind_one_endpoint_and_warns_of_an_unseen_agent
             completion(api, "policy")["choices"][0]["logprobs"]["token_logprobs"], abs=1e-6)
         for step in range(2):
             stats = backend.update(agent_samples("writer", step) + agent_samples("rewriter", 10 + step))
-            assert stats.details["writer/samples"] == 4 and stats.details["fixers/samples"] == 4
+            assert stats.details["adapter/writer/samples"] == 4 and stats.details["adapter/fixers/samples"] == 4
         after = completion(api, "writer")
         assert after["policy_version"] == 2
         assert after["choices"][0]["logprobs"]["token_logprobs"] != before["choices"][0]["logprobs"]["token_logprobs"]

@@ -57,7 +57,7 @@ def test_each_adapter_changes_only_from_its_own_agents_transitions(tiny_model_di
     assert same(weights(trainer, None), base)  # the base is frozen
     assert same(weights(trainer, "fixers"), fixers)  # its agents sent nothing: bitwise the same
     assert not same(weights(trainer, "writer"), writer)
-    assert stats["writer/samples"] == 4 and "fixers/samples" not in stats
+    assert stats["adapter/writer/samples"] == 4 and "adapter/fixers/samples" not in stats
     assert (trainer.step, trainer.policy_version) == (1, 1)
 
     # a mixed step: each adapter's update is what it would be on its own agents' samples alone

@@ -88,7 +88,7 @@ def samples_by_adapter(specs: Sequence[AdapterSpec],
 
 def adapter_grpo_step(trainer: TorchTrainer, samples: Sequence[TrainingSample]) -> dict[str, float]:
     """One GRPO step with per-agent adapters (module docstring): one policy version, statistics
-    merged over the adapters plus ``<adapter>/loss`` and ``<adapter>/samples`` each."""
+    merged over the adapters plus ``adapter/<name>/loss`` and ``adapter/<name>/samples`` each."""
     started = time.perf_counter()
     specs = trainer.config.adapter_specs
     groups = samples_by_adapter(specs, samples)
@@ -134,8 +134,8 @@ def merged_stats(per_adapter: dict[str, dict[str, float]], seconds: float) -> di
                 merged[key] = max(merged[key], value)
             else:
                 merged[key] = merged.get(key, 0.0) + value * share
-        merged[f"{name}/loss"] = stats["loss"]
-        merged[f"{name}/samples"] = stats["samples"]
+        merged[f"adapter/{name}/loss"] = stats["loss"]
+        merged[f"adapter/{name}/samples"] = stats["samples"]
     merged["seconds"] = seconds
     return merged
 
