@@ -23,8 +23,8 @@ def test_adapters_are_read_from_train_yaml_with_defaults(tmp_path):
                                         "  fixers: {agents: [rewriter, checker], rank: 8, alpha: 4,"
                                         " target_modules: [q_proj, v_proj], learning_rate: 0.001}\n")
     writer, fixers = settings.trainer.adapter_specs
-    assert writer == AdapterSpec("writer", ("writer",), rank=4, alpha=8.0)
-    assert fixers == AdapterSpec("fixers", ("rewriter", "checker"), 8, 4.0, ("q_proj", "v_proj"), 0.001)
+    assert writer == AdapterSpec("writer", ("writer",), rank=4, alpha=8)
+    assert fixers == AdapterSpec("fixers", ("rewriter", "checker"), 8, 4, ("q_proj", "v_proj"), 0.001)
     assert fixers.scaling == 0.5
     assert adapter_of_agent(settings.trainer.adapter_specs) == {"writer": "writer", "rewriter": "fixers",
                                                                 "checker": "fixers"}
@@ -40,7 +40,7 @@ def test_adapters_from_a_variable_override_the_file(tmp_path):
     ({"writer": {"rnak": 4}}, "adapters.writer: unknown keys ['rnak']"),
     ({"writer": {"rank": 0}}, "adapters.writer.rank must be a positive whole number, got 0"),
     ({"writer": {"rank": 2.5}}, "adapters.writer.rank must be a whole number"),
-    ({"writer": {"alpha": -1}}, "adapters.writer.alpha must be positive"),
+    ({"writer": {"alpha": -1}}, "adapters.writer.alpha must be a positive whole number"),
     ({"writer": {"agents": []}}, "adapters.writer.agents: list at least one agent"),
     ({"writer": {"learning_rate": "fast"}}, "adapters.writer.learning_rate must be a number"),
     ({"a": {"agents": ["writer"]}, "b": {"agents": ["writer", "x"]}}, "the agent 'writer' is in two adapters"),

@@ -113,3 +113,28 @@ def test_kl_to_the_base_with_adapters(tiny_model_dir):
     second = trainer.grpo_step(agent_samples("writer", 0))
     assert first["kl_loss"] == pytest.approx(0.0, abs=1e-7)  # LoRA's B starts at zero
     assert second["kl_loss"] > 0
+
+
+def test_samples_carry_their_calls_agent_and_merged_rows_never_mix_agents():
+    from spanrl.schema.rollouts import Transition
+    from spanrl.schema.scored import ScoredRollout
+    from spanrl.trainer_bridge.samples import training_samples
+    from spanrl.trainer_bridge.task_dispatch import Attempt
+    from spanrl.trainer_bridge.trajectory_merge import merge_trajectories
+
+    def call(rollout_id: str, index: int, agent: str, prompt: tuple[int, ...], response: tuple[int, ...]):
+        return Transition(rollout_id=rollout_id, index=index, span_id=f"{rollout_id}-{index}", agent_name=agent,
+                          prompt_token_ids=prompt, response_token_ids=response, response_logprobs=None,
+                          choice_index=0, policy_version=1, reward=0.0, return_=0.0, retokenized=False)
+
+    def rollout(rollout_id: str, attempt: int, score: float) -> ScoredRollout:
+        # the rewriter's prompt extends the writer's conversation: mergeable tokens, another agent
+        calls = (call(rollout_id, 0, "writer", (1, 5, 6), (7, 8)),
+                 call(rollout_id, 1, "rewriter", (1, 5, 6, 7, 8, 9), (10,)))
+        return ScoredRollout(Attempt(rollout_id, "task", attempt, {"id": "task"}, 0), score, calls)
+
+    samples, _ = training_samples([rollout("a", 0, 1.0), rollout("b", 1, 0.0)], "rollout", True)
+    assert [s.agent_name for s in samples] == ["writer", "rewriter", "writer", "rewriter"]
+    rows, stats = merge_trajectories(samples)
+    assert len(rows) == 4 and stats.prefix_mismatches == 2
+    assert [r.agent_name for r in rows] == ["writer", "rewriter", "writer", "rewriter"]

@@ -32,7 +32,7 @@ class AdapterSpec:
     name: str
     agents: tuple[str, ...]
     rank: int = DEFAULT_RANK
-    alpha: float = 2 * DEFAULT_RANK
+    alpha: int = 2 * DEFAULT_RANK
     target_modules: tuple[str, ...] = DEFAULT_TARGETS
     learning_rate: float | None = None
 
@@ -77,9 +77,9 @@ def _spec(name: str, entry: Any) -> AdapterSpec:
     rank = _number(entry.get("rank", DEFAULT_RANK), int, f"{where}.rank")
     if rank <= 0:
         raise SettingError(f"{where}.rank must be a positive whole number, got {rank}")
-    alpha = _number(entry.get("alpha", 2 * rank), float, f"{where}.alpha")
+    alpha = _number(entry.get("alpha", 2 * rank), int, f"{where}.alpha")
     if alpha <= 0:
-        raise SettingError(f"{where}.alpha must be positive, got {alpha}")
+        raise SettingError(f"{where}.alpha must be a positive whole number, got {alpha}")
     targets = _names(entry.get("target_modules", list(DEFAULT_TARGETS)), f"{where}.target_modules")
     if not targets:
         raise SettingError(f"{where}.target_modules: name at least one module (e.g. q_proj)")

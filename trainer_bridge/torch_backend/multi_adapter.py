@@ -147,9 +147,10 @@ def adapter_weights(model: Any) -> dict[str, dict[str, tuple[torch.Tensor, torch
 
     out: dict[str, dict[str, tuple[torch.Tensor, torch.Tensor]]] = {}
     with torch.no_grad():
-        for path, module in model.named_modules():
-            if not isinstance(module, LoraLayer):
+        for path, found in model.named_modules():
+            if not isinstance(found, LoraLayer):
                 continue
+            module: Any = found
             plain = path.replace("base_model.model.", "", 1)
             for name in module.lora_A:
                 a = module.lora_A[name].weight.detach().float().cpu().clone()
