@@ -72,10 +72,12 @@ class FieldKind:
 
 
 def setting(default: Any, help_text: str, **metadata: Any) -> Any:
-    """A settings field: its default (a list default is copied for each object), its help text
-    (shown by ``--help``) and any other metadata named above (``secret=True``, ...)."""
+    """A settings field: its default (a list or dict default is copied for each object), its help
+    text (shown by ``--help``) and any other metadata named above (``secret=True``, ...)."""
     if isinstance(default, list):
         return dataclasses.field(default_factory=lambda: list(default), metadata={"help": help_text, **metadata})
+    if isinstance(default, dict):
+        return dataclasses.field(default_factory=lambda: dict(default), metadata={"help": help_text, **metadata})
     return dataclasses.field(default=default, metadata={"help": help_text, **metadata})
 
 

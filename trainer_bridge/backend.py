@@ -116,6 +116,8 @@ class TrainingSample:
     masked out). ``None``: every response token is trained on with ``advantage``.
     ``policy_version``: the oldest policy version that generated a response token (``None``:
     unknown); asynchronous training corrects or drops samples older than the current one.
+    ``agent_name``: the agent that made the call (``None``: unknown); with per-agent adapters
+    (the torch backend's ``adapters:``) it picks the adapter the sample trains.
     """
 
     prompt_token_ids: Sequence[int]
@@ -130,6 +132,7 @@ class TrainingSample:
     response_loss_mask: Sequence[int] | None = None
     token_advantages: Sequence[float] | None = None
     policy_version: int | None = None
+    agent_name: str | None = None  # the agent that made the call (the trace's spanrl.agent.name)
 
     @property
     def loss_mask(self) -> list[int]:

@@ -39,7 +39,7 @@ def sft_samples(scored: Sequence[ScoredRollout], min_reward: float) -> tuple[lis
             TrainingSample(
                 prompt_token_ids=list(t.prompt_token_ids), response_token_ids=list(t.response_token_ids),
                 advantage=1.0, group_id=item.attempt.task_id, rollout_id=item.attempt.rollout_id,
-                turn_index=t.index, reward=float(item.score),
+                turn_index=t.index, reward=float(item.score), agent_name=t.agent_name,
             )
             for t in item.transitions if t.response_token_ids
         ]

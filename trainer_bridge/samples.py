@@ -74,6 +74,7 @@ def training_samples(scored: list[ScoredRollout], level: str, norm_adv_by_std: b
             advantage=float(a),
             old_logprobs=None if t.response_logprobs is None else list(t.response_logprobs),
             group_id=g, rollout_id=r, turn_index=t.index, reward=float(ret), policy_version=t.policy_version,
+            agent_name=t.agent_name,
         )
         for t, a, k, g, r, ret in zip(transitions, advantages, keep, groups, rollout_ids, returns, strict=True)
         if k and t.response_token_ids

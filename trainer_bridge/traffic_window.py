@@ -168,7 +168,7 @@ def traffic_samples(rollouts: Sequence[AssembledRollout], baselines: AgentBaseli
             prompt_token_ids=list(t.prompt_token_ids), response_token_ids=list(t.response_token_ids),
             advantage=advantage, old_logprobs=None if t.response_logprobs is None else list(t.response_logprobs),
             group_id=f"agent:{_agent(item)}", rollout_id=item.attempt.rollout_id, turn_index=t.index,
-            reward=item.score, policy_version=t.policy_version)
+            reward=item.score, policy_version=t.policy_version, agent_name=t.agent_name)
             for t in item.transitions if t.response_token_ids and advantage != 0.0]
     return samples, {"grouped": len(grouped), "by_agent_baseline": len(alone)}
 

@@ -21,6 +21,8 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
+from spanrl.errors import SettingError
+from spanrl.settings_loader import setting
 from spanrl.trainer_bridge.algorithm import AlgorithmConfig, algorithm_of
 from spanrl.trainer_bridge.backend import BackendRun
 from spanrl.trainer_bridge.endpoint_backend.backend import EndpointOptions
@@ -31,7 +33,8 @@ from spanrl.trainer_bridge.verl_backend.config import TRAINER_KNOBS_VERL_HAS, Ve
 logger = logging.getLogger(__name__)
 
 # trainer settings owned by a top-level key of the same name (users' train.yaml files use them)
-TRAINER_FROM_TOP_LEVEL = ("learning_rate", "loss_agg_mode", "kl_coef", "device", "seed", "checkpoint_every")
+TRAINER_FROM_TOP_LEVEL = ("learning_rate", "loss_agg_mode", "kl_coef", "device", "seed", "checkpoint_every",
+                          "adapters")
 # set by spanrl train itself: checkpoints go to <output_dir>/checkpoints
 TRAINER_DERIVED = ("checkpoint_dir",)
 ENGINE_FROM_TOP_LEVEL = ("device",)
@@ -52,6 +55,8 @@ class TrainSettings(LoopSettings):
         metadata={"help": "the embedded policy engine (device is the top-level key)",
                   "exclude": ENGINE_FROM_TOP_LEVEL},
     )
+    adapters: dict = setting({}, "one LoRA adapter per trained agent, served together on the frozen base model "
+                             "(torch backend): name -> {agents: [...], rank, alpha, target_modules, learning_rate}")
     verl: VerlConfig = field(
         default_factory=VerlConfig,
         metadata={"help": "the verl backend (backend: verl): Ray, FSDP2 workers, vLLM replicas, the gateway"},
@@ -59,6 +64,11 @@ class TrainSettings(LoopSettings):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if self.adapters and self.backend != "torch":
+            raise SettingError(f"adapters: (one LoRA per agent) is built for backend torch only, not {self.backend!r}")
+        if self.adapters and self.algorithm != "grpo":
+            raise SettingError(f"adapters: (one LoRA per agent) trains with algorithm grpo only, "
+                               f"not {self.algorithm!r}")
         # the blocks run with the top-level values: one name per setting
         self.trainer = dataclasses.replace(
             self.trainer, checkpoint_dir=self.checkpoint_dir,

@@ -77,7 +77,7 @@ class _Row:
         """True when ``sample``'s prompt is this row's tokens followed by (possibly no) more."""
         prompt = sample.prompt_token_ids
         length = self.sequence_length()
-        if len(prompt) < length:
+        if len(prompt) < length or sample.agent_name != self.first.agent_name:  # one agent per row
             return False
         head = len(self.first.prompt_token_ids)
         return (list(prompt[:head]) == list(self.first.prompt_token_ids)

@@ -12,7 +12,8 @@ SQLite rejects is a tool span that ended with an error, right after the call tha
 
 The endpoint comes from the environment, as for any OpenAI client: ``OPENAI_BASE_URL``,
 ``OPENAI_API_KEY`` and ``OPENAI_MODEL`` (default ``policy``); ``AGENT_TEMPERATURE`` (default 1.0,
-what RL needs to explore). Run it by hand::
+what RL needs to explore); ``SQL_AGENT_MODEL_PER_NODE=1``: each node asks for the model named after
+it (``writer``, ``checker``, ``rewriter``), one model per agent. Run it by hand::
 
     OPENAI_BASE_URL=http://127.0.0.1:8000/v1 OPENAI_API_KEY=x \
         python examples/sql_agent/agent.py '{"question": "How many employees work in Sales?"}'
@@ -24,6 +25,7 @@ LangGraph's node names (writer, checker, rewriter) are the agent names that trai
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -100,12 +102,16 @@ class ModelConfig:
     model: str = "policy"
     temperature: float = 1.0
     api_key: str = field(default="unused", repr=False)  # a local endpoint checks none unless told to
+    # each node asks for the model named after it (writer, checker, rewriter) instead of ``model``:
+    # a multi-agent system with one model per agent (spanrl's ``adapters:`` serves one adapter each)
+    model_per_node: bool = False
 
     @classmethod
     def from_env(cls) -> ModelConfig:
         return cls(base_url=os.environ.get("OPENAI_BASE_URL"), model=os.environ.get("OPENAI_MODEL", "policy"),
                    temperature=float(os.environ.get("AGENT_TEMPERATURE", "1.0")),
-                   api_key=os.environ.get("OPENAI_API_KEY") or "unused")
+                   api_key=os.environ.get("OPENAI_API_KEY") or "unused",
+                   model_per_node=os.environ.get("SQL_AGENT_MODEL_PER_NODE", "") == "1")
 
 
 _models: dict[ModelConfig, ChatOpenAI] = {}
@@ -138,14 +144,17 @@ def query_of(reply: BaseMessage) -> str:
     return ""
 
 
-def model_of(config: RunnableConfig) -> ChatOpenAI:
-    """The chat model this run was given (``configurable: {"model": ModelConfig}``)."""
-    return chat_model(config.get("configurable", {}).get("model") or ModelConfig.from_env())
+def model_of(config: RunnableConfig, node: str) -> ChatOpenAI:
+    """The chat model this run gave ``node`` (``configurable: {"model": ModelConfig}``)."""
+    chosen: ModelConfig = config.get("configurable", {}).get("model") or ModelConfig.from_env()
+    if chosen.model_per_node:
+        chosen = dataclasses.replace(chosen, model=node)
+    return chat_model(chosen)
 
 
 def write(state: SqlState, config: RunnableConfig) -> SqlState:
     """The writer: may try one round of ``run_sql`` calls, then gives its final query."""
-    model = model_of(config).bind_tools([run_sql])
+    model = model_of(config, "writer").bind_tools([run_sql])
     messages: list[BaseMessage] = [SystemMessage(WRITER_PROMPT), HumanMessage(state["question"])]
     reply = model.invoke(messages)
     if isinstance(reply, AIMessage) and reply.tool_calls:
@@ -167,14 +176,14 @@ def describe(state: SqlState) -> str:
 
 def check(state: SqlState, config: RunnableConfig) -> SqlState:
     """The checker: ``OK`` or an objection (anything else)."""
-    reply = model_of(config).invoke([SystemMessage(CHECKER_PROMPT), HumanMessage(describe(state))])
+    reply = model_of(config, "checker").invoke([SystemMessage(CHECKER_PROMPT), HumanMessage(describe(state))])
     text = reply.content if isinstance(reply.content, str) else ""
     return {"verdict": "OK" if text.strip().upper().startswith("OK") else "WRONG"}
 
 
 def rewrite(state: SqlState, config: RunnableConfig) -> SqlState:
     """The rewriter: a corrected query for the one the checker objected to."""
-    reply = model_of(config).invoke([SystemMessage(REWRITER_PROMPT), HumanMessage(describe(state))])
+    reply = model_of(config, "rewriter").invoke([SystemMessage(REWRITER_PROMPT), HumanMessage(describe(state))])
     return {"query": query_of(reply), "rewrites": state.get("rewrites", 0) + 1}
 
 

@@ -135,3 +135,17 @@ def test_demonstrations_break_queries_for_real_and_judge_them_right():
             assert messages[3]["content"] == try_query(tried)
     assert writers[0]["tools"] == [demonstrations.tool_schema()]
     assert demonstrations.tool_schema()["function"]["name"] == "run_sql"
+
+
+def test_each_node_asks_for_its_own_model_name_when_told(monkeypatch):
+    """SQL_AGENT_MODEL_PER_NODE=1: the writer, checker and rewriter ask for models named after them
+    (what `adapters:` routes by); unset, every node asks for OPENAI_MODEL."""
+    from spanrl.examples.sql_agent.agent import ModelConfig, model_of
+
+    monkeypatch.setenv("OPENAI_MODEL", "policy")
+    monkeypatch.delenv("SQL_AGENT_MODEL_PER_NODE", raising=False)
+    assert {model_of({}, node).model_name for node in ("writer", "checker")} == {"policy"}
+    monkeypatch.setenv("SQL_AGENT_MODEL_PER_NODE", "1")
+    assert ModelConfig.from_env().model_per_node
+    assert [model_of({}, node).model_name for node in ("writer", "checker", "rewriter")] == \
+        ["writer", "checker", "rewriter"]

@@ -4,7 +4,9 @@
 ``options`` are ``config.TorchOptions``): a ``TorchTrainer`` (resumed from the newest checkpoint with ``resume``),
 a ``PolicyEngine`` on the same weights and the OpenAI-compatible server in a child process.
 ``update`` runs one GRPO step and swaps the new weights into the engine, so agents keep
-calling the same URL and get the new policy.
+calling the same URL and get the new policy. With per-agent adapters (``adapters:``) the engine
+serves the frozen base and every adapter at once, and ``update`` swaps in the adapters' weights;
+``close`` warns once for an adapter's agent that no update had a transition of.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from spanrl.trainer_bridge.backend import BackendRun, TrainingSample, UpdateStat
 from spanrl.trainer_bridge.torch_backend.checkpoints import checkpoint_name, list_checkpoints
 from spanrl.trainer_bridge.torch_backend.config import TorchOptions, TrainerConfig
 from spanrl.trainer_bridge.torch_backend.fine_tune import fine_tune
+from spanrl.trainer_bridge.torch_backend.multi_adapter import adapter_weights
 from spanrl.trainer_bridge.torch_backend.trainer import TorchTrainer
 
 if TYPE_CHECKING:
@@ -51,7 +54,10 @@ class TorchBackend:
 
     def update(self, samples: Sequence[TrainingSample]) -> UpdateStats:
         stats = self.trainer.grpo_step(samples)
-        self.engine.swap_weights(self.trainer.policy_state_dict(), self.trainer.policy_version)
+        if self.trainer.config.adapters:  # the adapters' new weights; the base is frozen
+            self.engine.swap_adapters(adapter_weights(self.trainer.model), self.trainer.policy_version)
+        else:
+            self.engine.swap_weights(self.trainer.policy_state_dict(), self.trainer.policy_version)
         return UpdateStats(
             policy_version=self.trainer.policy_version, step=self.trainer.step, loss=stats["loss"],
             grad_norm=stats["grad_norm"], seconds=stats["seconds"], details=stats,
@@ -73,6 +79,21 @@ class TorchBackend:
 
     def close(self) -> None:
         self.server.stop()
+        warn_unseen_adapter_agents(self.trainer)
+
+
+def warn_unseen_adapter_agents(trainer: TorchTrainer) -> None:
+    """Once per run, at its end: the adapters' agents no update ever had a transition of (a
+    misspelt agent name, or an agent the run never called): their adapters never trained."""
+    if not trainer.config.adapters or trainer.step == 0:
+        return
+    for spec in trainer.config.adapter_specs:
+        unseen = [agent for agent in spec.agents if agent not in trainer.agents_seen]
+        if unseen:
+            seen = ", ".join(sorted(trainer.agents_seen)) or "none"
+            logger.warning("adapter %r: no transition of its agent(s) %s reached an update in this run (%d steps; "
+                           "agents seen: %s): check the agent names in adapters:", spec.name,
+                           ", ".join(repr(a) for a in unseen), trainer.step, seen)
 
 
 def start_backend(run: BackendRun) -> TorchBackend:
@@ -96,6 +117,9 @@ def start_backend(run: BackendRun) -> TorchBackend:
         model_name=endpoint.model_name, version=trainer.policy_version,
         max_batch_size=engine_config.max_batch_size, batch_wait_s=engine_config.batch_wait_ms / 1000.0,
     )
+    if trainer.config.adapters:  # every adapter served at once beside the base (engine/multi_lora.py)
+        engine.attach_adapters(adapter_weights(trainer.model),
+                               {spec.name: spec.agents for spec in trainer.config.adapter_specs})
     # HTTP in its own process: agents' requests are not held up by this process's training steps
     try:
         server = serve_in_process(engine, endpoint.host, endpoint.port, endpoint.token,

@@ -1,6 +1,7 @@
 """Checkpoints of the torch trainer: save, find and resume from them.
 
-A checkpoint is a Hugging Face model directory (``from_pretrained``-loadable, LoRA merged)
+A checkpoint is a Hugging Face model directory (``from_pretrained``-loadable, LoRA merged; with
+per-agent adapters the frozen base, and each adapter in peft's format under ``adapters/<name>/``)
 plus the optimizer state (``optimizer.pt``) and ``trainer_state.json`` (step, policy version,
 base model, settings), written last so a directory without it is incomplete; folders are
 created owner-only, and the optimizer state loads with ``weights_only``. Called by
@@ -32,6 +33,7 @@ logger = logging.getLogger(__name__)
 STATE_FILE = "trainer_state.json"
 OPTIMIZER_FILE = "optimizer.pt"
 ADAPTER_DIR = "adapter"
+ADAPTERS_DIR = "adapters"  # per-agent adapters (multi_adapter.py): one peft folder per adapter
 CHECKPOINT_PREFIX = "step-"
 
 
@@ -54,15 +56,20 @@ def save_checkpoint(trainer: TorchTrainer, out_dir: str | Path) -> Path:
     if trainer.config.lora_rank:
         trainer.model.get_base_model().save_pretrained(staging, state_dict=trainer.policy_state_dict())
         trainer.model.save_pretrained(staging / ADAPTER_DIR)
+    elif trainer.config.adapters:  # the frozen base, and each adapter in peft's format
+        trainer.model.get_base_model().save_pretrained(staging, state_dict=trainer.policy_state_dict())
+        trainer.model.save_pretrained(staging / ADAPTERS_DIR)
     else:
         trainer.model.save_pretrained(staging)
     trainer.tokenizer.save_pretrained(staging)
     sft_optimizer = trainer.sft_optimizer
     torch.save({"optimizer": trainer.optimizer.state_dict(),
                 "sft_optimizer": sft_optimizer.state_dict() if sft_optimizer else None,
+                "adapter_optimizers": {name: opt.state_dict() for name, opt in trainer.adapter_optimizers.items()},
                 "torch_rng": torch.get_rng_state()}, staging / OPTIMIZER_FILE)
     state = {"step": trainer.step, "policy_version": trainer.policy_version,
              "base_model_dir": trainer.base_model_dir, "lora": bool(trainer.config.lora_rank),
+             "adapters": bool(trainer.config.adapters),
              "config": asdict(trainer.config), "saved_at": time.time()}
     (staging / STATE_FILE).write_text(json.dumps(state, indent=2))  # written last: marks complete
     if out.exists():
@@ -100,12 +107,19 @@ def resume_trainer(trainer_class: type[TorchTrainer], checkpoint: str | Path,
         config = TrainerConfig(**saved)
     if state.get("lora"):
         trainer = trainer_class(state["base_model_dir"], config, _adapter_dir=path / ADAPTER_DIR)
+    elif state.get("adapters"):
+        trainer = trainer_class(state["base_model_dir"], config, _adapter_dir=path / ADAPTERS_DIR)
     else:
         trainer = trainer_class(path, config, _reference_dir=state["base_model_dir"])
     trainer.base_model_dir = state["base_model_dir"]
     # tensors, numbers and containers only: a crafted file cannot run code when loaded
     saved_optim = torch.load(path / OPTIMIZER_FILE, map_location=trainer.device, weights_only=True)
-    trainer.optimizer.load_state_dict(saved_optim["optimizer"])
+    saved_adapters = saved_optim.get("adapter_optimizers") or {}
+    for name, optimizer in trainer.adapter_optimizers.items():
+        if name in saved_adapters:  # an adapter added since the checkpoint starts afresh
+            optimizer.load_state_dict(saved_adapters[name])
+    if not trainer.adapter_optimizers:
+        trainer.optimizer.load_state_dict(saved_optim["optimizer"])
     if saved_optim.get("sft_optimizer") is not None:
         trainer.sft_optimizer = trainer.new_optimizer(config.sft_learning_rate)
         trainer.sft_optimizer.load_state_dict(saved_optim["sft_optimizer"])

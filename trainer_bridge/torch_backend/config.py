@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from spanrl.errors import SettingError
 from spanrl.settings_loader import setting
 from spanrl.trainer_bridge.algorithm import AlgorithmConfig
+from spanrl.trainer_bridge.torch_backend.adapters import AdapterSpec, parse_adapters
 
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
@@ -33,6 +34,8 @@ class TrainerConfig(AlgorithmConfig):
     lora_alpha: int = setting(32, "LoRA alpha")
     lora_dropout: float = setting(0.0, "LoRA dropout")
     lora_target_modules: tuple[str, ...] = setting(LORA_TARGETS, "module names LoRA adapts")
+    adapters: dict = setting({}, "one LoRA adapter per agent: name -> {agents, rank, alpha, target_modules, "
+                             "learning_rate}; the base model stays frozen (adapters.py)")
     checkpoint_every: int = setting(0, "save every N GRPO steps into checkpoint_dir; 0 = never")
     checkpoint_dir: str | None = setting(None, "folder of periodic checkpoints")
     keep_checkpoints: int = setting(2, "periodic checkpoints kept (older ones are deleted)")
@@ -43,6 +46,15 @@ class TrainerConfig(AlgorithmConfig):
         if self.checkpoint_every and not self.checkpoint_dir:
             raise SettingError("checkpoint_every needs checkpoint_dir")
         object.__setattr__(self, "lora_target_modules", tuple(self.lora_target_modules))
+        specs = parse_adapters(self.adapters)  # raises SettingError naming what is wrong
+        if specs and self.lora_rank:
+            raise SettingError("adapters: and trainer.lora_rank both set: adapters train one LoRA per agent on a "
+                               "frozen base, lora_rank one LoRA for every call; set one of them")
+
+    @property
+    def adapter_specs(self) -> tuple[AdapterSpec, ...]:
+        """The ``adapters:`` setting as specs (empty: no per-agent adapters)."""
+        return parse_adapters(self.adapters)
 
 
 @dataclass

@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 from spanrl.trainer_bridge.backend import TrainingSample
-from spanrl.trainer_bridge.torch_backend import losses, sft
+from spanrl.trainer_bridge.torch_backend import losses, multi_adapter, sft
 from spanrl.trainer_bridge.torch_backend.batching import (
     MaskedSequence,
     PaddedBatch,
@@ -77,7 +77,7 @@ class TorchTrainer:
             model.gradient_checkpointing_enable()
             model.config.use_cache = False
         self.reference: Any = None
-        if self.config.kl_coef > 0 and not self.config.lora_rank:
+        if self.config.kl_coef > 0 and not self.config.lora_rank and not self.config.adapters:
             # KL is to the initial policy: a resumed full fine-tune (``_reference_dir``: the
             # base model) must not take the checkpoint it starts from as its reference.
             if _reference_dir is not None:
@@ -99,11 +99,16 @@ class TorchTrainer:
                     r=self.config.lora_rank, lora_alpha=self.config.lora_alpha,
                     lora_dropout=self.config.lora_dropout,
                     target_modules=list(self.config.lora_target_modules), task_type="CAUSAL_LM"))
+        elif self.config.adapters:  # one LoRA per agent on a frozen base (multi_adapter.py)
+            model = multi_adapter.attach_adapters(model, self.config.adapter_specs, _adapter_dir)
         self.model: Any = model
         self.model.train()
         self.step = 0
         self.policy_version = 0
-        self.optimizer = self.new_optimizer(self.config.learning_rate)
+        self.agents_seen: set[str] = set()  # agents whose samples reached an update (adapters)
+        self.adapter_optimizers = multi_adapter.new_adapter_optimizers(self) if self.config.adapters else {}
+        self.optimizer = (next(iter(self.adapter_optimizers.values())) if self.adapter_optimizers
+                          else self.new_optimizer(self.config.learning_rate))
         self.sft_optimizer: torch.optim.Optimizer | None = None
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         trainable = sum(p.numel() for p in self.model.parameters() if p.requires_grad)
@@ -130,7 +135,10 @@ class TorchTrainer:
         return torch.autocast(self.device.type, enabled=False)
 
     def policy_state_dict(self) -> dict[str, torch.Tensor]:
-        """The current policy's weights with plain HF keys (LoRA merged), for ``swap_weights``."""
+        """The current policy's weights with plain HF keys (LoRA merged), for ``swap_weights``; with
+        per-agent adapters the frozen base's (``adapter_weights`` has the adapters)."""
+        if self.config.adapters:
+            return multi_adapter.base_state_dict(self.model)
         if not self.config.lora_rank:
             return self.model.state_dict()
         self.model.merge_adapter()
@@ -176,12 +184,15 @@ class TorchTrainer:
         """
         if not samples:
             raise ValueError("grpo_step needs at least one sample")
-        started = time.perf_counter()
-        prepared = self._prepare(samples)
-        totals, grad_norm = self._update(prepared)
-        self.step += 1
-        self.policy_version += 1
-        stats = self._step_stats(prepared, totals, grad_norm, time.perf_counter() - started)
+        if self.config.adapters:  # each adapter on its own agents' samples
+            stats = multi_adapter.adapter_grpo_step(self, samples)
+        else:
+            started = time.perf_counter()
+            prepared = self._prepare(samples)
+            totals, grad_norm = self._update(prepared)
+            self.step += 1
+            self.policy_version += 1
+            stats = self._step_stats(prepared, totals, grad_norm, time.perf_counter() - started)
         config = self.config
         if config.checkpoint_every and self.step % config.checkpoint_every == 0:
             save_periodic_checkpoint(self, str(config.checkpoint_dir), config.keep_checkpoints)

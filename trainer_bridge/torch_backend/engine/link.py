@@ -78,7 +78,7 @@ class EngineHost:
 
     def hello(self) -> Hello:
         engine = self.engine
-        return Hello(engine.model_name, engine.version, engine.limits, engine.tokenizer)
+        return Hello(engine.model_name, engine.version, engine.limits, engine.tokenizer, dict(engine.adapters))
 
     def start(self) -> EngineHost:
         self.channel.send(self.hello())
@@ -180,6 +180,7 @@ class RemoteEngine:
         self.version: int = hello.version
         self.limits: EngineLimits = hello.limits
         self.tokenizer = hello.tokenizer
+        self.adapters: dict[str, tuple[str, ...]] = dict(hello.adapters)  # adapter -> its agents
         self.context_length = self.limits.context_length
         self._ids = itertools.count()
         self._requests: dict[int, RemoteRequest] = {}

@@ -23,6 +23,7 @@ from spanrl.trainer_bridge.torch_backend.devices import resolve_device, resolve_
 from spanrl.trainer_bridge.torch_backend.engine.detokenize import Detokenizer, end_of_sequence_ids
 from spanrl.trainer_bridge.torch_backend.engine.grammar import Grammars
 from spanrl.trainer_bridge.torch_backend.engine.kv_cache import AttentionMasks
+from spanrl.trainer_bridge.torch_backend.engine.multi_lora import AdapterSwap, AdapterWeights, ServedAdapters
 from spanrl.trainer_bridge.torch_backend.engine.requests import (
     ChoiceResult,
     EngineError,
@@ -162,8 +163,15 @@ class PolicyEngine:
         return self._scheduler.pending_swap
 
     def describe(self) -> dict:
-        """The serving version, the model's name and the counters (``GET /spanrl/v1/policy``)."""
-        return {"version": self.version, "model": self.model_name, "stats": asdict(self.stats)}
+        """The serving version, the model's name, its adapters and the counters (``GET /spanrl/v1/policy``)."""
+        return {"version": self.version, "model": self.model_name, "adapters": dict(self.adapters),
+                "stats": asdict(self.stats)}
+
+    @property
+    def adapters(self) -> dict[str, tuple[str, ...]]:
+        """The LoRA adapters served beside the base model: name -> the agents it serves."""
+        served = self._scheduler.adapters
+        return dict(served.agents) if served is not None else {}
 
     def add_version_listener(self, callback: Callable[[int], None]) -> None:
         """Call ``callback(version)`` from the engine thread each time new weights are swapped in."""
@@ -226,6 +234,18 @@ class PolicyEngine:
         at once instead of waiting.
         """
         self._scheduler.swap_weights(state_dict, version, timeout)
+
+    def attach_adapters(self, weights: AdapterWeights, agents: dict[str, tuple[str, ...]]) -> None:
+        """Serve these LoRA adapters beside the base model, all at once (``multi_lora.py``); before
+        ``start``. A request picks one by ``SamplingParams.adapter``."""
+        if self.is_running:
+            raise RuntimeError("attach the adapters before the engine starts")
+        self._scheduler.adapters = ServedAdapters.attach(self.model, weights, agents)
+
+    def swap_adapters(self, weights: AdapterWeights, version: int, timeout: float | None = 600.0) -> None:
+        """The adapters' new weights and the new policy version, applied as ``swap_weights`` is
+        (between batches; the base weights unchanged)."""
+        self._scheduler.swap_weights(AdapterSwap(weights), version, timeout)
 
     def load_weights_from_dir(self, model_dir: str | Path, version: int) -> None:
         """Read an HF model directory's weights and swap them in (``POST /spanrl/v1/weights``).

@@ -57,7 +57,8 @@ class WeightsVersionError(EngineError):
 class SamplingParams:
     """How to sample one request. ``top_k`` 0 or -1 and ``top_p`` 1.0 mean off. ``grammar``: an
     llguidance grammar (Lark text or its JSON form) every choice's tokens must follow (the
-    server's ``structured_output.py`` builds them); None: unconstrained, at no cost."""
+    server's ``structured_output.py`` builds them); None: unconstrained, at no cost. ``adapter``:
+    the per-agent LoRA adapter that generates (the server picks it, ``server/adapter_routing.py``)."""
 
     max_tokens: int | None = None
     temperature: float = 1.0
@@ -69,6 +70,7 @@ class SamplingParams:
     logprobs: bool = False
     top_logprobs: int = 0
     grammar: str | None = None
+    adapter: str | None = None  # the LoRA adapter that serves it (engine/multi_lora.py); None: the base model
 
     def validate(self, max_n: int) -> None:
         if self.temperature < 0:

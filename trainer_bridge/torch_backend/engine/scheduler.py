@@ -8,6 +8,7 @@ forward pass per step decodes a token for every row (``sampling.py``), whose tex
 conditions ``detokenize.py`` follows; each token goes to its request as it is sampled, so
 streaming works inside a batch. Rows whose request constrains its output (a grammar) sample
 from logits masked by ``grammar.py``, in the same batch as free rows, which are not touched.
+Rows of different LoRA adapters share a batch and its forward passes (``multi_lora.py``).
 New weights are applied only when no row is decoding (while a swap is pending no new row
 joins), so every sequence is produced by exactly one policy version.
 """
@@ -31,6 +32,7 @@ from spanrl.trainer_bridge.torch_backend.engine.kv_cache import (
     RunningBatch,
     left_padded_prompts,
 )
+from spanrl.trainer_bridge.torch_backend.engine.multi_lora import AdapterSwap, ServedAdapters
 from spanrl.trainer_bridge.torch_backend.engine.requests import (
     EngineError,
     EngineOverloadedError,
@@ -55,7 +57,7 @@ _WAKE = object()  # queued by a weight swap to wake an idle engine thread
 class PendingSwap(NamedTuple):
     """Weights waiting for the engine to be idle; ``outcome`` receives the error, if any."""
 
-    state_dict: dict
+    state_dict: dict | AdapterSwap  # a model's weights, or its adapters' (multi_lora.py)
     version: int
     done: threading.Event
     outcome: list[BaseException]
@@ -89,6 +91,7 @@ class Scheduler:
         self.join_fraction = 0.25
         self.stats = EngineStats()
         self.pending_swap: PendingSwap | None = None
+        self.adapters: ServedAdapters | None = None  # per-agent LoRA adapters (multi_lora.py)
         self._swap_lock = threading.Lock()
         self._queue: queue.Queue[GenerationRequest | object | None] = queue.Queue()
         self._waiting: list[Row] = []
@@ -120,7 +123,7 @@ class Scheduler:
             raise EngineOverloadedError(f"the policy engine has {self.max_queued} requests waiting; retry shortly")
         self._queue.put(request)
 
-    def swap_weights(self, state_dict: dict, version: int, timeout: float | None) -> None:
+    def swap_weights(self, state_dict: dict | AdapterSwap, version: int, timeout: float | None) -> None:
         """Queue a swap (superseding one not applied yet) and wait until the engine thread, or
         this thread when none runs, applied it; see ``PolicyEngine.swap_weights``."""
         swap = PendingSwap(state_dict, int(version), threading.Event(), [])
@@ -148,8 +151,15 @@ class Scheduler:
         if swap is None:
             return
         try:
-            with torch.no_grad():
-                missing, unexpected = self.model.load_state_dict(swap.state_dict, strict=False)
+            missing: list[str] = []
+            unexpected: list[str] = []
+            if isinstance(swap.state_dict, AdapterSwap):  # the adapters' new weights, the base unchanged
+                if self.adapters is None:
+                    raise EngineError("adapter weights for an engine that serves no adapters")
+                self.adapters.load(swap.state_dict.weights)
+            else:
+                with torch.no_grad():
+                    missing, unexpected = self.model.load_state_dict(swap.state_dict, strict=False)
             missing = [k for k in missing if not k.endswith("lm_head.weight")]
             if missing or unexpected:
                 raise EngineError(f"the new weights do not match the model: missing {missing[:3]}, "
@@ -216,6 +226,10 @@ class Scheduler:
             self._stopping = True
             return
         if not isinstance(item, GenerationRequest):  # _WAKE
+            return
+        adapter = item.params.adapter
+        if adapter is not None and (self.adapters is None or adapter not in self.adapters.slots):
+            item.fail(EngineError(f"the policy engine serves no adapter {adapter!r}", "model"))
             return
         now = time.monotonic()
         matchers: list[Any] = [None] * item.params.n
@@ -289,6 +303,7 @@ class Scheduler:
         try:
             prompts = [r.request.prompt_ids for r in rows]
             input_ids, attention, positions = left_padded_prompts(prompts, self.pad_id, self.device)
+            self._route(rows)
             output = self.model(input_ids=input_ids, attention_mask=self.masks.prefill(attention),
                                 position_ids=positions, use_cache=True, logits_to_keep=1)
             batch = RunningBatch(rows, output.past_key_values, attention,
@@ -303,6 +318,7 @@ class Scheduler:
     def _decode_step(self, batch: RunningBatch) -> RunningBatch | None:
         """One forward pass for every running row (its last sampled token), one new token each."""
         attention = batch.append_column()
+        self._route(batch.rows)
         output = self.model(input_ids=batch.next_ids.unsqueeze(1), attention_mask=self.masks.decode(attention),
                             position_ids=batch.positions.unsqueeze(1), past_key_values=batch.cache,
                             use_cache=True)
@@ -310,6 +326,11 @@ class Scheduler:
         batch.positions = batch.positions + 1
         self._sample_step(batch, output.logits[:, -1, :])
         return batch.without_finished()
+
+    def _route(self, rows: list[Row]) -> None:
+        """Each row's adapter for the next forward pass (one pass for every mix of adapters)."""
+        if self.adapters is not None:
+            self.adapters.set_rows([row.request.params.adapter for row in rows])
 
     def _sample_step(self, batch: RunningBatch, logits: torch.Tensor) -> None:
         """Sample one token per row from ``logits`` [rows, vocab] and hand it to its request."""

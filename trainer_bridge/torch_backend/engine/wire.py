@@ -13,7 +13,7 @@ import pickle
 import socket
 import threading
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from spanrl.trainer_bridge.torch_backend.engine.requests import (
@@ -151,6 +151,7 @@ class Hello:
     version: int
     limits: EngineLimits
     tokenizer: Any
+    adapters: dict = field(default_factory=dict)  # adapter name -> its agents (PolicyEngine.adapters)
 
 
 @dataclass(frozen=True)

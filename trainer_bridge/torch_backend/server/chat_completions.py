@@ -23,6 +23,7 @@ from fastapi.responses import Response
 
 from spanrl.trainer_bridge.torch_backend.engine.requests import GenerationRequest, GenerationResult
 from spanrl.trainer_bridge.torch_backend.server import chat_format
+from spanrl.trainer_bridge.torch_backend.server.adapter_routing import request_adapter
 from spanrl.trainer_bridge.torch_backend.server.errors import InvalidRequestError, error_body
 from spanrl.trainer_bridge.torch_backend.server.logprobs import chat_logprobs
 from spanrl.trainer_bridge.torch_backend.server.protocol import (
@@ -89,6 +90,7 @@ async def create_chat_completion(request: Request) -> Response:
     top_logprobs = body.top_logprobs or 0
     params = sampling_params(body, max_tokens, body.logprobs or top_logprobs > 0, top_logprobs)
     params.grammar = grammar
+    params.adapter = request_adapter(engine, body.model, request.headers)
     response_id, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
     if body.stream:
         job, bridge = start_stream(engine, prompt_ids, params)

@@ -21,6 +21,7 @@ from spanrl.trainer_bridge.torch_backend.engine.requests import (
     GenerationResult,
 )
 from spanrl.trainer_bridge.torch_backend.server import chat_format
+from spanrl.trainer_bridge.torch_backend.server.adapter_routing import request_adapter
 from spanrl.trainer_bridge.torch_backend.server.errors import InvalidRequestError, error_body
 from spanrl.trainer_bridge.torch_backend.server.logprobs import completion_logprobs
 from spanrl.trainer_bridge.torch_backend.server.protocol import (
@@ -67,6 +68,7 @@ async def create_completion(request: Request) -> Response:
         prompt_ids = list(body.prompt)
     max_tokens = body.max_tokens if body.max_tokens is not None else DEFAULT_MAX_TOKENS
     params = sampling_params(body, max_tokens, body.logprobs is not None, body.logprobs or 0)
+    params.adapter = request_adapter(engine, body.model, request.headers)
     response_id, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
     if body.stream:
         with _prompt_is_the_param():

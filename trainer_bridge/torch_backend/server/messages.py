@@ -26,6 +26,7 @@ from pydantic import ValidationError
 
 from spanrl.trainer_bridge.torch_backend.engine.requests import GenerationRequest, GenerationResult
 from spanrl.trainer_bridge.torch_backend.server import chat_format
+from spanrl.trainer_bridge.torch_backend.server.adapter_routing import request_adapter
 from spanrl.trainer_bridge.torch_backend.server.errors import InvalidRequestError, anthropic_error_body, as_api_error
 from spanrl.trainer_bridge.torch_backend.server.messages_protocol import (
     MESSAGES_PATH,
@@ -76,6 +77,7 @@ async def create_message(request: Request) -> Response:
     messages, prefill = chat_messages(body)
     setup = request_tool_setup(body)
     params = sampling_params(body)
+    params.adapter = request_adapter(engine, body.model, request.headers)
     try:
         params.grammar = reply_grammar(AnswerFormat(), setup)
     except StructuredOutputError as exc:

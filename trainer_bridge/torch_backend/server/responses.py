@@ -30,6 +30,7 @@ from fastapi.responses import Response
 
 from spanrl.trainer_bridge.torch_backend.engine.requests import GenerationRequest, SamplingParams
 from spanrl.trainer_bridge.torch_backend.server import chat_format
+from spanrl.trainer_bridge.torch_backend.server.adapter_routing import request_adapter
 from spanrl.trainer_bridge.torch_backend.server.errors import InvalidRequestError, NotFoundError, as_api_error
 from spanrl.trainer_bridge.torch_backend.server.logprobs import TopRow, chat_logprobs
 from spanrl.trainer_bridge.torch_backend.server.response_store import ResponseStore, StoredResponse
@@ -100,6 +101,7 @@ async def create_response(request: Request) -> Response:
     turn = ResponseTurn(engine, state.response_store, body, conversation, setup)
     params = sampling_params(body)
     params.grammar = response_grammar(body, setup)
+    params.adapter = request_adapter(engine, body.model, request.headers)
     if body.stream:
         job, bridge = start_stream(engine, turn.prompt_ids, params)
         version = await stream_version(engine, job, bridge)

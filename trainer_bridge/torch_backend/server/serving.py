@@ -33,6 +33,7 @@ from spanrl.trainer_bridge.torch_backend.engine.requests import (
     TokenEvent,
 )
 from spanrl.trainer_bridge.torch_backend.server import call_spans
+from spanrl.trainer_bridge.torch_backend.server.adapter_routing import is_adapter_model
 from spanrl.trainer_bridge.torch_backend.server.errors import InvalidRequestError, NotFoundError
 from spanrl.trainer_bridge.torch_backend.server.protocol import ResponseModel, SamplingRequest
 from spanrl.trainer_bridge.torch_backend.server.response_store import ResponseStore
@@ -62,6 +63,9 @@ class ServedEngine(Protocol):
 
     @property
     def tokenizer(self) -> Any: ...
+
+    @property
+    def adapters(self) -> dict[str, tuple[str, ...]]: ...
 
     def submit(self, prompt_ids: list[int], params: SamplingParams, on_token: Any = None, on_start: Any = None,
                on_done: Any = None, text_deltas: bool = True) -> GenerationRequest: ...
@@ -160,7 +164,7 @@ def pin_validation_temperature(request: Request, body: Any) -> None:
 def check_model(state: ServerState, name: str) -> None:
     """404 for a model name the server does not answer to; the name goes on the call's span."""
     names = state.served_names()
-    if not names.accepts(name):
+    if not names.accepts(name) and not is_adapter_model(state.engine, name):  # adapters: adapter_routing.py
         raise NotFoundError(names.not_found(name), param="model", code="model_not_found")
     call_spans.note_request_model(name)
 

@@ -1,0 +1,65 @@
+"""``adapters:`` in train.yaml (one LoRA per agent): read through the settings mechanism, bad input
+refused with an error naming what is wrong."""
+
+from __future__ import annotations
+
+import pytest
+
+from spanrl.errors import SettingError
+from spanrl.settings_loader import load_settings
+from spanrl.trainer_bridge.torch_backend.adapters import AdapterSpec, adapter_of_agent
+from spanrl.trainer_bridge.torch_backend.config import TrainerConfig
+from spanrl.trainer_bridge.train_settings import TrainSettings
+
+
+def train_settings(tmp_path, adapters_yaml: str, extra: str = "", environ: dict | None = None) -> TrainSettings:
+    config = tmp_path / "train.yaml"
+    config.write_text(f"model: {tmp_path}\ntasks: {tmp_path / 't.jsonl'}\n{extra}adapters:\n{adapters_yaml}")
+    return load_settings(TrainSettings, "TRAIN", str(config), None, environ=environ or {})
+
+
+def test_adapters_are_read_from_train_yaml_with_defaults(tmp_path):
+    settings = train_settings(tmp_path, "  writer: {rank: 4}\n"
+                                        "  fixers: {agents: [rewriter, checker], rank: 8, alpha: 4,"
+                                        " target_modules: [q_proj, v_proj], learning_rate: 0.001}\n")
+    writer, fixers = settings.trainer.adapter_specs
+    assert writer == AdapterSpec("writer", ("writer",), rank=4, alpha=8)
+    assert fixers == AdapterSpec("fixers", ("rewriter", "checker"), 8, 4, ("q_proj", "v_proj"), 0.001)
+    assert fixers.scaling == 0.5
+    assert adapter_of_agent(settings.trainer.adapter_specs) == {"writer": "writer", "rewriter": "fixers",
+                                                                "checker": "fixers"}
+
+
+def test_adapters_from_a_variable_override_the_file(tmp_path):
+    settings = train_settings(tmp_path, "  writer: {rank: 4}\n",
+                              environ={"OTEL_SPANRL_TRAIN_ADAPTERS": '{"solver": {"rank": 2}}'})
+    assert [spec.name for spec in settings.trainer.adapter_specs] == ["solver"]
+
+
+@pytest.mark.parametrize(("adapters", "message"), [
+    ({"writer": {"rnak": 4}}, "adapters.writer: unknown keys ['rnak']"),
+    ({"writer": {"rank": 0}}, "adapters.writer.rank must be a positive whole number, got 0"),
+    ({"writer": {"rank": 2.5}}, "adapters.writer.rank must be a whole number"),
+    ({"writer": {"alpha": -1}}, "adapters.writer.alpha must be a positive whole number"),
+    ({"writer": {"agents": []}}, "adapters.writer.agents: list at least one agent"),
+    ({"writer": {"learning_rate": "fast"}}, "adapters.writer.learning_rate must be a number"),
+    ({"a": {"agents": ["writer"]}, "b": {"agents": ["writer", "x"]}}, "the agent 'writer' is in two adapters"),
+    ({"bad name": {}}, "adapters.bad name: an adapter name is"),
+    ({"default": {}}, "an adapter name is"),
+    ({"writer": 3}, "adapters.writer: must be a mapping"),
+])
+def test_bad_adapters_are_refused_naming_the_mistake(adapters, message):
+    with pytest.raises(SettingError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        TrainerConfig(adapters=adapters)
+
+
+def test_adapters_and_the_whole_model_lora_conflict():
+    with pytest.raises(SettingError, match="adapters: and trainer.lora_rank both set"):
+        TrainerConfig(adapters={"writer": {}}, lora_rank=4)
+
+
+def test_adapters_need_the_torch_backend_and_grpo(tmp_path):
+    with pytest.raises(SettingError, match="built for backend torch only, not 'verl'"):
+        train_settings(tmp_path, "  writer: {}\n", extra="backend: verl\n")
+    with pytest.raises(SettingError, match="trains with algorithm grpo only, not 'sft'"):
+        train_settings(tmp_path, "  writer: {}\n", extra="algorithm: sft\n")

@@ -1,0 +1,113 @@
+"""One LoRA adapter per trained agent: the ``adapters:`` setting of ``train.yaml``, read and checked.
+
+Torch-free (``--help`` and settings files read it). ``TrainerConfig.adapters`` holds the mapping
+as the user wrote it (adapter name -> ``{agents, rank, alpha, target_modules, learning_rate}``);
+``parse_adapters`` turns it into ``AdapterSpec``s or raises ``SettingError`` naming what is wrong.
+The trainer (``multi_adapter.py``) trains each adapter on its agents' transitions, the engine
+(``engine/multi_lora.py``) serves them all at once on the frozen base model; ``docs/policy.md``
+"One adapter per agent".
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from spanrl.errors import SettingError
+
+ADAPTER_KEYS = ("agents", "rank", "alpha", "target_modules", "learning_rate")
+DEFAULT_RANK = 8
+DEFAULT_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+RESERVED_NAMES = ("default",)  # peft's name of an unnamed adapter (saved at a folder's top)
+
+
+@dataclass(frozen=True)
+class AdapterSpec:
+    """One adapter: its name, the agents whose transitions train it and whose calls it serves,
+    LoRA's rank, alpha and target modules, and its own learning rate (None: the run's)."""
+
+    name: str
+    agents: tuple[str, ...]
+    rank: int = DEFAULT_RANK
+    alpha: int = 2 * DEFAULT_RANK
+    target_modules: tuple[str, ...] = DEFAULT_TARGETS
+    learning_rate: float | None = None
+
+    @property
+    def scaling(self) -> float:
+        """LoRA's ``alpha / rank``: the factor of ``B @ A``."""
+        return self.alpha / self.rank
+
+
+def parse_adapters(raw: Mapping[str, Any] | None) -> tuple[AdapterSpec, ...]:
+    """``adapters:`` as written -> its specs, in the order written; ``SettingError`` for unknown
+    keys, bad names or values, and an agent listed by two adapters."""
+    if not raw:
+        return ()
+    if not isinstance(raw, Mapping):
+        raise SettingError("adapters: must be a mapping of adapter name -> {agents, rank, alpha, ...}")
+    specs = tuple(_spec(str(name), entry) for name, entry in raw.items())
+    owner: dict[str, str] = {}
+    for spec in specs:
+        for agent in spec.agents:
+            if agent in owner:
+                raise SettingError(f"adapters: the agent {agent!r} is in two adapters ({owner[agent]!r} and "
+                                   f"{spec.name!r}); an agent's calls are trained and served by one adapter")
+            owner[agent] = spec.name
+    return specs
+
+
+def _spec(name: str, entry: Any) -> AdapterSpec:
+    where = f"adapters.{name}"
+    if not _NAME.match(name) or name in RESERVED_NAMES:
+        raise SettingError(f"{where}: an adapter name is 1-64 letters, digits, '_', '.' or '-', not "
+                           f"{RESERVED_NAMES}; got {name!r}")
+    entry = {} if entry is None else entry
+    if not isinstance(entry, Mapping):
+        raise SettingError(f"{where}: must be a mapping with some of {list(ADAPTER_KEYS)}, got {entry!r}")
+    unknown = sorted(set(entry) - set(ADAPTER_KEYS))
+    if unknown:
+        raise SettingError(f"{where}: unknown keys {unknown}; known: {list(ADAPTER_KEYS)}")
+    agents = _names(entry.get("agents", [name]), f"{where}.agents")
+    if not agents:
+        raise SettingError(f"{where}.agents: list at least one agent (default: the adapter's name)")
+    rank = _number(entry.get("rank", DEFAULT_RANK), int, f"{where}.rank")
+    if rank <= 0:
+        raise SettingError(f"{where}.rank must be a positive whole number, got {rank}")
+    alpha = _number(entry.get("alpha", 2 * rank), int, f"{where}.alpha")
+    if alpha <= 0:
+        raise SettingError(f"{where}.alpha must be a positive whole number, got {alpha}")
+    targets = _names(entry.get("target_modules", list(DEFAULT_TARGETS)), f"{where}.target_modules")
+    if not targets:
+        raise SettingError(f"{where}.target_modules: name at least one module (e.g. q_proj)")
+    rate = entry.get("learning_rate")
+    learning_rate = None if rate is None else _number(rate, float, f"{where}.learning_rate")
+    if learning_rate is not None and learning_rate <= 0:
+        raise SettingError(f"{where}.learning_rate must be positive, got {learning_rate}")
+    return AdapterSpec(name, agents, rank, alpha, targets, learning_rate)
+
+
+def _names(value: Any, where: str) -> tuple[str, ...]:
+    items = [value] if isinstance(value, str) else value
+    if not isinstance(items, (list, tuple)) or not all(isinstance(i, str) and i.strip() for i in items):
+        raise SettingError(f"{where} must be a list of names, got {value!r}")
+    return tuple(dict.fromkeys(i.strip() for i in items))
+
+
+def _number(value: Any, kind: type, where: str) -> Any:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise SettingError(f"{where} must be a number, got {value!r}")
+    if kind is int and float(value) != int(value):
+        raise SettingError(f"{where} must be a whole number, got {value!r}")
+    return kind(value)
+
+
+def adapter_of_agent(specs: tuple[AdapterSpec, ...]) -> dict[str, str]:
+    """Agent name -> the name of the adapter that trains and serves it."""
+    return {agent: spec.name for spec in specs for agent in spec.agents}
+
+
+__all__ = ["ADAPTER_KEYS", "AdapterSpec", "adapter_of_agent", "parse_adapters"]
