@@ -16,7 +16,8 @@ one of its calls (``Transition.policy_version``; the version at dispatch when th
 not say). Rollouts more than ``max_staleness`` versions behind are dropped (left out as
 ``stale``). Those behind but within the bound are ``off_policy_rollouts: correct``: trained
 with truncated importance sampling (the backend weighs each token by
-``min(exp(old logprob - engine logprob), is_truncation)``, ``torch_backend/losses.py``), or
+``min(exp(old logprob - engine logprob), is_truncation)``: ``torch_backend/losses.py``, or
+verl's own rollout correction, ``verl_backend/off_policy.py``), or
 ``drop``: left out as ``off_policy``. Both are counted in the step's metrics
 (``rollout/off_policy``, ``rollout/policy_lag_mean``, ``rollout/left_out``).
 

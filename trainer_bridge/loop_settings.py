@@ -348,6 +348,6 @@ class LoopSettings:
             raise SettingError(f"off_policy_rollouts must be 'correct' or 'drop', got {self.off_policy_rollouts!r}")
         if self.is_truncation <= 0:
             raise SettingError(f"is_truncation must be positive, got {self.is_truncation}")
-        if self.async_training and self.off_policy_rollouts == "correct" and self.backend != "torch":
+        if self.async_training and self.off_policy_rollouts == "correct" and self.backend not in ("torch", "verl"):
             raise SettingError("async_training with off_policy_rollouts 'correct' (importance sampling) runs on the "
-                               "torch backend only; with backend verl set off_policy_rollouts: drop")
+                               f"torch and verl backends; with backend {self.backend} set off_policy_rollouts: drop")

@@ -99,8 +99,9 @@ def test_async_settings_set_the_trainers_correction_and_refuse_what_cannot_run()
     assert TrainSettings(tasks="t.jsonl", model="m").trainer.rollout_is_cap == 0.0
     with pytest.raises(SettingError, match="off_policy_rollouts"):
         TrainSettings(tasks="t.jsonl", model="m", off_policy_rollouts="maybe")
-    with pytest.raises(SettingError, match="torch backend only"):
-        TrainSettings(tasks="t.jsonl", model="m", backend="verl", async_training=True)
+    # verl corrects with its own truncated IS (verl_backend/off_policy.py): the same cap reaches it
+    verl = TrainSettings(tasks="t.jsonl", model="m", backend="verl", async_training=True, is_truncation=3.0)
+    assert verl.backend_run().algorithm.rollout_is_cap == 3.0
     with pytest.raises(SettingError, match="max_staleness"):
         TrainSettings(tasks="t.jsonl", model="m", max_staleness=-1)
     assert TrainSettings(tasks="t.jsonl", model="m", async_training=True, val_tasks="v.jsonl").val_tasks == "v.jsonl"

@@ -9,8 +9,9 @@ one stable URL in front of the replicas (``gateway.py``). Each ``update``:
 1. builds verl's batch from spanrl's samples (``batch.py``; advantages already computed by
    spanrl, so both backends train on the same numbers),
 2. holds new agent requests at the gateway and puts the replicas to sleep (they share the GPUs),
-3. recomputes the old log-probs (and the reference's, with a KL loss) and runs verl's actor
-   update (its PPO/GRPO loss, optimizer and clipping),
+3. recomputes the old log-probs (and the reference's, with a KL loss), weighs late rollouts'
+   tokens by verl's truncated importance sampling when asked (``off_policy.py``) and runs
+   verl's actor update (its PPO/GRPO loss, optimizer and clipping),
 4. syncs the new weights into vLLM through verl's checkpoint engine, bumps the policy version
    and lets requests through again.
 """
@@ -84,14 +85,21 @@ class VerlBackend:
 
     # ------------------------------------------------------------------ update
 
-    def _batch(self, samples: Sequence[TrainingSample]) -> Any:
+    @property
+    def _correcting(self) -> bool:
+        """Whether updates weigh off-policy tokens by verl's truncated IS (``off_policy.py``)."""
+        return self.run.algorithm.rollout_is_cap > 0
+
+    def _batch(self, samples: Sequence[TrainingSample], correct: bool = False) -> Any:
         """verl's batch of ``samples``, padded with the tokenizer's pad id (eos when it has none)."""
         from .batch import build_verl_batch
 
         verl = self.verl
         pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.tokenizer.eos_token_id
+        correct_before = self._policy_version if correct and self._correcting else None
         return build_verl_batch(samples, pad_token_id=int(pad_id), max_prompt_length=verl.max_prompt_length,
-                                max_response_length=verl.max_response_length, temperature=verl.temperature)
+                                max_response_length=verl.max_response_length, temperature=verl.temperature,
+                                correct_before=correct_before)
 
     def update(self, samples: Sequence[TrainingSample]) -> UpdateStats:
         if self._sft_loss_set:
@@ -105,7 +113,7 @@ class VerlBackend:
 
     def _update(self, samples: Sequence[TrainingSample], sft: bool) -> UpdateStats:
         started = time.perf_counter()
-        batch = self._batch(samples)
+        batch = self._batch(samples, correct=not sft)
         data = pad_to_multiple(batch.data, self.workers.data_parallel_size)
         timings: dict[str, float] = {"batch_s": time.perf_counter() - started}
 
@@ -125,7 +133,11 @@ class VerlBackend:
             self.save_checkpoint(self.run.checkpoint_dir)
         seconds = time.perf_counter() - started
         details = {**metrics, **timings, "dropped_overlong": float(batch.dropped_overlong),
-                   "samples": float(len(samples) - batch.dropped_overlong - batch.dropped_empty)}
+                   "samples": float(len(samples) - batch.dropped_overlong - batch.dropped_empty
+                                    - batch.dropped_no_logprobs)}
+        if self._correcting and not sft:  # off_policy_rollouts: correct (off_policy.py)
+            details.update(late_rollouts_corrected=float(batch.late_rollouts),
+                           dropped_no_logprobs=float(batch.dropped_no_logprobs))
         loss = metrics.get("loss", 0.0) if sft else metrics.get("pg_loss", 0.0)
         return UpdateStats(policy_version=self._policy_version, step=self.step, loss=float(loss),
                            grad_norm=float(metrics.get("grad_norm", 0.0)), seconds=seconds, details=details)
@@ -144,10 +156,10 @@ class VerlBackend:
             metrics = sft_actor_update(self.workers, data)
         else:
             mark = time.perf_counter()
-            data = self._add_log_probs(data)
+            data, correction = self._add_log_probs(data)
             timings["old_log_prob_s"] = time.perf_counter() - mark
             mark = time.perf_counter()
-            metrics = self._update_actor(data)
+            metrics = {**self._update_actor(data), **correction}
         timings["update_s"] = time.perf_counter() - mark
         mark = time.perf_counter()
         self.workers.sync_weights(self._policy_version + 1)
@@ -169,15 +181,17 @@ class VerlBackend:
         values = no_padding_2_padding(tu.get(self.workers.actor.compute_log_prob(td), "log_probs"), td)
         return [values[i, : len(sample.response_token_ids)].tolist() for i, sample in enumerate(samples)]
 
-    def _add_log_probs(self, data: Any) -> Any:
-        """``old_log_probs``: the engine's when every sample has them, else recomputed by verl's
-        workers as verl's trainer does; ``ref_log_prob`` too with a KL loss."""
+    def _add_log_probs(self, data: Any) -> tuple[Any, dict[str, float]]:
+        """``old_log_probs``: the engine's when every sample has them (and no correction), else
+        recomputed by verl's workers as verl's trainer does; ``ref_log_prob`` too with a KL loss;
+        with the correction, verl's ``rollout_is_weights`` (``off_policy.py``) and its statistics."""
         from verl.utils import tensordict_utils as tu
         from verl.workers.utils.padding import no_padding_2_padding
 
         from .batch import to_worker_tensordict
 
-        if "rollout_log_probs" in data.batch.keys():
+        correction: dict[str, float] = {}
+        if "rollout_log_probs" in data.batch.keys() and not self._correcting:
             # the engine's log-probs are the old policy's, as the embedded trainer takes them
             # (verl's "bypass" mode): no recomputation
             data.batch["old_log_probs"] = data.batch["rollout_log_probs"].clone()
@@ -185,11 +199,15 @@ class VerlBackend:
             td = to_worker_tensordict(data, calculate_entropy=True, compute_loss=False)
             output = self.workers.actor.compute_log_prob(td)
             data.batch["old_log_probs"] = no_padding_2_padding(tu.get(output, "log_probs"), td).float()
+        if self._correcting:
+            from .off_policy import correct_off_policy
+
+            data, correction = correct_off_policy(data, self.workers.config.algorithm.rollout_correction)
         if self.workers.config.actor_rollout_ref.actor.use_kl_loss:
             td = to_worker_tensordict(data, calculate_entropy=False, compute_loss=False)
             output = self.workers.actor.compute_ref_log_prob(td)
             data.batch["ref_log_prob"] = no_padding_2_padding(tu.get(output, "log_probs"), td).float()
-        return data
+        return data, correction
 
     def _update_actor(self, data: Any) -> dict[str, float]:
         """verl's actor update on the whole batch as one mini-batch (one optimizer step per

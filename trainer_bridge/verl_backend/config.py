@@ -140,6 +140,11 @@ def algorithm_values(algorithm: AlgorithmConfig) -> dict[str, Any]:
         f"{actor}.use_kl_loss": algorithm.kl_coef > 0,
         f"{actor}.kl_loss_coef": algorithm.kl_coef,
         f"{actor}.kl_loss_type": algorithm.kl_estimator,
+        # truncated IS of the engine's tokens (async off_policy_rollouts: correct): verl's own
+        # decoupled token-level TIS, weights min(exp(old - rollout logprob), cap) (off_policy.py)
+        "algorithm.rollout_correction.rollout_is": "token" if algorithm.rollout_is_cap > 0 else "null",
+        "algorithm.rollout_correction.rollout_is_threshold": algorithm.rollout_is_cap or 2.0,
+        "algorithm.rollout_correction.bypass_mode": False,
     }
 
 
