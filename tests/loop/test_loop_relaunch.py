@@ -6,6 +6,9 @@ HTTP API by ``BridgeClient`` (what runners use), for the synchronous round and t
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import pytest
 
 from spanrl.errors import SettingError
@@ -16,8 +19,15 @@ from spanrl.trainer_bridge.task_dispatch import Outcome, TaskDispatcher, is_infr
 from spanrl.trainer_bridge.train_settings import TrainSettings
 
 
-def serve(dispatcher: TaskDispatcher):
-    return BridgeAPI(dispatcher, PolicyInfo("http://127.0.0.1:9/v1", "policy"), lambda: 0, port=0).start()
+@contextmanager
+def bridge_client(dispatcher: TaskDispatcher) -> Iterator[BridgeClient]:
+    """A runner's client of ``dispatcher`` behind the real bridge API; both closed after."""
+    api = BridgeAPI(dispatcher, PolicyInfo("http://127.0.0.1:9/v1", "policy"), lambda: 0, port=0).start()
+    try:
+        yield BridgeClient(api.url)
+    finally:
+        dispatcher.close()
+        api.stop()
 
 
 def test_the_infrastructure_fault_rule():
@@ -30,9 +40,7 @@ def test_the_infrastructure_fault_rule():
 
 def test_a_timed_out_attempt_is_relaunched_and_its_group_trains_whole():
     dispatcher = TaskDispatcher(rollout_timeout_s=30.0, relaunch_attempts=1)
-    api = serve(dispatcher)
-    client = BridgeClient(api.url)
-    try:
+    with bridge_client(dispatcher) as client:
         opened = dispatcher.open_round(0, [("slow", {"q": 1}), ("fast", {"q": 2})], group_size=2)
         claimed = [client.claim() for _ in range(4)]
         assert all(claimed) and client.claim() is None
@@ -50,16 +58,11 @@ def test_a_timed_out_attempt_is_relaunched_and_its_group_trains_whole():
         assert {o.status for o in outcomes.values()} == {"ok"} and set(outcomes) == {a.rollout_id for a in attempts}
         assert sorted(a.attempt for a in attempts if a.task_id == "slow") == [0, 1]
         assert dispatcher.relaunched() == {"timeout": 1}
-    finally:
-        dispatcher.close()
-        api.stop()
 
 
 def test_relaunches_are_bounded_and_a_failed_agent_is_not_relaunched():
     dispatcher = TaskDispatcher(rollout_timeout_s=30.0, relaunch_attempts=2)
-    api = serve(dispatcher)
-    client = BridgeClient(api.url)
-    try:
+    with bridge_client(dispatcher) as client:
         dispatcher.open_round(0, [("t", {"q": 1})], group_size=2)
         first, second = client.claim(), client.claim()
         assert first is not None and second is not None
@@ -75,16 +78,11 @@ def test_relaunches_are_bounded_and_a_failed_agent_is_not_relaunched():
         assert dispatcher.relaunched() == {"failed": 2}
         assert sorted(o.status for o in outcomes.values()) == ["failed", "failed"]
         assert len(dispatcher.round_attempts()) == 2
-    finally:
-        dispatcher.close()
-        api.stop()
 
 
 def test_a_relaunched_attempt_stays_in_its_async_group():
     dispatcher = GroupDispatcher(rollout_timeout_s=30.0, relaunch_attempts=1)
-    api = serve(dispatcher)
-    client = BridgeClient(api.url)
-    try:
+    with bridge_client(dispatcher) as client:
         dispatcher.add_groups(0, [("a", {"q": 1}), ("b", {"q": 2})], group_size=2, policy_version=0)
         claimed = [client.claim() for _ in range(4)]
         assert all(claimed)
@@ -102,9 +100,6 @@ def test_a_relaunched_attempt_stays_in_its_async_group():
         assert len(taken) == 1 and len(taken[0].attempts) == 2
         assert {o.status for o in taken[0].outcomes.values()} == {"ok"}
         assert relaunched.rollout_id in taken[0].outcomes and dispatcher.relaunched() == {"timeout": 1}
-    finally:
-        dispatcher.close()
-        api.stop()
 
 
 def test_relaunch_attempts_must_not_be_negative():
@@ -117,9 +112,7 @@ def test_a_validation_round_runs_among_async_groups_and_is_never_trained():
     import threading
 
     dispatcher = GroupDispatcher(rollout_timeout_s=30.0)
-    api = serve(dispatcher)
-    client = BridgeClient(api.url)
-    try:
+    with bridge_client(dispatcher) as client:
         dispatcher.add_groups(0, [("train", {"q": 1})], group_size=2, policy_version=0)
         result: dict = {}
         validation = threading.Thread(target=lambda: result.update(
@@ -139,9 +132,6 @@ def test_a_validation_round_runs_among_async_groups_and_is_never_trained():
         assert {a.task_id for a in attempts} == {"held"} and len(outcomes) == 2
         taken = dispatcher.take_finished_groups(5, poll_s=0.05)
         assert [g.attempts[0].task_id for g in taken] == ["train"] and dispatcher.groups_in_flight == 0
-    finally:
-        dispatcher.close()
-        api.stop()
 
 
 def test_admission_is_paced_by_the_groups_about_to_go_stale():
@@ -157,9 +147,7 @@ def test_admission_is_paced_by_the_groups_about_to_go_stale():
 
 def test_groups_are_taken_oldest_first_and_report_their_versions():
     dispatcher = GroupDispatcher(rollout_timeout_s=30.0)
-    api = serve(dispatcher)
-    client = BridgeClient(api.url)
-    try:
+    with bridge_client(dispatcher) as client:
         dispatcher.add_groups(0, [("old", {"q": 1})], group_size=1, policy_version=0)
         dispatcher.add_groups(1, [("new", {"q": 2})], group_size=1, policy_version=1)
         assert dispatcher.versions_running() == [0, 1]
@@ -172,6 +160,3 @@ def test_groups_are_taken_oldest_first_and_report_their_versions():
         taken = dispatcher.take_finished_groups(2, poll_s=0.05)
         assert [g.attempts[0].task_id for g in taken] == ["old", "new"]
         assert [g.dispatched_at_version for g in taken] == [0, 1]
-    finally:
-        dispatcher.close()
-        api.stop()
