@@ -44,8 +44,17 @@ def call_agent(headers: Mapping[str, str]) -> str | None:
 
 
 def request_adapter(engine: Any, model: object, headers: Mapping[str, str]) -> str | None:
-    """The adapter that serves a request for ``model`` with these HTTP headers (module docstring)."""
-    adapters = engine_adapters(engine)
+    """The adapter that serves a request for ``model`` with these HTTP headers (module docstring),
+    also noted on the call's endpoint span (``spanrl.llm.adapter``) when it is one."""
+    adapter = _chosen_adapter(engine_adapters(engine), model, headers)
+    served = serving_call()
+    if adapter is not None and served is not None:
+        served.attributes[semconv.LLM_ADAPTER] = adapter
+    return adapter
+
+
+def _chosen_adapter(adapters: Mapping[str, tuple[str, ...]], model: object,
+                    headers: Mapping[str, str]) -> str | None:
     if not adapters:
         return None
     owner = {agent: name for name, agents in adapters.items() for agent in agents}
