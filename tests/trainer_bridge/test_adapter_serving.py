@@ -145,35 +145,15 @@ def test_spanrl_trains_adapters_behind_one_endpoint_and_warns_of_an_unseen_agent
 
 
 def test_the_endpoint_span_names_the_adapter_that_served_the_call(engine):
-    import threading
-    import time
-
-    import uvicorn
-    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-
     from spanrl.instrumentation import semconv
-    from spanrl.trainer_bridge.endpoint_spans import EndpointSpans
-    from spanrl.trainer_bridge.torch_backend.server.app import create_app
 
-    exported = InMemorySpanExporter()
-    spans = EndpointSpans(exported, schedule_delay_ms=10)
-    server = uvicorn.Server(uvicorn.Config(create_app(engine, spans=spans), host="127.0.0.1", port=0,
-                                           log_level="warning", lifespan="off"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    try:
-        while not server.started:
-            time.sleep(0.02)
-        port = server.servers[0].sockets[0].getsockname()[1]
-        api = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0)
+    from .span_capture import serving_with_span_capture
+
+    with serving_with_span_capture(engine) as (base_url, exported):
+        api = openai.OpenAI(base_url=base_url, api_key="unused", max_retries=0)
         calls = [("writer", None), ("policy", "rewriter"), ("policy", None)]  # by name, by baggage, the base
         served = [completion(api, model, agent)["choices"][0]["token_ids"] for model, agent in calls]
-    finally:
-        server.should_exit = True
-        thread.join(10)
-    spans.flush()
     recorded = sorted(exported.get_finished_spans(), key=lambda span: span.start_time)
     assert [span.attributes.get(semconv.LLM_ADAPTER) for span in recorded] == ["writer", "fixers", None]
     assert [list(span.attributes[semconv.llm_response_token_ids(0)]) for span in recorded] == served
     assert recorded[1].attributes[semconv.AGENT_NAME] == "rewriter"
-    spans.shutdown()

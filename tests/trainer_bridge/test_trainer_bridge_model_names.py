@@ -5,9 +5,6 @@ real ``openai`` client."""
 
 from __future__ import annotations
 
-import threading
-import time
-
 import openai
 import pytest
 
@@ -65,33 +62,14 @@ def test_a_server_with_listed_names_answers_those_only(engine):
 
 
 def test_the_endpoint_span_records_the_requested_name(engine):
-    import uvicorn
-    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+    from .span_capture import serving_with_span_capture
 
-    from spanrl.trainer_bridge.endpoint_spans import EndpointSpans
-    from spanrl.trainer_bridge.torch_backend.server.app import create_app
-
-    exported = InMemorySpanExporter()
-    spans = EndpointSpans(exported, schedule_delay_ms=10)
     engine.start()
-    server = uvicorn.Server(uvicorn.Config(create_app(engine, spans=spans, model_names=["*"]), host="127.0.0.1",
-                                           port=0, log_level="warning", lifespan="off"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    try:
-        while not server.started:
-            time.sleep(0.02)
-        port = server.servers[0].sockets[0].getsockname()[1]
-        client(f"http://127.0.0.1:{port}/v1").chat.completions.create(model="planner", messages=MESSAGES,
-                                                                        max_tokens=2)
-    finally:
-        server.should_exit = True
-        thread.join(10)
-    spans.flush()
+    with serving_with_span_capture(engine, model_names=["*"]) as (base_url, exported):
+        client(base_url).chat.completions.create(model="planner", messages=MESSAGES, max_tokens=2)
     (span,) = exported.get_finished_spans()
     assert span.attributes[semconv.GENAI_REQUEST_MODEL] == "planner"
     assert span.attributes[semconv.LLM_SOURCE] == semconv.LLM_SOURCE_ENDPOINT
-    spans.shutdown()
 
 
 def test_spanrl_serve_and_train_settings_take_lists_and_star(monkeypatch):
