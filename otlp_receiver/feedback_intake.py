@@ -27,8 +27,9 @@ from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
 from spanrl.instrumentation import semconv
 from spanrl.otlp_receiver.feedback_store import TARGET_KINDS, Feedback, FeedbackStore
-from spanrl.otlp_receiver.otlp_decode import SpanRow, any_value_to_python
+from spanrl.otlp_receiver.otlp_decode import SpanRow
 from spanrl.otlp_receiver.rewards import RewardPolicy
+from spanrl.otlp_receiver.span_checks import any_value_to_python
 
 BODY_FIELDS = (*TARGET_KINDS, "value", "name", "comment", "idempotency_key")
 MAX_KEY_CHARS = 256

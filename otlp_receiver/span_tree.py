@@ -18,8 +18,8 @@ from opentelemetry.proto.common.v1.common_pb2 import ArrayValue, KeyValueList
 from opentelemetry.proto.trace.v1.trace_pb2 import Status
 
 from spanrl.instrumentation import semconv
-from spanrl.otlp_receiver.otlp_decode import SCALAR_KINDS, any_value_to_python
 from spanrl.otlp_receiver.otlp_shadow import ShadowSpan
+from spanrl.otlp_receiver.span_checks import SCALAR_KINDS, any_value_to_python
 
 VIRTUAL_ROOT_ID = "virtual-root"
 
