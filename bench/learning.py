@@ -88,7 +88,13 @@ def run_seed(task, seed: int, args: argparse.Namespace, out: Path) -> dict:
     started = time.monotonic()
     warm = WarmStart(preset=args.preset, steps=args.sft_steps, batch_size=args.sft_batch_size, seed=seed,
                      device=args.device, share=args.share, learning_rate=args.sft_learning_rate)
-    warm_dir = prepare_model(task, str(seed_dir / "model"), warm, progress=False)
+    if args.reuse_warm_start:  # an earlier run's warm start of this task and seed
+        warm_dir = str(Path(args.reuse_warm_start).resolve() / task.name / f"seed-{seed}" / "model" / "model-warm")
+        if not (Path(warm_dir) / "config.json").exists():
+            raise SystemExit(f"--reuse-warm-start: no warm model at {warm_dir}")
+        print(f"{task.name} seed {seed}: reusing the warm start in {warm_dir}", flush=True)
+    else:
+        warm_dir = prepare_model(task, str(seed_dir / "model"), warm, progress=False)
     warm_accuracy = held_out_accuracy(task, warm_dir, str(seed_dir / "warm-validation"), seed=seed,
                                       device=args.device, concurrency=args.concurrency, val_tasks=val_tasks)
     result: dict = {"warm": {"accuracy": {0: warm_accuracy}, "seconds": time.monotonic() - started}}
@@ -224,6 +230,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--output-dir", default="runs/learning")
     parser.add_argument("--results", default="", help="write the table into this markdown file (docs/results.md)")
     parser.add_argument("--machine-note", default="the machine's load not recorded")
+    parser.add_argument("--reuse-warm-start", default="", metavar="DIR",
+                        help="train from the warm starts an earlier run left in its --output-dir DIR (same task and "
+                             "seed; its SFT settings are not checked) instead of building them again")
     parser.add_argument("--quick", action="store_true",
                         help="1 seed, 2 steps of 2 tasks x 2 rollouts, 30 SFT steps of 8, 4 validation tasks: checks "
                              "that every arm runs (its figures mean nothing)")
