@@ -132,9 +132,8 @@ def run_seed(seed: int, args: argparse.Namespace, out: Path) -> dict:
 
 
 def http_tokens_per_second(model_dir: str, weights: dict, names: tuple[str, ...], args: argparse.Namespace) -> float:
-    """Generated tokens/s through the HTTP server with ``--clients`` concurrent openai clients."""
-    import openai
-
+    """Generated tokens/s through the HTTP server, the ``--clients`` openai clients in a process of
+    their own (``client_load``), so the engine's process holds none of their threads."""
     from spanrl.trainer_bridge.torch_backend.engine.policy_engine import PolicyEngine
     from spanrl.trainer_bridge.torch_backend.server.api_process import serve_in_process
 
@@ -145,30 +144,42 @@ def http_tokens_per_second(model_dir: str, weights: dict, names: tuple[str, ...]
     engine.start()
     server = serve_in_process(engine, "127.0.0.1", 0)
     try:
-        per_client = args.http_requests // args.clients
-        generated = [0] * args.clients
-
-        def client(number: int) -> None:
-            api = openai.OpenAI(base_url=server.base_url, api_key="unused", max_retries=0, timeout=600)
-            for request in range(per_client):
-                model = names[(number + request) % len(names)] if names else "policy"
-                reply = api.chat.completions.create(
-                    model=model, max_tokens=args.max_tokens, temperature=1.0,
-                    messages=[{"role": "user", "content": f"Question {number}-{request}: what is {request} + 1?"}])
-                generated[number] += reply.usage.completion_tokens if reply.usage else 0
-
-        client(0)  # warm-up
-        generated[0] = 0
-        threads = [threading.Thread(target=client, args=(n,)) for n in range(args.clients)]
-        started = time.perf_counter()
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
-        return sum(generated) / (time.perf_counter() - started)
+        command = [sys.executable, __file__, "--load-url", str(server.base_url), "--load-models",
+                   ",".join(names) or "policy", "--clients", str(args.clients), "--http-requests",
+                   str(args.http_requests), "--max-tokens", str(args.max_tokens)]
+        done = subprocess.run(command, check=True, capture_output=True, text=True)
+        return float(done.stdout.strip().splitlines()[-1])
     finally:
         server.stop()
         engine.stop()
+
+
+def client_load(args: argparse.Namespace) -> float:
+    """``--load-url``: ``--clients`` concurrent openai clients, each sending its share of
+    ``--http-requests`` chat completions (models of ``--load-models`` in turn); tokens/s."""
+    import openai
+
+    names = args.load_models.split(",")
+    per_client = args.http_requests // args.clients
+    generated = [0] * args.clients
+
+    def client(number: int) -> None:
+        api = openai.OpenAI(base_url=args.load_url, api_key="unused", max_retries=0, timeout=600)
+        for request in range(per_client):
+            reply = api.chat.completions.create(
+                model=names[(number + request) % len(names)], max_tokens=args.max_tokens, temperature=1.0,
+                messages=[{"role": "user", "content": f"Question {number}-{request}: what is {request} + 1?"}])
+            generated[number] += reply.usage.completion_tokens if reply.usage else 0
+
+    client(0)  # warm-up
+    generated[0] = 0
+    threads = [threading.Thread(target=client, args=(n,)) for n in range(args.clients)]
+    started = time.perf_counter()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return sum(generated) / (time.perf_counter() - started)
 
 
 def serving(args: argparse.Namespace) -> dict:
@@ -227,6 +238,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--skip-training", action="store_true", help="the serving measurement only")
+    parser.add_argument("--skip-serving", action="store_true", help="the training arms only")
     parser.add_argument("--output-dir", default="runs/bench_adapters_sql")
     # one arm in a child process (run_arm_process)
     parser.add_argument("--arm", choices=tuple(ARMS), help=argparse.SUPPRESS)
@@ -235,6 +247,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--arm-dir", help=argparse.SUPPRESS)
     parser.add_argument("--arm-out", help=argparse.SUPPRESS)
     parser.add_argument("--val-tasks", default="", help=argparse.SUPPRESS)
+    parser.add_argument("--load-url", help=argparse.SUPPRESS)  # the client load's process (client_load)
+    parser.add_argument("--load-models", default="policy", help=argparse.SUPPRESS)
     return parser.parse_args()
 
 
@@ -242,6 +256,9 @@ def main() -> int:
     args = parse_args()
     if args.arm:
         Path(args.arm_out).write_text(json.dumps(train_arm(args), default=str))
+        return 0
+    if args.load_url:
+        print(client_load(args))
         return 0
     out = Path(args.output_dir).resolve()
     out.mkdir(parents=True, exist_ok=True)
@@ -251,7 +268,8 @@ def main() -> int:
         for seed in args.seeds:
             results["seeds"][seed] = run_seed(seed, args, out)
             (out / "results.json").write_text(json.dumps(results, indent=2, default=str))
-    results["serving"] = serving(args)
+    if not args.skip_serving:
+        results["serving"] = serving(args)
     (out / "results.json").write_text(json.dumps(results, indent=2, default=str))
     print(results["command"])
     print(report(results))
