@@ -63,7 +63,9 @@ class WarmStart:
 
 @dataclass(frozen=True)
 class TrainingRun:
-    """One training run of a task; ``settings`` are more ``TrainSettings`` fields (e.g. kl_coef)."""
+    """One training run of a task; ``settings`` are more ``TrainSettings`` fields (e.g. kl_coef, or
+    ``adapters``: one LoRA adapter per agent); ``runner_env`` is added to ``spanrl run``'s environment
+    (e.g. ``SQL_AGENT_MODEL_PER_NODE=1``)."""
 
     output_dir: str
     model_dir: str
@@ -82,6 +84,8 @@ class TrainingRun:
     agents: tuple[str, ...] | None = None  # None: the task's
     val_tasks: str | None = None  # None: the task's validation file
     settings: dict[str, Any] = field(default_factory=dict)
+    runner_env: dict[str, str] = field(default_factory=dict)  # more environment of the agent's processes
+    endpoint_spans: bool = False  # the policy endpoint's own span of each call -> the run's receiver
 
 
 def prepare_model(task: Task, out: str, warm: WarmStart, progress: bool = True) -> str:
@@ -142,6 +146,7 @@ class _services:
 
     def __init__(self, task: Task, run: TrainingRun) -> None:
         self.task, self.run = task, run
+        self.spans_env: str | None = None  # the environment's spans endpoint before (endpoint_spans)
 
     def __enter__(self) -> tuple[Any, str]:
         from spanrl.child_processes import LocalServices, free_port
@@ -157,7 +162,13 @@ class _services:
             receiver = self.services.start_receiver(db, "--credit", run.credit or task.credit,
                                                     "--air-rules", task.air_rules if run.air else "off")
             self.services.start_runner(task.agent, bridge_port, receiver, run.concurrency, "--bridge-wait-s", "600",
-                                       python=task.runner_python)
+                                       python=task.runner_python,
+                                       env={**os.environ, **run.runner_env} if run.runner_env else None)
+            if run.endpoint_spans:  # read when the policy server starts (trainer_bridge/endpoint_spans.py)
+                from spanrl.trainer_bridge.endpoint_spans import SPANS_ENDPOINT_ENV
+
+                self.spans_env = os.environ.get(SPANS_ENDPOINT_ENV)
+                os.environ[SPANS_ENDPOINT_ENV] = receiver.otlp_endpoint
             return self._settings(out, db, policy_port, bridge_port), db
         except BaseException:
             self.services.stop()
@@ -182,6 +193,13 @@ class _services:
 
     def __exit__(self, *exc: object) -> None:
         self.services.stop()
+        if self.run.endpoint_spans:
+            from spanrl.trainer_bridge.endpoint_spans import SPANS_ENDPOINT_ENV
+
+            if self.spans_env is None:
+                os.environ.pop(SPANS_ENDPOINT_ENV, None)
+            else:
+                os.environ[SPANS_ENDPOINT_ENV] = self.spans_env
 
 
 def _accuracy(val_reward: float | None, scored: int, rollouts: int) -> float:

@@ -23,6 +23,10 @@ from typing import TYPE_CHECKING
 import torch
 
 from spanrl.trainer_bridge.backend import CHECKPOINT_DIR_MODE, make_owner_only_dir
+from spanrl.trainer_bridge.torch_backend.adapter_checkpoint import (  # per-agent adapters: one peft folder each
+    ADAPTERS_DIR,
+    STATE_FILE,
+)
 from spanrl.trainer_bridge.torch_backend.config import TrainerConfig
 
 if TYPE_CHECKING:
@@ -30,10 +34,8 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-STATE_FILE = "trainer_state.json"
 OPTIMIZER_FILE = "optimizer.pt"
 ADAPTER_DIR = "adapter"
-ADAPTERS_DIR = "adapters"  # per-agent adapters (multi_adapter.py): one peft folder per adapter
 CHECKPOINT_PREFIX = "step-"
 
 

@@ -5,6 +5,8 @@ Registered by ``core/cli.py``, which builds ``ServeSettings`` (flags, then
 ``core/settings_loader.py``), prints them at start-up and calls ``_serve``.
 The engine is ``policy_engine.PolicyEngine``, the HTTP app ``policy_server.create_app``; the
 app runs in a child process (``api_process.py``) unless ``--single-process`` is given.
+A torch-backend checkpoint trained with per-agent adapters (``adapters/<name>/`` beside the
+base) is served with every adapter, routed as during training (``adapter_checkpoint.py``).
 Imports nothing heavy at module level.
 """
 
@@ -98,6 +100,14 @@ def _serve(settings: ServeSettings) -> int:
 
         PromptResources.from_file(settings.prompts)
     weights_admin = weights_admin_of(settings)
+    from spanrl.trainer_bridge.torch_backend.adapter_checkpoint import checkpoint_adapter_specs
+
+    adapters = checkpoint_adapter_specs(settings.model_dir)  # a bad adapter file is said before any load
+    if adapters and weights_admin is not None:
+        from spanrl.errors import SettingError
+
+        raise SettingError("admin_token/weights_dir with a checkpoint that has adapters: loading new weights over "
+                           "HTTP replaces the base model only; serve a checkpoint with adapters without them")
     from spanrl.server_security import TlsSetupError, check_tls_pair
 
     try:  # before the model loads; the server warns when it is exposed (app.check_server_security)
@@ -113,15 +123,7 @@ def _serve(settings: ServeSettings) -> int:
 
         os.environ[SPANS_ENDPOINT_ENV] = settings.spans_endpoint
 
-    from spanrl.trainer_bridge.torch_backend.engine.policy_engine import PolicyEngine
-
-    own_name = next((name for name in settings.served_model_name if name != ANY_NAME), None)
-    engine = PolicyEngine.from_pretrained(
-        settings.model_dir, device=settings.device, dtype=settings.dtype,
-        model_name=own_name, version=settings.policy_version,
-        max_batch_size=settings.max_batch_size, batch_wait_s=settings.batch_wait_ms / 1000.0,
-        max_queued_requests=settings.max_queued_requests,
-    ).start()
+    engine = _start_engine(settings, adapters)
     if settings.single_process:
         return _serve_in_this_process(settings, engine, weights_admin, tls)
     from spanrl.trainer_bridge.torch_backend.server.api_process import serve_in_process
@@ -137,7 +139,8 @@ def _serve(settings: ServeSettings) -> int:
     except RuntimeError:  # the front end did not start: not the user's doing, shown with its traceback
         engine.stop()
         raise
-    print(f"serving model {engine.model_name!r} on {handle.base_url} (HTTP in process {handle.process.pid})")
+    print(f"serving model {engine.model_name!r}{_adapters_note(engine)} on {handle.base_url} "
+          f"(HTTP in process {handle.process.pid})")
     try:
         status = handle.wait()  # Ctrl-C reaches both processes; the front end shuts down cleanly
     except KeyboardInterrupt:
@@ -148,6 +151,31 @@ def _serve(settings: ServeSettings) -> int:
     return 0 if status in (0, -2, 130) else 1
 
 
+def _start_engine(settings: ServeSettings, adapters: tuple) -> Any:
+    """The started engine of ``settings.model_dir``, serving ``adapters`` (a checkpoint's) too."""
+    from spanrl.trainer_bridge.torch_backend.engine.policy_engine import PolicyEngine
+
+    own_name = next((name for name in settings.served_model_name if name != ANY_NAME), None)
+    engine = PolicyEngine.from_pretrained(
+        settings.model_dir, device=settings.device, dtype=settings.dtype,
+        model_name=own_name, version=settings.policy_version,
+        max_batch_size=settings.max_batch_size, batch_wait_s=settings.batch_wait_ms / 1000.0,
+        max_queued_requests=settings.max_queued_requests,
+    )
+    if adapters:  # the base and every adapter at once, as the training run served them
+        from spanrl.trainer_bridge.torch_backend.adapter_checkpoint import load_adapter_weights
+
+        engine.attach_adapters(load_adapter_weights(engine.model, settings.model_dir, adapters),
+                               {spec.name: spec.agents for spec in adapters})
+    engine.start()
+    return engine
+
+
+def _adapters_note(engine: Any) -> str:
+    adapters = engine.adapters
+    return f" with adapters {', '.join(f'{n!r} (agents {list(a)})' for n, a in adapters.items())}" if adapters else ""
+
+
 def _serve_in_this_process(settings: ServeSettings, engine: Any, weights_admin: Any, tls: bool) -> int:
     """``--single-process``: uvicorn in this process, over the engine's own thread."""
     import uvicorn
@@ -155,7 +183,7 @@ def _serve_in_this_process(settings: ServeSettings, engine: Any, weights_admin: 
     from spanrl.trainer_bridge.torch_backend.server.app import check_server_security, create_app
 
     check_server_security(settings.host, settings.token, settings.tls_cert, settings.tls_key)
-    print(f"serving model {engine.model_name!r} on {'https' if tls else 'http'}://{settings.host}:{settings.port}/v1")
+    print(f"serving model {engine.model_name!r}{_adapters_note(engine)} on {'https' if tls else 'http'}://{settings.host}:{settings.port}/v1")
     try:
         uvicorn.run(create_app(engine, settings.token, weights_admin=weights_admin,
                                model_names=settings.served_model_name, prompts=settings.prompts or None),
