@@ -223,7 +223,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--share", type=float, default=None,
                         help="the demonstrations' share of the weaker behaviour (default: each task's)")
     parser.add_argument("--preset", default="tiny")
-    parser.add_argument("--settings", default="", help="more train settings as JSON, e.g. '{\"kl_coef\": 0.01}'")
+    parser.add_argument("--settings", default="",
+                        help="more train settings as JSON, e.g. '{\"kl_coef\": 0.01}' or "
+                             "'{\"trainer\": {\"ppo_epochs\": 4}}'")
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--val-subset", type=int, default=0, help="score only the first N validation tasks")
     parser.add_argument("--device", default="cpu")

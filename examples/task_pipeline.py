@@ -180,6 +180,8 @@ class _services:
 
         task, run = self.task, self.run
         agents = task.agents if run.agents is None else run.agents
+        extra = dict(run.settings)
+        trainer = TrainerConfig(**{"keep_checkpoints": 1, **extra.pop("trainer", {})})  # e.g. {"ppo_epochs": 4}
         return TrainSettings(**{
             "tasks": str(task.train_tasks), "val_tasks": run.val_tasks or str(task.val_tasks), "model": run.model_dir,
             "output_dir": os.path.join(out, "run"), "store": db, "reward": task.reward,
@@ -188,8 +190,7 @@ class _services:
             "learning_rate": run.learning_rate, "val_every": run.val_every, "val_temperature": 0.0,
             "rollout_timeout_s": run.rollout_timeout_s, "checkpoint_every": 0, "policy_port": policy_port,
             "bridge_port": bridge_port, "device": run.device, "seed": run.seed, "receiver_wait_s": 60.0,
-            "runner_wait_warn_s": 120.0, "trainer": TrainerConfig(keep_checkpoints=1),
-            **run.settings})
+            "runner_wait_warn_s": 120.0, "trainer": trainer, **extra})
 
     def __exit__(self, *exc: object) -> None:
         self.services.stop()

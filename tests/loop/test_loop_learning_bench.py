@@ -57,3 +57,17 @@ def test_the_table_replaces_only_the_block_between_the_markers(bench, tmp_path):
     text = results.read_text()
     assert "old table" not in text and block in text
     assert text.startswith("# Results\n\nbefore\n\n") and text.endswith("\n\nafter: the log\n")
+
+
+def test_trainer_settings_given_as_json_reach_the_trainer(bench, tmp_path):
+    """``--settings '{"trainer": {"ppo_epochs": 4}}'``: the trainer block is merged into the run's
+    trainer (which keeps one checkpoint), the other keys stay top-level settings."""
+    from spanrl.examples.sql_agent.pipeline import TASK
+    from spanrl.examples.task_pipeline import TrainingRun, _services
+
+    run = TrainingRun(output_dir=str(tmp_path), model_dir="m",
+                      settings={"trainer": {"ppo_epochs": 4}, "kl_coef": 0.01})
+    settings = _services(TASK, run)._settings(str(tmp_path), str(tmp_path / "db"), 1, 2)
+    assert settings.trainer.ppo_epochs == 4 and settings.trainer.keep_checkpoints == 1
+    assert settings.algorithm_config.ppo_epochs == 4 and settings.algorithm_config.kl_coef == 0.01
+    assert run.settings == {"trainer": {"ppo_epochs": 4}, "kl_coef": 0.01}  # the run is left as it was
