@@ -181,7 +181,9 @@ class _services:
         task, run = self.task, self.run
         agents = task.agents if run.agents is None else run.agents
         extra = dict(run.settings)
-        trainer = TrainerConfig(**{"keep_checkpoints": 1, **extra.pop("trainer", {})})  # e.g. {"ppo_epochs": 4}
+        trainer = extra.pop("trainer", {})  # a TrainerConfig, or its keys as a dict: {"ppo_epochs": 4}
+        if not isinstance(trainer, TrainerConfig):
+            trainer = TrainerConfig(**{"keep_checkpoints": 1, **trainer})
         return TrainSettings(**{
             "tasks": str(task.train_tasks), "val_tasks": run.val_tasks or str(task.val_tasks), "model": run.model_dir,
             "output_dir": os.path.join(out, "run"), "store": db, "reward": task.reward,

@@ -64,6 +64,7 @@ def test_trainer_settings_given_as_json_reach_the_trainer(bench, tmp_path):
     trainer (which keeps one checkpoint), the other keys stay top-level settings."""
     from spanrl.examples.sql_agent.pipeline import TASK
     from spanrl.examples.task_pipeline import TrainingRun, _services
+    from spanrl.trainer_bridge.torch_backend.config import TrainerConfig
 
     run = TrainingRun(output_dir=str(tmp_path), model_dir="m",
                       settings={"trainer": {"ppo_epochs": 4}, "kl_coef": 0.01})
@@ -71,3 +72,7 @@ def test_trainer_settings_given_as_json_reach_the_trainer(bench, tmp_path):
     assert settings.trainer.ppo_epochs == 4 and settings.trainer.keep_checkpoints == 1
     assert settings.algorithm_config.ppo_epochs == 4 and settings.algorithm_config.kl_coef == 0.01
     assert run.settings == {"trainer": {"ppo_epochs": 4}, "kl_coef": 0.01}  # the run is left as it was
+    given = TrainerConfig(keep_checkpoints=2, ppo_epochs=3)  # a whole TrainerConfig is taken as it is
+    run = TrainingRun(output_dir=str(tmp_path), model_dir="m", settings={"trainer": given})
+    trainer = _services(TASK, run)._settings(str(tmp_path), str(tmp_path / "db"), 1, 2).trainer
+    assert (trainer.keep_checkpoints, trainer.ppo_epochs) == (2, 3)
