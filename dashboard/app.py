@@ -169,8 +169,10 @@ def create_app(settings: DashboardSettings) -> FastAPI:
 
 def exact_text(text: str) -> Markup:
     """Model text for HTML, escaped, with carriage returns as character references: an HTML
-    parser turns a literal CR into a line feed, but keeps ``&#13;`` (only NUL cannot be kept)."""
-    return Markup(str(escape(text)).replace("\r", "&#13;"))
+    parser turns a literal CR into a line feed, but keeps ``&#13;``. NUL cannot be kept: in body
+    text a parser drops it (a sampled NUL token would vanish from the page), so it is shown as
+    U+FFFD, the replacement character."""
+    return Markup(str(escape(text)).replace("\r", "&#13;").replace("\x00", "\ufffd"))
 
 
 def format_number(value: Any, digits: int = 3) -> str:

@@ -85,6 +85,15 @@ def test_run_page_draws_one_point_per_step_with_the_spread_and_agents(run, page)
     screenshot(page, "run")
 
 
+def test_model_text_reaches_the_browser_exactly_but_nul_shows_as_a_replacement(page):
+    from spanrl.dashboard.app import exact_text
+
+    # what the templates do with a token's text: a CR kept, a NUL (dropped by any HTML parser in
+    # body text, so a sampled NUL token would vanish) shown as U+FFFD, markup escaped
+    page.set_content(f"<pre><span id='t'>{exact_text('a<b>&' + chr(13) + 'x' + chr(0) + 'y')}</span></pre>")
+    assert page.text_content("#t") == "a<b>&\rx\ufffdy"
+
+
 def test_rollout_page_shows_the_tree_rewards_on_their_calls_and_tokens(run, page):
     from transformers import AutoTokenizer
 
