@@ -20,7 +20,10 @@ def test_a_google_adk_sequential_agent_trains_with_each_call_named_by_its_agent(
     server = serve_policy()
     stdout, rollout = run_unmodified([str(HERE / "agents" / "google_adk_agent.py")], server, receiver,
                                      "google-adk-1", VENV_BIN, extra_env={"LITELLM_LOCAL_MODEL_COST_MAP": "True"})
-    assert decoded_replies(server, rollout) == json.loads(stdout.strip().splitlines()[-1])
+    # ADK sends no event for an empty reply (a random tiny model may sample EOS first), so the
+    # printed replies are the decoded ones that are not empty, in call order
+    printed = json.loads(stdout.strip().splitlines()[-1])
+    assert [reply for reply in decoded_replies(server, rollout) if reply] == printed
     prompts = decoded_prompts(server, rollout)
     assert "Plan the answer." in prompts[0] and "Answer with ANSWER n." in prompts[1]
     assert [t.agent_name for t in rollout.transitions] == ["planner", "solver"]
