@@ -7,6 +7,9 @@ reason is listed under "skips that are not allowed" and turns the exit status to
 Folders whose environment a run lacks (tests/verl_backend without vLLM, tests/frameworks before
 their venvs are built) are not collected there (``collect_ignore``), which is no skip.
 
+Under pytest-xdist (``-n 2`` in CI) each worker runs torch on one thread, and the long folders
+are collected first (below).
+
 And fixtures every test folder may use: a self-signed TLS certificate made here (``cryptography``),
 for the servers that speak HTTPS from ``tls_cert``/``tls_key`` (receiver, bridge, policy
 server, gateway, proxy).
@@ -16,6 +19,7 @@ from __future__ import annotations
 
 import datetime
 import ipaddress
+import os
 import re
 
 import pytest
@@ -37,6 +41,28 @@ def _check(report: pytest.CollectReport | pytest.TestReport) -> None:
         reason = skip_reason(report)
         if not ALLOWED_SKIP.search(reason):
             _not_allowed.append((report.nodeid, reason))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Under pytest-xdist (CI runs ``-n 2`` on 2 cores) each worker, and every process it starts,
+    runs torch and OpenMP on one thread: two workers with a thread per core each oversubscribe
+    the cores, and OpenMP's spinning threads then make torch several times slower."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+
+# Folders whose files run longest (their servers, agents and training runs): collected first, so
+# that with pytest-xdist (``--dist loadfile --no-loadscope-reorder`` in pyproject) the workers
+# start on them and end on short files instead of one worker finishing a long file alone.
+LONG_FOLDERS_FIRST = ("tests/loop/", "tests/trainer_bridge/", "tests/verl_backend/")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    def rank(item: pytest.Item) -> int:
+        return next((i for i, folder in enumerate(LONG_FOLDERS_FIRST) if item.nodeid.startswith(folder)),
+                    len(LONG_FOLDERS_FIRST))
+
+    items.sort(key=rank)  # stable: each folder keeps its own order
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:

@@ -44,13 +44,15 @@ def span_exporter(tracer_provider):
 
 
 @pytest.fixture(scope="session")
-def demo_warm_model(tmp_path_factory) -> str:
+def demo_warm_model(tmp_path_factory, worker_id) -> str:
     """The demo's warm-started calculator model (its own ``prepare_model``: a tiny model, 300 SFT
-    steps, ~40 s on an idle 2-core machine), made once for the tests that run ``spanrl demo``:
-    each trains it through ``--model`` into its own output folder."""
+    steps, ~40 s on an idle 2-core machine), made once per test run (shared by xdist's workers)
+    for the tests that run ``spanrl demo``: each trains it through ``--model`` into its own
+    output folder."""
     import os
 
     from spanrl.demo import DemoSettings, prepare_model
+    from tests.worker_cache import built_once
 
-    out = tmp_path_factory.mktemp("demo-model")
-    return prepare_model(DemoSettings(sft_steps=300, device=os.environ.get("SPANRL_TEST_DEVICE", "cpu")), str(out))
+    settings = DemoSettings(sft_steps=300, device=os.environ.get("SPANRL_TEST_DEVICE", "cpu"))
+    return built_once(tmp_path_factory, worker_id, "demo-model", lambda out: prepare_model(settings, str(out)))
