@@ -29,8 +29,8 @@ build() {
     local started=$SECONDS
     rm -f ".venv-$name/$READY"
     python3 -m venv ".venv-$name"
-    ".venv-$name/bin/python" -m pip install -q --no-compile -U pip setuptools wheel
-    ".venv-$name/bin/python" -m pip install -q --no-compile -e . "$@"
+    ".venv-$name/bin/python" -m pip install -q -U pip setuptools wheel
+    ".venv-$name/bin/python" -m pip install -q -e . "$@"
     touch ".venv-$name/$READY"
     echo "frameworks_env: .venv-$name built in $((SECONDS - started)) s"
 }
