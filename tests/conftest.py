@@ -71,6 +71,28 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=rank)  # stable: each folder keeps its own order
 
 
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    """``--dist loadfile`` (pyproject's addopts), except that the modules against a running vLLM
+    (tests/verl_backend/vllm_server.py) go to one worker together: they share its session
+    fixture, slow to start, which then starts once per run instead of once per worker. (xdist's
+    own ``--dist loadgroup`` groups by marks, but not with pytest 9.2: it renames test ids through
+    an attribute pytest no longer reads.)"""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    from tests.verl_backend.vllm_server import VLLM_MODULES
+
+    shared = {path: "vllm-server" for path in VLLM_MODULES}
+
+    class GroupedFileScheduling(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            file = super()._split_scope(nodeid)
+            return shared.get(file, file)
+
+    return GroupedFileScheduling(config, log)
+
+
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     _check(report)
 

@@ -10,11 +10,16 @@ does not collect this folder; nothing here is skipped where it runs.
 from __future__ import annotations
 
 import importlib.util
+import os
+import signal
+import subprocess
+import time
 
 import pytest
 
 if importlib.util.find_spec("vllm") is None:  # the main environment: these run in .venv-verl
     collect_ignore_glob = ["test_*.py"]
+
 
 
 @pytest.fixture(scope="session")
@@ -73,3 +78,35 @@ def exposed_sockets():
         return found
 
     return exposed
+
+
+@pytest.fixture(scope="session")
+def vllm_server(tiny_models, tmp_path_factory):
+    """vLLM's OpenAI-compatible server (the CPU build) on the tied tiny model, on a free loopback
+    port, for the whole run (vllm_server.py says why and how); its base URL, without ``/v1``.
+    Stopped with its engine processes (its process group) at the end."""
+    from spanrl.child_processes import free_port
+
+    from .vllm_server import VLLM_CPU_ENV, VLLM_READY_TIMEOUT_S, healthy, vllm_command
+
+    port = free_port()
+    log_path = tmp_path_factory.mktemp("vllm") / "vllm.log"
+    with open(log_path, "wb") as log:
+        server = subprocess.Popen(vllm_command(tiny_models["tied"], port), env={**os.environ, **VLLM_CPU_ENV},
+                                  stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + VLLM_READY_TIMEOUT_S
+        while not healthy(url):
+            assert server.poll() is None, f"vLLM exited ({server.returncode}):\n{log_path.read_text()[-4000:]}"
+            assert time.monotonic() < deadline, (
+                f"vLLM not ready in {VLLM_READY_TIMEOUT_S:g} s:\n{log_path.read_text()[-4000:]}")
+            time.sleep(1.0)
+        yield url
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        try:
+            server.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait()

@@ -1,15 +1,14 @@
-"""``spanrl proxy`` in front of vLLM (its CPU build), as users run vLLM: one ``vllm serve`` of a
-tiny model for this module, the real ``openai`` client through the proxy, the proxy's spans to a
-real ``spanrl receive``. Chat (streamed or not), completions, the Responses API (streamed or
-not) and tools (offered, an earlier call and its result) pass; a prompt candidate for the model
-replaces the agent's instructions before vLLM sees them (its prompt ids say so); every call is
-one transition with vLLM's token ids. (A random tiny model writes no tool call of its own; the
-proxy relaying one is tested with a warm-started model in tests/trainer_bridge/test_proxy.py.)"""
+"""``spanrl proxy`` in front of vLLM (its CPU build), as users run vLLM: ``vllm serve`` of a
+tiny model (the folder's one server, conftest.py's ``vllm_server``), the real ``openai`` client
+through the proxy, the proxy's spans to a real ``spanrl receive``. Chat (streamed or not),
+completions, the Responses API (streamed or not) and tools (offered, an earlier call and its
+result) pass; a prompt candidate for the model replaces the agent's instructions before vLLM
+sees them (its prompt ids say so); every call is one transition with vLLM's token ids. (A random
+tiny model writes no tool call of its own; the proxy relaying one is tested with a warm-started
+model in tests/trainer_bridge/test_proxy.py.)"""
 
 from __future__ import annotations
 
-import os
-import signal
 import subprocess
 import sys
 import time
@@ -27,38 +26,6 @@ SERVED = "tiny"
 WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
     "type": "object", "properties": {"city": {"type": "string", "enum": ["Paris", "Rome"]}}, "required": ["city"],
     "additionalProperties": False}}}
-VLLM_CPU_ENV = {"VLLM_TARGET_DEVICE": "cpu", "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind",
-                "OMP_NUM_THREADS": "1"}
-
-
-@pytest.fixture(scope="module")
-def vllm_server(tiny_models):
-    """``vllm serve`` of the tiny model on a free port (tool calls parsed as hermes), stopped after the module."""
-    port = free_port()
-    process = subprocess.Popen(
-        [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", tiny_models["tied"],
-         "--served-model-name", SERVED, "--host", "127.0.0.1", "--port", str(port), "--max-model-len", "1024",
-         "--enforce-eager", "--enable-auto-tool-choice", "--tool-call-parser", "hermes"],
-        env={**os.environ, **VLLM_CPU_ENV}, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-        start_new_session=True)  # its engine and worker processes share its process group
-    try:
-        deadline = time.monotonic() + 480
-        while True:
-            assert process.poll() is None, f"vllm serve exited: {process.stderr.read()[-3000:]}"
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=5):
-                    break
-            except OSError:
-                assert time.monotonic() < deadline, "vllm serve did not start within 480 s"
-                time.sleep(1)
-        yield f"http://127.0.0.1:{port}/v1"
-    finally:
-        os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
 
 
 @pytest.fixture(scope="module")
@@ -99,7 +66,7 @@ def test_the_proxy_relays_every_api_to_vllm_with_its_ids_and_the_substituted_ins
 
     prompts = tmp_path / "prompts.yaml"
     prompts.write_text(f"{SERVED}: Answer as the proxy says.\n")  # a resource for every agent calling the model
-    proxy = start_proxy(ProxySettings(upstream=vllm_server, port=0, token_ids=True, prompts=str(prompts),
+    proxy = start_proxy(ProxySettings(upstream=f"{vllm_server}/v1", port=0, token_ids=True, prompts=str(prompts),
                                       spans_endpoint=receiver["grpc"]))
     tokenizer = AutoTokenizer.from_pretrained(tiny_models["tied"])
     try:
@@ -131,7 +98,7 @@ def test_the_proxy_relays_every_api_to_vllm_with_its_ids_and_the_substituted_ins
                    "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
                   {"role": "tool", "tool_call_id": "call_1", "content": "21 C"}]
         tools = api.chat.completions.create(model=SERVED, messages=[*own, *called], tools=[WEATHER], max_tokens=6)
-        direct = openai.OpenAI(base_url=vllm_server, api_key="unused", max_retries=0).chat.completions.create(
+        direct = openai.OpenAI(base_url=f"{vllm_server}/v1", api_key="unused", max_retries=0).chat.completions.create(
             model=SERVED, messages=[{"role": "system", "content": "Answer as the proxy says."}, own[1], *called],
             tools=[WEATHER], max_tokens=1, extra_body={"return_token_ids": True})
         assert tools.model_extra["prompt_token_ids"] == direct.model_extra["prompt_token_ids"]  # the same request

@@ -2,8 +2,8 @@
 an unchanged OpenAI-SDK agent of tests/instrumentation/agents under `opentelemetry-instrument`
 sends its spans to the real receiver, whose transitions must carry exactly the ids vLLM saw and
 sampled; and the verl backend's gateway relays agents' calls to vLLM with ids, version and its own
-model name. One vLLM server serves the whole module (it takes 30-90 s to start on CPU); it samples
-greedily, so a call asked again directly gives the engine's ids to compare with."""
+model name. vLLM is the folder's one server (conftest.py's ``vllm_server``); it samples greedily by
+default, so a call asked again directly gives the engine's ids to compare with."""
 
 from __future__ import annotations
 
@@ -18,60 +18,20 @@ import httpx
 import openai
 import pytest
 
-from spanrl.child_processes import free_port
 from spanrl.instrumentation import semconv
 from spanrl.otlp_receiver.server import ReceiverServer
 from spanrl.otlp_receiver.settings import ReceiverSettings
 from spanrl.otlp_receiver.store import SpanStore
 from spanrl.trainer_bridge.verl_backend.gateway import GatewayConfig, start_gateway
 
+from .vllm_server import VLLM_MAX_NEW_TOKENS
+
 REPO = Path(__file__).resolve().parents[2]
 AGENTS = REPO / "tests" / "instrumentation" / "agents"
 MESSAGES = [{"role": "user", "content": "What is 2+3?"}]  # what openai_calls_agent.py asks
 SERVED = "policy"  # the model name the test agents call
-MAX_NEW_TOKENS = 6
-VLLM_CPU_ENV = {"VLLM_TARGET_DEVICE": "cpu", "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
-READY_TIMEOUT_S = 420.0
-# the first test also waits for vLLM to start (measured 30-90 s on 2 quiet cores, minutes on busy ones)
+# the first test may also wait for vLLM to start (measured 30-90 s on 2 quiet cores, minutes on busy ones)
 pytestmark = pytest.mark.timeout(900)
-
-
-@pytest.fixture(scope="module")
-def vllm(tiny_models, tmp_path_factory):
-    """vLLM's OpenAI-compatible server on the tiny model, greedy, on a free loopback port; its
-    base URL (without /v1). Stopped after the module."""
-    port = free_port()
-    log_path = tmp_path_factory.mktemp("vllm") / "vllm.log"
-    command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", tiny_models["tied"],
-               "--served-model-name", SERVED, "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32",
-               "--enforce-eager", "--max-model-len", "256", "--seed", "0", "--generation-config", "vllm",
-               "--override-generation-config", json.dumps({"max_new_tokens": MAX_NEW_TOKENS, "temperature": 0})]
-    with open(log_path, "wb") as log:
-        server = subprocess.Popen(command, env={**os.environ, **VLLM_CPU_ENV}, stdout=log, stderr=subprocess.STDOUT,
-                                  start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + READY_TIMEOUT_S
-        while not _healthy(url):
-            assert server.poll() is None, f"vLLM exited ({server.returncode}):\n{log_path.read_text()[-4000:]}"
-            assert time.monotonic() < deadline, (
-                f"vLLM not ready in {READY_TIMEOUT_S:g} s:\n{log_path.read_text()[-4000:]}")
-            time.sleep(1.0)
-        yield url
-    finally:
-        server.terminate()
-        try:
-            server.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
-
-
-def _healthy(url: str) -> bool:
-    try:
-        return httpx.get(f"{url}/health", timeout=2.0).status_code == 200
-    except httpx.HTTPError:
-        return False
 
 
 def engine_chat(url: str) -> tuple[list[int], list[int]]:
@@ -83,7 +43,7 @@ def engine_chat(url: str) -> tuple[list[int], list[int]]:
     return answer["prompt_token_ids"], answer["choices"][0]["token_ids"]
 
 
-def test_an_sdk_agents_transitions_carry_the_ids_vllm_saw_and_sampled(vllm, tmp_path):
+def test_an_sdk_agents_transitions_carry_the_ids_vllm_saw_and_sampled(vllm_server, tmp_path):
     db = tmp_path / "spanrl.db"
     receiver = ReceiverServer(ReceiverSettings(grpc_port=0, http_port=0, db=str(db), grace_s=0.2, poll_s=0.05,
                                                idle_timeout_s=0)).start()
@@ -91,7 +51,7 @@ def test_an_sdk_agents_transitions_carry_the_ids_vllm_saw_and_sampled(vllm, tmp_
         env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "OPENAI_"))}
         env.update(OTEL_EXPORTER_OTLP_ENDPOINT=f"http://127.0.0.1:{receiver.grpc_port}", OTEL_TRACES_EXPORTER="otlp",
                    OTEL_SERVICE_NAME="live-agent", OTEL_RESOURCE_ATTRIBUTES=f"{semconv.ROLLOUT_ID}=live",
-                   OPENAI_BASE_URL=f"{vllm}/v1", OPENAI_API_KEY="unused", PYTHONUNBUFFERED="1")
+                   OPENAI_BASE_URL=f"{vllm_server}/v1", OPENAI_API_KEY="unused", PYTHONUNBUFFERED="1")
         instrument = str(Path(sys.executable).parent / "opentelemetry-instrument")
         result = subprocess.run([instrument, sys.executable, str(AGENTS / "openai_calls_agent.py"), "quick"],
                                 env=env, capture_output=True, text=True, timeout=300)
@@ -110,8 +70,8 @@ def test_an_sdk_agents_transitions_carry_the_ids_vllm_saw_and_sampled(vllm, tmp_
     finally:
         receiver.stop()
     assert rollout is not None and len(rollout.transitions) == len(made) == 4, rollout
-    prompt_ids, response_ids = engine_chat(vllm)
-    assert 1 <= len(response_ids) <= MAX_NEW_TOKENS
+    prompt_ids, response_ids = engine_chat(vllm_server)
+    assert 1 <= len(response_ids) <= VLLM_MAX_NEW_TOKENS
     for transition in rollout.transitions:
         assert list(transition.prompt_token_ids) == prompt_ids
         assert list(transition.response_token_ids) == response_ids
@@ -119,9 +79,9 @@ def test_an_sdk_agents_transitions_carry_the_ids_vllm_saw_and_sampled(vllm, tmp_
     assert not [p for p in rollout.problems if "token ids" in p], rollout.problems
 
 
-def test_the_gateway_relays_agents_calls_to_vllm_with_ids_and_the_policy_version(vllm):
-    prompt_ids, response_ids = engine_chat(vllm)
-    gateway = start_gateway(GatewayConfig(served_model_name="policy-in-training", spans_endpoint="off"), [vllm])
+def test_the_gateway_relays_agents_calls_to_vllm_with_ids_and_the_policy_version(vllm_server):
+    prompt_ids, response_ids = engine_chat(vllm_server)
+    gateway = start_gateway(GatewayConfig(served_model_name="policy-in-training", spans_endpoint="off"), [vllm_server])
     try:
         gateway.set_policy_version(4)
         client = openai.OpenAI(base_url=gateway.url, api_key="unused", max_retries=0)
