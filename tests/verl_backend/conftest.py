@@ -21,7 +21,6 @@ if importlib.util.find_spec("vllm") is None:  # the main environment: these run 
     collect_ignore_glob = ["test_*.py"]
 
 
-
 @pytest.fixture(scope="session")
 def tiny_models(tmp_path_factory):
     """Two tiny Qwen2 models from `spanrl model init`: its own (tied embeddings, as it writes
