@@ -157,3 +157,49 @@ def test_the_endpoint_span_names_the_adapter_that_served_the_call(engine):
     assert [span.attributes.get(semconv.LLM_ADAPTER) for span in recorded] == ["writer", "fixers", None]
     assert [list(span.attributes[semconv.llm_response_token_ids(0)]) for span in recorded] == served
     assert recorded[1].attributes[semconv.AGENT_NAME] == "rewriter"
+
+
+def doubled(weights, adapter: str):
+    """``adapter``'s weights with ``scaling * B`` doubled (another adapter, same shapes)."""
+    return {adapter: {path: (a, 2 * b) for path, (a, b) in weights[adapter].items()}}
+
+
+def test_swapping_one_adapter_leaves_the_other_rows_decoding(engine, trained):
+    trainer, _ = trained
+    weights = adapter_weights(trainer.model)
+    fixers_alone = engine.generate(PROMPT, greedy("fixers", 600), timeout=60).choices[0]
+    writer_before = engine.generate(PROMPT, greedy("writer"), timeout=60).choices[0]
+    version = engine.version
+    base_job = engine.submit(PROMPT, greedy(None, 600))
+    fixers_job = engine.submit(PROMPT, greedy("fixers", 600))
+    while base_job.policy_version is None or fixers_job.policy_version is None:
+        fixers_job.done.wait(0.001)  # both rows decoding
+    engine.swap_adapters(doubled(weights, "writer"), version + 1, timeout=60)
+    # applied between two steps of the other rows, which decode on (the swap does not touch them)
+    assert not base_job.done.is_set() and not fixers_job.done.is_set()
+    assert engine.version == version + 1
+    writer_after = engine.generate(PROMPT, greedy("writer"), timeout=60)
+    fixers = fixers_job.wait(60)
+    assert fixers.policy_version == version  # one weight set from start to end: the old version's
+    assert fixers.choices[0].token_ids == fixers_alone.token_ids
+    torch.testing.assert_close(torch.tensor(fixers.choices[0].logprobs), torch.tensor(fixers_alone.logprobs),
+                               atol=1e-5, rtol=0)
+    assert writer_after.policy_version == version + 1
+    assert writer_after.choices[0].logprobs != pytest.approx(writer_before.logprobs, abs=1e-4)
+    base_job.wait(60)
+
+
+def test_an_adapter_swap_waits_for_that_adapters_rows(engine, trained):
+    trainer, _ = trained
+    weights = adapter_weights(trainer.model)
+    writer_alone = engine.generate(PROMPT, greedy("writer", 300), timeout=60).choices[0]
+    writer_job = engine.submit(PROMPT, greedy("writer", 300))
+    while writer_job.policy_version is None:
+        writer_job.done.wait(0.001)
+    engine.swap_adapters(doubled(weights, "writer"), engine.version + 1, timeout=60)
+    # the running writer row finished on its old weights before the swap was applied
+    assert writer_job.done.is_set()
+    writer = writer_job.wait(0)
+    assert writer.choices[0].token_ids == writer_alone.token_ids
+    torch.testing.assert_close(torch.tensor(writer.choices[0].logprobs), torch.tensor(writer_alone.logprobs),
+                               atol=1e-5, rtol=0)

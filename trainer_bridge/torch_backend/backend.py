@@ -21,7 +21,7 @@ from spanrl.trainer_bridge.backend import BackendRun, TrainingSample, UpdateStat
 from spanrl.trainer_bridge.torch_backend.checkpoints import checkpoint_name, list_checkpoints
 from spanrl.trainer_bridge.torch_backend.config import TorchOptions, TrainerConfig
 from spanrl.trainer_bridge.torch_backend.fine_tune import fine_tune
-from spanrl.trainer_bridge.torch_backend.multi_adapter import adapter_weights
+from spanrl.trainer_bridge.torch_backend.multi_adapter import adapter_weights, trained_adapters
 from spanrl.trainer_bridge.torch_backend.trainer import TorchTrainer
 
 if TYPE_CHECKING:
@@ -54,8 +54,10 @@ class TorchBackend:
 
     def update(self, samples: Sequence[TrainingSample]) -> UpdateStats:
         stats = self.trainer.grpo_step(samples)
-        if self.trainer.config.adapters:  # the adapters' new weights; the base is frozen
-            self.engine.swap_adapters(adapter_weights(self.trainer.model), self.trainer.policy_version)
+        if self.trainer.config.adapters:  # the new weights of the adapters it trained; the base is frozen
+            # (the other adapters' rows decode on meanwhile: scheduler.py)
+            changed = adapter_weights(self.trainer.model, only=trained_adapters(stats))
+            self.engine.swap_adapters(changed, self.trainer.policy_version)
         else:
             self.engine.swap_weights(self.trainer.policy_state_dict(), self.trainer.policy_version)
         return UpdateStats(

@@ -140,9 +140,16 @@ def merged_stats(per_adapter: dict[str, dict[str, float]], seconds: float) -> di
     return merged
 
 
-def adapter_weights(model: Any) -> dict[str, dict[str, tuple[torch.Tensor, torch.Tensor]]]:
-    """Every adapter's weights for the engine: adapter -> HF module path -> (``A`` [r, in],
-    ``scaling * B`` [out, r]), copies on the CPU."""
+def trained_adapters(stats: dict[str, float]) -> set[str]:
+    """The adapters a step's statistics (``adapter_grpo_step``) say it trained (samples > 0)."""
+    return {key.split("/")[1] for key, value in stats.items()
+            if key.startswith("adapter/") and key.endswith("/samples") and value > 0}
+
+
+def adapter_weights(model: Any,
+                    only: set[str] | None = None) -> dict[str, dict[str, tuple[torch.Tensor, torch.Tensor]]]:
+    """Every adapter's weights (those named in ``only``, when given) for the engine: adapter ->
+    HF module path -> (``A`` [r, in], ``scaling * B`` [out, r]), copies on the CPU."""
     from peft.tuners.lora import LoraLayer
 
     out: dict[str, dict[str, tuple[torch.Tensor, torch.Tensor]]] = {}
@@ -153,6 +160,8 @@ def adapter_weights(model: Any) -> dict[str, dict[str, tuple[torch.Tensor, torch
             module: Any = found
             plain = path.replace("base_model.model.", "", 1)
             for name in module.lora_A:
+                if only is not None and name not in only:
+                    continue
                 a = module.lora_A[name].weight.detach().float().cpu().clone()
                 b = (module.lora_B[name].weight.detach().float() * module.scaling[name]).cpu()
                 out.setdefault(name, {})[plain] = (a, b)
@@ -170,5 +179,5 @@ def save_adapters(model: Any, folder: Path) -> None:
     model.save_pretrained(str(folder))
 
 
-__all__ = ["adapter_grpo_step", "adapter_parameters", "adapter_weights", "attach_adapters",
+__all__ = ["adapter_grpo_step", "adapter_parameters", "adapter_weights", "attach_adapters", "trained_adapters",
            "base_state_dict", "new_adapter_optimizers", "samples_by_adapter", "save_adapters"]

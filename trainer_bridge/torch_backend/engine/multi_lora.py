@@ -8,7 +8,8 @@ padding adds nothing). Before each forward pass the scheduler sets each row's sl
 (``set_rows``); the hook then gathers each row's ``A`` and ``B`` and adds
 ``bmm(bmm(x, A_row^T), B_row^T)`` to the base layer's output: one batched matmul pair per module
 for the whole batch, whatever mix of adapters it holds. A batch of base rows only skips the hooks'
-work. Weight swaps replace the stacks' values in place (``load``), between batches as every swap
+work. Weight swaps replace the stacks' values in place (``load``): a swap of some adapters only
+as soon as none of their rows decodes, the rows of the base and of other adapters going on
 (``scheduler.py``). The weights come from the trainer (``multi_adapter.adapter_weights``):
 adapter -> HF module path -> (``A`` [r, in], ``scaling * B`` [out, r]).
 """

@@ -10,7 +10,9 @@ streaming works inside a batch. Rows whose request constrains its output (a gram
 from logits masked by ``grammar.py``, in the same batch as free rows, which are not touched.
 Rows of different LoRA adapters share a batch and its forward passes (``multi_lora.py``).
 New weights are applied only when no row is decoding (while a swap is pending no new row
-joins), so every sequence is produced by exactly one policy version.
+joins), so every sequence is produced by exactly one policy version. A swap of some adapters'
+weights only (``AdapterSwap``) waits for those adapters' rows alone: rows of the base model and of
+the other adapters keep decoding and joining meanwhile, and it is applied between two steps.
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ from spanrl.trainer_bridge.torch_backend.engine.sampling import (
 logger = logging.getLogger(__name__)
 
 _WAKE = object()  # queued by a weight swap to wake an idle engine thread
+ALL = object()  # in ``_held_adapters``: a whole-model swap holds every row back
 
 
 class PendingSwap(NamedTuple):
@@ -145,8 +148,12 @@ class Scheduler:
 
     # ------------------------------------------------------------------ engine thread
 
-    def _apply_pending_swap(self) -> None:
+    def _apply_pending_swap(self, expected: PendingSwap | None = None) -> None:
+        """Apply the pending swap; with ``expected``, only if that is still the pending one (a swap
+        that superseded it after it was checked waits for its own safe moment)."""
         with self._swap_lock:
+            if expected is not None and self.pending_swap is not expected:
+                return
             swap, self.pending_swap = self.pending_swap, None
         if swap is None:
             return
@@ -186,6 +193,8 @@ class Scheduler:
             self._collect(block=idle and self.pending_swap is None)
             if idle:
                 self._apply_pending_swap()  # nothing is decoding: the only safe moment
+            elif (sparing := self._swap_sparing(running)) is not None:
+                self._apply_pending_swap(expected=sparing)  # nothing it changes is decoding
             if self._stopping:
                 break
             try:
@@ -209,6 +218,25 @@ class Scheduler:
                 item.fail(stopped)
         fail_rows(self._waiting, stopped)
         self._waiting = []
+
+    def _held_adapters(self) -> frozenset[object] | None:
+        """What a pending swap holds back from joining: None (nothing pending), the adapters an
+        adapter-only swap changes, or everything (a ``frozenset`` containing ``ALL``)."""
+        swap = self.pending_swap
+        if swap is None:
+            return None
+        if isinstance(swap.state_dict, AdapterSwap):
+            return frozenset(swap.state_dict.weights)
+        return frozenset([ALL])
+
+    def _swap_sparing(self, running: RunningBatch | None) -> PendingSwap | None:
+        """The pending swap when it changes only adapters no running row uses (it may be applied
+        now, the other rows decoding on: their weights are not touched); else None."""
+        swap = self.pending_swap
+        if swap is None or running is None or not isinstance(swap.state_dict, AdapterSwap):
+            return None
+        changed = swap.state_dict.weights
+        return None if any(row.request.params.adapter in changed for row in running.rows) else swap
 
     def _collect(self, block: bool) -> None:
         """Move queued requests into ``_waiting``; with ``block`` and nothing waiting, sleep
@@ -247,15 +275,17 @@ class Scheduler:
     def _admit_waiting(self, running: RunningBatch | None) -> RunningBatch | None:
         """Continuous batching: waiting rows join the running batch now, at the next step,
         instead of waiting for the whole batch to finish. Nothing joins while a weight swap
-        is pending: the running rows finish on the old weights, then the swap is applied."""
-        if not self._waiting or self.pending_swap is not None:
+        is pending (but rows of adapters an adapter-only swap leaves alone): the running rows
+        finish on the old weights, then the swap is applied."""
+        held = self._held_adapters()
+        if not self._waiting or (held is not None and ALL in held):
             return running
         if running is not None and not running.joinable:
             return running  # a cache that cannot be re-packed: new rows wait for the next batch
         if running is not None and not self._time_to_join(len(running.rows)):
             return running
         room = self.max_batch_size - (len(running.rows) if running is not None else 0)
-        rows = self._take_rows(room)
+        rows = self._take_rows(room, held or frozenset())
         if not rows:
             return running
         joining = self._prefill(rows)
@@ -271,19 +301,27 @@ class Scheduler:
             return True
         return time.monotonic() - self._waiting[0].queued_at >= self.batch_wait_s
 
-    def _take_rows(self, room: int) -> list[Row]:
-        """The oldest waiting rows that fit in ``room``, never splitting a request's choices.
+    def _take_rows(self, room: int, held: frozenset[object]) -> list[Row]:
+        """The oldest waiting rows that fit in ``room``, never splitting a request's choices,
+        passing over the requests of ``held`` adapters (a pending swap's; they keep their place).
         Requests cancelled while they waited finish here, without a forward pass."""
-        taken = 0
-        while taken < len(self._waiting):
-            size = self._waiting[taken].request.params.n
-            if taken + size > room:
+        taken: list[Row] = []
+        kept: list[Row] = []
+        index = 0
+        while index < len(self._waiting):
+            size = self._waiting[index].request.params.n  # a request's choices are contiguous
+            rows = self._waiting[index:index + size]
+            if rows[0].request.params.adapter in held:
+                kept.extend(rows)
+            elif len(taken) + size > room:
                 break
-            taken += size
-        rows, self._waiting = self._waiting[:taken], self._waiting[taken:]
+            else:
+                taken.extend(rows)
+            index += size
+        self._waiting = kept + self._waiting[index:]
         live = []
         skipping = False
-        for row in rows:  # a request's choices are contiguous, from choice 0: decided once per request
+        for row in taken:  # a request's choices are contiguous, from choice 0: decided once per request
             if row.choice == 0:
                 skipping = row.request.is_cancelled
                 if skipping:
