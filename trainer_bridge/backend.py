@@ -67,6 +67,9 @@ class BackendRun:
     algorithm: AlgorithmConfig
     endpoint: EndpointConfig
     options: Any = None  # the backend's own knobs (torch: TorchOptions, verl: VerlConfig)
+    # per-agent LoRA adapters (adapter_specs.AdapterSpec; ``adapters:``), read by the verl backend
+    # (the torch backend has them in its trainer config)
+    adapters: tuple = ()
 
 
 @dataclass(frozen=True)

@@ -130,6 +130,15 @@ class ServedCall:
 _serving: ContextVar[ServedCall | None] = ContextVar("spanrl_serving_call", default=None)
 
 
+def call_agent(headers: Mapping[str, str]) -> str | None:
+    """The agent that made the current call (its baggage's ``spanrl.agent.name``; header names in
+    lower case), read from the call being served when there is one; None when it names none."""
+    served = serving_call()
+    attributes = served.origin.attributes if served is not None else call_origin(headers).attributes
+    agent = attributes.get(semconv.AGENT_NAME)
+    return agent if isinstance(agent, str) and agent else None
+
+
 def serving_call() -> ServedCall | None:
     """The call an endpoint's span middleware is recording in this context (None: no span)."""
     return _serving.get()
@@ -322,5 +331,6 @@ class EndpointSpans:
         self.provider.shutdown()
 
 
-__all__ = ["CallOrigin", "EndpointSpans", "SPANS_ENDPOINT_ENV", "ServedCall", "call_origin", "serving", "serving_call",
+__all__ = ["CallOrigin", "EndpointSpans", "SPANS_ENDPOINT_ENV", "ServedCall", "call_agent", "call_origin", "serving",
+           "serving_call",
            "spans_protocol", "spans_target"]

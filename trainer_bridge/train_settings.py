@@ -23,12 +23,13 @@ from typing import Any
 
 from spanrl.errors import SettingError
 from spanrl.settings_loader import setting
+from spanrl.trainer_bridge.adapter_specs import parse_adapters
 from spanrl.trainer_bridge.algorithm import AlgorithmConfig, algorithm_of
 from spanrl.trainer_bridge.backend import BackendRun
 from spanrl.trainer_bridge.endpoint_backend.backend import EndpointOptions
 from spanrl.trainer_bridge.loop_settings import LoopSettings
 from spanrl.trainer_bridge.torch_backend.config import EngineConfig, TorchOptions, TrainerConfig
-from spanrl.trainer_bridge.verl_backend.config import TRAINER_KNOBS_VERL_HAS, VerlConfig
+from spanrl.trainer_bridge.verl_backend.config import TRAINER_KNOBS_VERL_HAS, VerlConfig, check_uniform_adapters
 
 logger = logging.getLogger(__name__)
 
@@ -56,7 +57,8 @@ class TrainSettings(LoopSettings):
                   "exclude": ENGINE_FROM_TOP_LEVEL},
     )
     adapters: dict = setting({}, "one LoRA adapter per trained agent, served together on the frozen base model "
-                             "(torch backend): name -> {agents: [...], rank, alpha, target_modules, learning_rate}")
+                             "(backends torch and verl): name -> {agents: [...], rank, alpha, target_modules, "
+                             "learning_rate}")
     verl: VerlConfig = field(
         default_factory=VerlConfig,
         metadata={"help": "the verl backend (backend: verl): Ray, FSDP2 workers, vLLM replicas, the gateway"},
@@ -64,8 +66,11 @@ class TrainSettings(LoopSettings):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.adapters and self.backend != "torch":
-            raise SettingError(f"adapters: (one LoRA per agent) is built for backend torch only, not {self.backend!r}")
+        if self.adapters and self.backend not in ("torch", "verl"):
+            raise SettingError(f"adapters: (one LoRA per agent) is built for backends torch and verl, "
+                               f"not {self.backend!r}")
+        if self.adapters and self.backend == "verl":  # verl trains one LoRA config (verl_backend/adapters.py)
+            check_uniform_adapters(parse_adapters(self.adapters), self.verl.lora_rank)
         if self.adapters and self.algorithm != "grpo":
             raise SettingError(f"adapters: (one LoRA per agent) trains with algorithm grpo only, "
                                f"not {self.algorithm!r}")
@@ -95,7 +100,8 @@ class TrainSettings(LoopSettings):
             options = EndpointOptions(self.endpoint_url)
         return BackendRun(model=self.model, output_dir=self.output_dir, checkpoint_dir=self.checkpoint_dir,
                           resume=self.resume, seed=self.seed, checkpoint_every=self.checkpoint_every,
-                          algorithm=self.algorithm_config, endpoint=self.endpoint, options=options)
+                          algorithm=self.algorithm_config, endpoint=self.endpoint, options=options,
+                          adapters=self.trainer.adapter_specs)
 
 
 _warned_trainer_knobs: set[str] = set()

@@ -7,7 +7,7 @@ import pytest
 
 from spanrl.errors import SettingError
 from spanrl.settings_loader import load_settings
-from spanrl.trainer_bridge.torch_backend.adapters import AdapterSpec, adapter_of_agent
+from spanrl.trainer_bridge.adapter_specs import AdapterSpec, adapter_of_agent
 from spanrl.trainer_bridge.torch_backend.config import TrainerConfig
 from spanrl.trainer_bridge.train_settings import TrainSettings
 
@@ -58,8 +58,23 @@ def test_adapters_and_the_whole_model_lora_conflict():
         TrainerConfig(adapters={"writer": {}}, lora_rank=4)
 
 
-def test_adapters_need_the_torch_backend_and_grpo(tmp_path):
-    with pytest.raises(SettingError, match="built for backend torch only, not 'verl'"):
-        train_settings(tmp_path, "  writer: {}\n", extra="backend: verl\n")
+def test_adapters_need_grpo(tmp_path):
     with pytest.raises(SettingError, match="trains with algorithm grpo only, not 'sft'"):
         train_settings(tmp_path, "  writer: {}\n", extra="algorithm: sft\n")
+
+
+def test_verl_trains_every_adapter_with_one_lora_config(tmp_path):
+    """verl's actor trains one LoRA config: adapters that differ in it are refused before verl starts."""
+    settings = train_settings(tmp_path, "  writer: {rank: 4}\n  fixers: {agents: [rewriter], rank: 4}\n",
+                              extra="backend: verl\n")
+    assert [spec.name for spec in settings.backend_run().adapters] == ["writer", "fixers"]
+    with pytest.raises(SettingError, match="every adapter has the same rank .*'writer' has 4, 'fixers' has 8"):
+        train_settings(tmp_path, "  writer: {rank: 4}\n  fixers: {agents: [rewriter], rank: 8}\n",
+                       extra="backend: verl\n")
+    with pytest.raises(SettingError, match="every adapter has the same target_modules"):
+        train_settings(tmp_path, "  writer: {}\n  fixers: {agents: [rewriter], target_modules: [q_proj]}\n",
+                       extra="backend: verl\n")
+    with pytest.raises(SettingError, match="adapters train at the run's learning_rate"):
+        train_settings(tmp_path, "  writer: {learning_rate: 0.01}\n", extra="backend: verl\n")
+    with pytest.raises(SettingError, match="adapters: and verl.lora_rank"):
+        train_settings(tmp_path, "  writer: {}\n", extra="backend: verl\nverl: {lora_rank: 8}\n")

@@ -29,8 +29,9 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
 from spanrl.instrumentation import semconv
+from spanrl.trainer_bridge.adapter_specs import choose_adapter, names_an_adapter
 from spanrl.trainer_bridge.endpoint_prompts import PROMPTS_PATH, install_prompt_resources
-from spanrl.trainer_bridge.endpoint_spans import EndpointSpans
+from spanrl.trainer_bridge.endpoint_spans import EndpointSpans, call_agent
 from spanrl.trainer_bridge.prompt_resources import PromptResources
 from spanrl.trainer_bridge.relay import spans
 from spanrl.trainer_bridge.relay.forwarding import (
@@ -94,8 +95,9 @@ async def generate(request: Request) -> Response:
     state.authorize(request)
     body = await read_json_object(request)
     names = state.config.names
+    adapters = dict(state.config.adapters)
     if names is not None:
-        if not names.accepts(body.get("model")):
+        if not names.accepts(body.get("model")) and not names_an_adapter(adapters, body.get("model")):
             raise RelayError(404, names.not_found(body.get("model")), "model_not_found", "invalid_request_error")
         answer_as(str(body["model"]))  # replies carry the name the agent asked for
     elif state.config.upstream_model and isinstance(body.get("model"), str):
@@ -106,7 +108,8 @@ async def generate(request: Request) -> Response:
         version = state.policy_version
         upstream = await acquire_upstream(state, rollout_key(request.headers), lease)
         upstream.requests += 1
-        payload = rewrite_request(body, request.url.path, state.config, upstream.model,
+        adapter = request_adapter(adapters, body.get("model"), request.headers) if adapters else None
+        payload = rewrite_request(body, request.url.path, state.config, adapter or upstream.model,
                                   request.headers.get(semconv.ROLLOUT_ID_HEADER, ""))
         spans.observe_request(payload)
         upstream_request = build_request(state, upstream, request.url.path, payload, state.upstream_headers(request))
@@ -118,6 +121,15 @@ async def generate(request: Request) -> Response:
     finally:
         if not streamed:
             lease.release()
+
+
+def request_adapter(adapters: dict[str, tuple[str, ...]], model: object, headers: Any) -> str | None:
+    """The upstream adapter that serves this call (``adapter_specs.choose_adapter``: by the model
+    name, then the caller's agent), noted on its span; None: the base model."""
+    adapter = choose_adapter(adapters, model, call_agent({key.lower(): value for key, value in headers.items()}))
+    if adapter is not None:
+        spans.note_adapter(adapter)
+    return adapter
 
 
 async def list_models(request: Request) -> Response:
@@ -150,7 +162,7 @@ async def list_models(request: Request) -> Response:
     card.pop("root", None)  # the upstream's checkpoint path means nothing to an agent
     names = state.config.names
     assert names is not None
-    cards = [{**card, "id": name} for name in names.names]
+    cards = [{**card, "id": name} for name in (*names.names, *dict(state.config.adapters))]
     headers = {} if state.policy_version is None else {semconv.POLICY_VERSION_HEADER: str(state.policy_version)}
     return Response(encode_json({"object": "list", "data": cards}), media_type="application/json", headers=headers)
 

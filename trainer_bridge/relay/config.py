@@ -49,6 +49,9 @@ class RelayConfig:
     tls_key: str | None = None
     max_body_bytes: int = 32 * 1024 * 1024  # a larger request body gets 413 (as the policy server's)
     max_concurrency: int = 2048  # connections and requests at once; more get 503 at once
+    # per-agent LoRA adapters the upstreams serve under their own names (adapter -> its agents): a
+    # call goes upstream as its agent's adapter (adapter_specs.choose_adapter); with a served name only
+    adapters: tuple[tuple[str, tuple[str, ...]], ...] = ()
 
     @property
     def names(self) -> ServedModelNames | None:

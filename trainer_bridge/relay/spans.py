@@ -18,6 +18,7 @@ import time
 from contextvars import ContextVar
 from typing import Any
 
+from spanrl.instrumentation import semconv
 from spanrl.trainer_bridge.endpoint_spans import EndpointSpans, served_call_for, serving, serving_call
 
 _record_text: ContextVar[bool] = ContextVar("spanrl_relay_record_text", default=False)
@@ -35,6 +36,13 @@ def note_request_model(name: str) -> None:
     call = serving_call()
     if call is not None:
         call.request_model = name
+
+
+def note_adapter(name: str) -> None:
+    """The LoRA adapter the current call is served by (``spanrl.llm.adapter`` on its span)."""
+    call = serving_call()
+    if call is not None:
+        call.attributes[semconv.LLM_ADAPTER] = name
 
 
 def observe_request(payload: dict[str, Any]) -> None:

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from spanrl.errors import UserError
-from spanrl.trainer_bridge.torch_backend.adapters import AdapterSpec, parse_adapters
+from spanrl.trainer_bridge.adapter_specs import AdapterSpec, parse_adapters
 
 ADAPTERS_DIR = "adapters"  # the same names as checkpoints.py (which imports torch)
 STATE_FILE = "trainer_state.json"

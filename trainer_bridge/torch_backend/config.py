@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 from spanrl.errors import SettingError
 from spanrl.settings_loader import setting
+from spanrl.trainer_bridge.adapter_specs import AdapterSpec, parse_adapters
 from spanrl.trainer_bridge.algorithm import AlgorithmConfig
-from spanrl.trainer_bridge.torch_backend.adapters import AdapterSpec, parse_adapters
 
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
@@ -35,7 +35,7 @@ class TrainerConfig(AlgorithmConfig):
     lora_dropout: float = setting(0.0, "LoRA dropout")
     lora_target_modules: tuple[str, ...] = setting(LORA_TARGETS, "module names LoRA adapts")
     adapters: dict = setting({}, "one LoRA adapter per agent: name -> {agents, rank, alpha, target_modules, "
-                             "learning_rate}; the base model stays frozen (adapters.py)")
+                             "learning_rate}; the base model stays frozen (adapter_specs.py)")
     checkpoint_every: int = setting(0, "save every N GRPO steps into checkpoint_dir; 0 = never")
     checkpoint_dir: str | None = setting(None, "folder of periodic checkpoints")
     keep_checkpoints: int = setting(2, "periodic checkpoints kept (older ones are deleted)")

@@ -1,6 +1,6 @@
 """One LoRA adapter per agent in the torch trainer: build, train per agent, export, save, load.
 
-Used by ``trainer.TorchTrainer`` when ``TrainerConfig.adapters`` is set (``adapters.py``). The
+Used by ``trainer.TorchTrainer`` when ``TrainerConfig.adapters`` is set (``adapter_specs.py``). The
 base model is frozen; peft holds every adapter by name on it. ``adapter_grpo_step`` groups a
 step's samples by their ``agent_name``: each adapter is made the active one and trained by the
 trainer's own GRPO update (``_prepare``/``_update``) on its agents' samples only, with its own
@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from spanrl.trainer_bridge.adapter_specs import AdapterSpec, samples_by_adapter
 from spanrl.trainer_bridge.backend import TrainingSample
-from spanrl.trainer_bridge.torch_backend.adapters import AdapterSpec, adapter_of_agent
 
 if TYPE_CHECKING:
     from spanrl.trainer_bridge.torch_backend.trainer import TorchTrainer
@@ -71,19 +71,6 @@ def new_adapter_optimizers(trainer: TorchTrainer) -> dict[str, torch.optim.Optim
                                          lr=spec.learning_rate or config.learning_rate, betas=config.betas,
                                          weight_decay=config.weight_decay)
             for spec in config.adapter_specs}
-
-
-def samples_by_adapter(specs: Sequence[AdapterSpec],
-                       samples: Sequence[TrainingSample]) -> dict[str, list[TrainingSample]]:
-    """The samples each adapter trains on (by ``agent_name``), in ``specs``' order; adapters
-    without samples are left out, and so are samples of agents no adapter names."""
-    owner = adapter_of_agent(tuple(specs))
-    groups: dict[str, list[TrainingSample]] = {spec.name: [] for spec in specs}
-    for sample in samples:
-        name = owner.get(sample.agent_name or "")
-        if name is not None:
-            groups[name].append(sample)
-    return {name: group for name, group in groups.items() if group}
 
 
 def adapter_grpo_step(trainer: TorchTrainer, samples: Sequence[TrainingSample]) -> dict[str, float]:
@@ -180,4 +167,4 @@ def save_adapters(model: Any, folder: Path) -> None:
 
 
 __all__ = ["adapter_grpo_step", "adapter_parameters", "adapter_weights", "attach_adapters", "trained_adapters",
-           "base_state_dict", "new_adapter_optimizers", "samples_by_adapter", "save_adapters"]
+           "base_state_dict", "new_adapter_optimizers", "save_adapters"]

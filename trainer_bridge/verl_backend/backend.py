@@ -14,6 +14,10 @@ one stable URL in front of the replicas (``gateway.py``). Each ``update``:
    verl's actor update (its PPO/GRPO loss, optimizer and clipping),
 4. syncs the new weights into vLLM through verl's checkpoint engine, bumps the policy version
    and lets requests through again.
+
+With per-agent adapters (``adapters:``) steps 3-4 run once per adapter whose agents sent
+transitions, that adapter's state loaded into verl's LoRA actor, and vLLM loads each new adapter
+by name instead of a weight sync (``adapters.py``).
 """
 
 from __future__ import annotations
@@ -22,7 +26,8 @@ import json
 import logging
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from spanrl.errors import UserError
@@ -37,6 +42,7 @@ from spanrl.trainer_bridge.backend import (
 from .metrics import flatten_metrics
 
 if TYPE_CHECKING:
+    from .adapters import VerlAdapters
     from .config import VerlConfig
     from .gateway import GatewayConfig
 
@@ -45,6 +51,7 @@ logger = logging.getLogger(__name__)
 INSTALL_HINT = ("install the verl backend: pip install 'spanrl[verl-cpu]' (no GPU) or 'spanrl[verl]' (GPU), then "
                 "pip install --no-deps verl==0.9.1 (README: 'Training with verl')")
 VERSION_FILE = "spanrl_policy_version.json"
+ADAPTERS_FOLDER = "adapters"  # a checkpoint's per-agent adapters (adapters.py), one peft folder each
 
 
 def check_verl_installed() -> None:
@@ -64,8 +71,9 @@ class VerlBackend:
     """A ``PolicyBackend`` over verl's workers and vLLM replicas, behind one gateway URL."""
 
     def __init__(self, run: BackendRun, workers: Any, gateway: Any, tokenizer: Any,
-                 policy_version: int = 0, step: int = 0) -> None:
+                 policy_version: int = 0, step: int = 0, adapters: VerlAdapters | None = None) -> None:
         self.run = run
+        self.adapters = adapters  # per-agent LoRA adapters (adapters.py); None: one policy
         self.verl: VerlConfig = run.options
         self.workers = workers
         self.gateway = gateway
@@ -111,26 +119,34 @@ class VerlBackend:
         """One supervised (NLL) update with verl's ``sft_loss`` (``sft_update.py``), published."""
         return self._update(samples, sft=True)
 
-    def _update(self, samples: Sequence[TrainingSample], sft: bool) -> UpdateStats:
-        started = time.perf_counter()
-        batch = self._batch(samples, correct=not sft)
-        data = pad_to_multiple(batch.data, self.workers.data_parallel_size)
-        timings: dict[str, float] = {"batch_s": time.perf_counter() - started}
-
+    @contextmanager
+    def _paused(self) -> Iterator[None]:
+        """New agent requests wait at the gateway meanwhile; a dead worker or replica is one
+        clear error (``VerlWorkerFailed``), not a hang."""
         self.gateway.pause()
         try:
-            metrics = self._train_and_sync(data, timings, sft)
+            yield
         except Exception as exc:
-            if type(exc).__module__.startswith("ray."):  # a worker or replica died: say so, do not hang
+            if type(exc).__module__.startswith("ray."):
                 raise VerlWorkerFailed(f"verl backend: a worker or vLLM replica failed during update "
                                        f"{self.step + 1} ({type(exc).__name__}: {str(exc).splitlines()[0][:300]}); "
                                        "its log is in Ray's session logs (/tmp/ray/session_latest/logs)") from exc
             raise
         finally:
             self.gateway.resume()
-        every = self.run.checkpoint_every
-        if every and self.step % every == 0:
-            self.save_checkpoint(self.run.checkpoint_dir)
+
+    def _update(self, samples: Sequence[TrainingSample], sft: bool) -> UpdateStats:
+        if self.adapters is not None:
+            if sft:
+                raise UserError("adapters: (one LoRA per agent) trains with algorithm grpo only")
+            return self._adapters_update(samples)
+        started = time.perf_counter()
+        batch = self._batch(samples, correct=not sft)
+        data = pad_to_multiple(batch.data, self.workers.data_parallel_size)
+        timings: dict[str, float] = {"batch_s": time.perf_counter() - started}
+        with self._paused():
+            metrics = self._train_and_sync(data, timings, sft)
+        self._checkpoint_if_due()
         seconds = time.perf_counter() - started
         details = {**metrics, **timings, "dropped_overlong": float(batch.dropped_overlong),
                    "samples": float(len(samples) - batch.dropped_overlong - batch.dropped_empty
@@ -141,6 +157,39 @@ class VerlBackend:
         loss = metrics.get("loss", 0.0) if sft else metrics.get("pg_loss", 0.0)
         return UpdateStats(policy_version=self._policy_version, step=self.step, loss=float(loss),
                            grad_norm=float(metrics.get("grad_norm", 0.0)), seconds=seconds, details=details)
+
+    def _checkpoint_if_due(self) -> None:
+        every = self.run.checkpoint_every
+        if every and self.step % every == 0:
+            self.save_checkpoint(self.run.checkpoint_dir)
+
+    def _adapters_update(self, samples: Sequence[TrainingSample]) -> UpdateStats:
+        """One update of every adapter whose agents sent transitions, each on its own (adapters.py),
+        replicas asleep meanwhile; then each trained adapter is served. One new policy version."""
+        assert self.adapters is not None
+        started = time.perf_counter()
+
+        def train(group: Sequence[TrainingSample]) -> dict[str, float]:
+            batch = self._batch(group, correct=True)
+            data, correction = self._add_log_probs(pad_to_multiple(batch.data, self.workers.data_parallel_size))
+            return {**self._update_actor(data), **correction, "dropped_overlong": float(batch.dropped_overlong)}
+
+        with self._paused():
+            self.workers.checkpoints.sleep_replicas()
+            per_adapter = self.adapters.update(samples, train)
+            if self.workers.config.actor_rollout_ref.rollout.free_cache_engine:  # they slept (never in CPU mode)
+                self.workers.checkpoints.wake_up_replicas()
+            for name in per_adapter:
+                self.adapters.publish(name)
+            self._policy_version += 1
+            self.step += 1
+            self.gateway.set_policy_version(self._policy_version)
+        self._checkpoint_if_due()
+        from .adapters import adapter_details
+
+        details = adapter_details(per_adapter)
+        return UpdateStats(policy_version=self._policy_version, step=self.step, loss=details["pg_loss"],
+                           grad_norm=details["grad_norm"], seconds=time.perf_counter() - started, details=details)
 
     def _train_and_sync(self, data: Any, timings: dict[str, float], sft: bool = False) -> dict[str, float]:
         """Old log-probs, verl's actor update (or its SFT step) and the weight sync, replicas
@@ -169,8 +218,13 @@ class VerlBackend:
         self.gateway.set_policy_version(self._policy_version)
         return metrics
 
-    def log_probs(self, samples: Sequence[TrainingSample]) -> list[list[float]]:
-        """The actor's log-prob of each response token of ``samples`` (verl's own forward pass)."""
+    def log_probs(self, samples: Sequence[TrainingSample], adapter: str | None = None) -> list[list[float]]:
+        """The actor's log-prob of each response token of ``samples`` (verl's own forward pass);
+        with per-agent adapters, under ``adapter`` (its state loaded into the actor first)."""
+        if self.adapters is not None:
+            if adapter is None:
+                raise UserError("this verl backend trains per-agent adapters: name the adapter to score with")
+            self.adapters.activate(adapter)
         from verl.utils import tensordict_utils as tu
         from verl.workers.utils.padding import no_padding_2_padding
 
@@ -233,11 +287,21 @@ class VerlBackend:
         ``root/step-N/actor``; returns the Hugging Face model verl writes inside it."""
         path = os.path.join(os.path.abspath(root), f"step-{self.step:06d}")
         make_owner_only_dir(path)  # verl writes inside: weights and optimizer state stay the user's
+        if self.adapters is not None:  # the adapters in peft's format (+ their verl state); the base is the run's
+            self.adapters.save(os.path.join(path, ADAPTERS_FOLDER))
+            self._write_version(path)
+            from .adapters import prune_checkpoints
+
+            prune_checkpoints(root, self.verl.keep_checkpoints)
+            return os.path.join(path, ADAPTERS_FOLDER)
         keep = self.verl.keep_checkpoints or None
         self.workers.actor.save_checkpoint(os.path.join(path, "actor"), None, self.step, keep)
+        self._write_version(path)
+        return os.path.join(path, "actor", "huggingface")
+
+    def _write_version(self, path: str) -> None:
         with open(os.path.join(path, VERSION_FILE), "w") as f:
             json.dump({"policy_version": self._policy_version, "step": self.step}, f)
-        return os.path.join(path, "actor", "huggingface")
 
     def close(self) -> None:
         try:
@@ -288,10 +352,12 @@ def check_backend(run: BackendRun) -> bool:
     return cpu_mode
 
 
-def gateway_config(run: BackendRun, upstream_api_key: str | None = None) -> GatewayConfig:
+def gateway_config(run: BackendRun, upstream_api_key: str | None = None,
+                   adapters: tuple[tuple[str, tuple[str, ...]], ...] = ()) -> GatewayConfig:
     """The gateway's settings for ``run``: the endpoint agents call (its names, its bearer token,
     validation rollouts' temperature, prompt resources, TLS) and the ``verl:`` block's sampling
-    temperature and pause wait; ``upstream_api_key``: the key verl's replicas require."""
+    temperature and pause wait; ``upstream_api_key``: the key verl's replicas require;
+    ``adapters``: the per-agent adapters the replicas serve (adapter -> agents)."""
     from .gateway import GatewayConfig
 
     verl, endpoint = run.options, run.endpoint
@@ -299,7 +365,7 @@ def gateway_config(run: BackendRun, upstream_api_key: str | None = None) -> Gate
                          model_names=endpoint.model_names, api_token=endpoint.token, temperature=verl.temperature,
                          validation_temperature=endpoint.validation_temperature, pause_wait_s=verl.pause_wait_s,
                          prompts=endpoint.prompts, upstream_api_key=upstream_api_key, tls_cert=endpoint.tls_cert,
-                         tls_key=endpoint.tls_key)
+                         tls_key=endpoint.tls_key, adapters=adapters)
 
 
 def start_backend(run: BackendRun) -> VerlBackend:
@@ -320,20 +386,28 @@ def start_backend(run: BackendRun) -> VerlBackend:
     verl = run.options
     tokenizer = AutoTokenizer.from_pretrained(run.model)
     config = compose_verl_config(verl_overrides(run, cpu_mode))
-    workers = start_verl_workers(config, cpu_mode, verl.ray_address, verl.ray_num_cpus)
-    policy_version, step = 0, 0
+    workers = start_verl_workers(config, cpu_mode, verl.ray_address, verl.ray_num_cpus, adapters=bool(run.adapters))
+    policy_version, step, adapters = 0, 0, None
     try:
         latest = _latest_checkpoint(run.checkpoint_dir) if run.resume else None
         if latest is not None:
             path, policy_version, step = latest
-            workers.actor.load_checkpoint(os.path.join(path, "actor"))
+        if run.adapters:
+            from .adapters import VerlAdapters
+
+            adapters = VerlAdapters(run.adapters, workers, run.output_dir)
+            adapters.start(saved=os.path.join(latest[0], ADAPTERS_FOLDER) if latest is not None else None)
+        elif latest is not None:
+            workers.actor.load_checkpoint(os.path.join(latest[0], "actor"))
             workers.sync_weights(policy_version)
-            logger.info("resumed from %s (policy version %d)", path, policy_version)
+        if latest is not None:
+            logger.info("resumed from %s (policy version %d)", latest[0], policy_version)
         gateway = start_gateway(
-            gateway_config(run, upstream_api_key=workers.replica_api_key),
+            gateway_config(run, upstream_api_key=workers.replica_api_key,
+                           adapters=adapters.agents if adapters is not None else ()),
             workers.server_urls,
         )
     except BaseException:
         workers.shutdown()
         raise
-    return VerlBackend(run, workers, gateway, tokenizer, policy_version=policy_version, step=step)
+    return VerlBackend(run, workers, gateway, tokenizer, policy_version=policy_version, step=step, adapters=adapters)

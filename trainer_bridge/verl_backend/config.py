@@ -11,13 +11,16 @@ docs/verl.md has the table of which spanrl setting maps to which verl key.
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from spanrl.errors import SettingError
 from spanrl.settings_loader import setting
 from spanrl.trainer_bridge.algorithm import AlgorithmConfig
 
 if TYPE_CHECKING:
+    from spanrl.trainer_bridge.adapter_specs import AdapterSpec
     from spanrl.trainer_bridge.backend import BackendRun
 
 # knobs of the verl: block that the trainer: block also has (verl read the trainer's before;
@@ -62,8 +65,6 @@ def cuda_available() -> bool:
 
 def resolve_cpu_mode(config: VerlConfig) -> bool:
     """True when verl must run on CPU: ``on``, or ``auto`` without a CUDA GPU."""
-    from spanrl.errors import SettingError
-
     if config.cpu_mode == "on":
         return True
     if config.cpu_mode == "off":
@@ -121,6 +122,9 @@ def verl_overrides(run: BackendRun, cpu_mode: bool) -> list[str]:
         values[f"{actor}.loss_scale_factor"] = algorithm.loss_scale_factor
     if cpu_mode:
         values.update(_cpu_mode_values())
+    if run.adapters:
+        check_uniform_adapters(run.adapters, verl.lora_rank)
+        values.update(adapter_overrides(run.adapters))
     return [f"{key}={_hydra_value(value)}" for key, value in values.items()] + [str(o) for o in verl.overrides]
 
 
@@ -145,6 +149,40 @@ def algorithm_values(algorithm: AlgorithmConfig) -> dict[str, Any]:
         "algorithm.rollout_correction.rollout_is": "token" if algorithm.rollout_is_cap > 0 else "null",
         "algorithm.rollout_correction.rollout_is_threshold": algorithm.rollout_is_cap or 2.0,
         "algorithm.rollout_correction.bypass_mode": False,
+    }
+
+
+def check_uniform_adapters(specs: Sequence[AdapterSpec], verl_lora_rank: int) -> AdapterSpec:
+    """The one LoRA config verl trains all adapters with; ``SettingError`` naming the setting when
+    the adapters differ in it (verl's actor has one LoRA config) or ``verl.lora_rank`` is also set."""
+    if verl_lora_rank:
+        raise SettingError("adapters: and verl.lora_rank are two ways to train LoRA; with adapters: each adapter's "
+                           "rank is its own (remove verl.lora_rank)")
+    first = specs[0]
+    for spec in specs[1:]:
+        for field in ("rank", "alpha", "target_modules", "learning_rate"):
+            if getattr(spec, field) != getattr(first, field):
+                raise SettingError(f"adapters: with backend verl, every adapter has the same {field} (verl's actor "
+                                   f"trains one LoRA config): {first.name!r} has {getattr(first, field)!r}, "
+                                   f"{spec.name!r} has {getattr(spec, field)!r}")
+    if first.learning_rate is not None:
+        raise SettingError("adapters.<name>.learning_rate: with backend verl the adapters train at the run's "
+                           "learning_rate (set that instead)")
+    return first
+
+
+def adapter_overrides(specs: Sequence[AdapterSpec]) -> dict[str, Any]:
+    """verl's config for training the adapters: its LoRA (rank, alpha, targets), LoRA-only
+    checkpoints, and vLLM keeping every adapter in its CPU cache (verl sets ``max_loras`` 1)."""
+    spec = specs[0]
+    model, actor = "actor_rollout_ref.model", "actor_rollout_ref.actor"
+    return {
+        f"{model}.lora_rank": spec.rank,
+        f"{model}.lora_alpha": spec.alpha,
+        f"{model}.target_modules": "[" + ",".join(spec.target_modules) + "]",
+        f"+{actor}.checkpoint.save_lora_only": True,
+        f"{actor}.checkpoint.save_contents": "[model,optimizer,extra]",
+        "+actor_rollout_ref.rollout.engine_kwargs.vllm.max_cpu_loras": len(specs) + 1,
     }
 
 
@@ -176,8 +214,6 @@ def compose_verl_config(overrides: list[str]) -> Any:
     import verl
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
-
-    from spanrl.errors import SettingError
 
     config_dir = os.path.join(os.path.dirname(verl.__file__), "trainer", "config")
     GlobalHydra.instance().clear()

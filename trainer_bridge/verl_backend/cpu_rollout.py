@@ -1,4 +1,5 @@
-"""verl's vLLM rollout replica on CPU: the same replica, with a weight update vLLM's CPU build takes.
+"""verl's vLLM rollout replica on CPU: the same replica, with a weight update vLLM's CPU build takes
+and vLLM's own LoRA adapter loading.
 
 verl pushes new weights into its colocated vLLM through a worker extension that calls the
 model's ``load_weights`` on each received bucket. vLLM's CPU backend repacks linear weights after
@@ -23,7 +24,23 @@ logger = logging.getLogger(__name__)
 
 
 class CPUWorkerExtension(vLLMColocateWorkerExtension):
-    """verl's colocated worker extension with a CPU-safe full-model weight update."""
+    """verl's colocated worker extension with a CPU-safe full-model weight update, and vLLM's own
+    LoRA loading (per-agent adapters, ``adapters.py``, are loaded by path over HTTP)."""
+
+    def __new__(cls, **kwargs: Any) -> Any:
+        from vllm.lora.worker_manager import LRUCacheWorkerLoRAManager
+
+        own_loader = LRUCacheWorkerLoRAManager.__dict__.get("_load_adapter")
+        instance = super().__new__(cls, **kwargs)
+        # verl 0.9.1 replaces vLLM's adapter loader with one that calls a method vLLM 0.32 no longer
+        # has (WeightsMapper.get_unstacked_mapper), so that every adapter load fails; vLLM's own
+        # loader reads an adapter folder as vLLM documents
+        if own_loader is None:
+            if "_load_adapter" in LRUCacheWorkerLoRAManager.__dict__:
+                delattr(LRUCacheWorkerLoRAManager, "_load_adapter")
+        else:
+            LRUCacheWorkerLoRAManager._load_adapter = own_loader
+        return instance
 
     def update_weights_from_ipc(self, peft_config: dict | None = None, base_sync_done: bool = False,
                                 use_shm: bool = False) -> None:

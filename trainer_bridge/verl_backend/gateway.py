@@ -28,7 +28,9 @@ the upstreams as their bearer token: verl's vLLM replicas require one), ``spans_
 the gateway's own LLM span per request goes over OTLP, ``trainer_bridge/endpoint_spans.py``; None:
 ``OTEL_SPANRL_SERVE_SPANS_ENDPOINT`` / ``OTEL_EXPORTER_OTLP_*`` as for ``spanrl serve``; ``off``:
 none), ``tls_cert``/``tls_key`` (PEM files: HTTPS only), ``max_body_bytes`` (a larger request
-body gets 413), ``max_concurrency`` (connections and requests at once; more get 503 at once).
+body gets 413), ``max_concurrency`` (connections and requests at once; more get 503 at once),
+``adapters`` (per-agent LoRA adapters the replicas serve: a call is sent upstream under the model
+name of its agent's adapter, ``adapter_specs.choose_adapter``; their names are listed and served).
 Bound beyond loopback without a token, or with a token but no TLS, it logs one warning.
 
 The gateway is the relay of ``trainer_bridge/relay/`` (the same code as ``spanrl proxy``) with
@@ -87,6 +89,9 @@ class GatewayConfig:
     tls_key: str | None = None
     max_body_bytes: int = 32 * 1024 * 1024  # as the embedded policy server's
     max_concurrency: int = 2048
+    # per-agent LoRA adapters the replicas serve (adapter -> its agents; verl_backend/adapters.py):
+    # a call goes to its agent's adapter (adapter_specs.choose_adapter), others to the base model
+    adapters: tuple[tuple[str, tuple[str, ...]], ...] = ()
 
     @property
     def names(self) -> ServedModelNames:
@@ -119,7 +124,7 @@ class GatewayConfig:
             health_check_interval_s=self.health_check_interval_s, rotate_out_on_failure=True,
             api_token=self.api_token, upstream_api_key=self.upstream_api_key, stamp_policy_version=True,
             spans_endpoint=self.spans_endpoint, prompts=self.prompts, tls_cert=self.tls_cert, tls_key=self.tls_key,
-            max_body_bytes=self.max_body_bytes, max_concurrency=self.max_concurrency)
+            max_body_bytes=self.max_body_bytes, max_concurrency=self.max_concurrency, adapters=self.adapters)
 
 
 class GatewayHandle:

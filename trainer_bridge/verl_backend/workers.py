@@ -37,6 +37,7 @@ RAY_LOCAL_ONLY_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
 # environment, which it takes from this process.
 RAY_NO_PRESTART_ENV = {"RAY_prestart_worker_first_driver": "0", "RAY_enable_worker_prestart": "0"}
 REPLICA_KEY_ENV = "VLLM_API_KEY"  # vLLM's own: its OpenAI routes then require 'Bearer <key>'
+RUNTIME_LORA_ENV = "VLLM_ALLOW_RUNTIME_LORA_UPDATING"  # vLLM's own: /v1/load_lora_adapter exists
 
 # environment every verl process needs in CPU mode (the driver sets it too, before importing verl)
 CPU_MODE_ENV = {
@@ -118,7 +119,8 @@ def local_cluster_env() -> dict[str, str]:
     return env
 
 
-def _start_ray(cpu_mode: bool, ray_address: str, ray_num_cpus: int, replica_api_key: str) -> dict[str, str] | None:
+def _start_ray(cpu_mode: bool, ray_address: str, ray_num_cpus: int, replica_api_key: str,
+               adapters: bool = False) -> dict[str, str] | None:
     """Start (or join) Ray with the environment verl's workers need; returns that environment
     if we started (or joined) it, None when Ray was already running in this process.
 
@@ -129,6 +131,8 @@ def _start_ray(cpu_mode: bool, ray_address: str, ray_num_cpus: int, replica_api_
     if ray.is_initialized():
         return None
     env = {"TOKENIZERS_PARALLELISM": "false", "RAY_DEDUP_LOGS": "0", REPLICA_KEY_ENV: replica_api_key}
+    if adapters:  # the replicas load each adapter by name over HTTP (adapters.py); only the gateway holds their key
+        env[RUNTIME_LORA_ENV] = "True"
     if cpu_mode:
         env.update(CPU_MODE_ENV)
     if ray_address:
@@ -150,10 +154,13 @@ def _start_ray(cpu_mode: bool, ray_address: str, ray_num_cpus: int, replica_api_
     return env
 
 
-def start_verl_workers(config: Any, cpu_mode: bool, ray_address: str = "", ray_num_cpus: int = 0) -> VerlWorkers:
-    """Ray, the actor worker group (model loaded), the vLLM replicas (serving), weights synced."""
+def start_verl_workers(config: Any, cpu_mode: bool, ray_address: str = "", ray_num_cpus: int = 0,
+                       adapters: bool = False) -> VerlWorkers:
+    """Ray, the actor worker group (model loaded), the vLLM replicas (serving), weights synced.
+    ``adapters``: the actor can write its LoRA for vLLM (``adapter_worker.py``), the replicas load
+    adapters by name, and no weights are synced (the base is frozen and the replicas loaded it)."""
     replica_api_key = secrets.token_urlsafe(32)
-    env = _start_ray(cpu_mode, ray_address, ray_num_cpus, replica_api_key)
+    env = _start_ray(cpu_mode, ray_address, ray_num_cpus, replica_api_key, adapters)
     import ray
     from verl.checkpoint_engine import CheckpointEngineManager
     from verl.single_controller.ray import RayClassWithInitArgs, RayWorkerGroup
@@ -179,8 +186,12 @@ def start_verl_workers(config: Any, cpu_mode: bool, ray_address: str = "", ray_n
     )
     pools.create_resource_pool()
     pool = pools.get_resource_pool(role)
-    worker = RayClassWithInitArgs(cls=ray.remote(ActorRolloutRefWorker), config=config.actor_rollout_ref,
-                                  role=str(role))
+    worker_class: Any = ActorRolloutRefWorker
+    if adapters:
+        from .adapter_worker import AdapterActorWorker
+
+        worker_class = AdapterActorWorker
+    worker = RayClassWithInitArgs(cls=ray.remote(worker_class), config=config.actor_rollout_ref, role=str(role))
     group = RayWorkerGroup(resource_pool=pool, ray_cls_with_init=create_colocated_worker_cls({str(role): worker}),
                            device_name=config.trainer.device)
     actor = group.spawn(prefix_set=[str(role)])[str(role)]
@@ -193,7 +204,8 @@ def start_verl_workers(config: Any, cpu_mode: bool, ray_address: str = "", ray_n
     workers = VerlWorkers(config=config, actor=actor, llm_servers=llm_servers, checkpoints=checkpoints,
                           owns_ray=env is not None, replica_api_key=replica_api_key if env is not None else None,
                           env=env)
-    checkpoints.sleep_replicas()
-    workers.sync_weights(0)
+    if not adapters:
+        checkpoints.sleep_replicas()
+        workers.sync_weights(0)
     logger.info("vLLM replicas serving at %s", ", ".join(workers.server_urls))
     return workers

@@ -3,7 +3,8 @@
 Called by every generating route (``chat_completions.py``, ``completions.py``, ``responses.py``,
 ``messages.py``) right after ``serving.check_model``; torch-free (the front end's process runs it).
 The engine's adapters are ``engine.adapters`` (adapter name -> its agents; the front end in its
-own process has them from the engine's ``Hello``). The rule, first match wins:
+own process has them from the engine's ``Hello``). The rule (``adapter_specs.choose_adapter``,
+which the verl gateway follows too), first match wins:
 
 1. the requested ``model`` names an adapter, or one of an adapter's agents;
 2. the call's agent, from the caller's W3C baggage (``spanrl.agent.name``, which
@@ -21,7 +22,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from spanrl.instrumentation import semconv
-from spanrl.trainer_bridge.endpoint_spans import call_origin, serving_call
+from spanrl.trainer_bridge.adapter_specs import choose_adapter, names_an_adapter
+from spanrl.trainer_bridge.endpoint_spans import call_agent, serving_call
 
 
 def engine_adapters(engine: Any) -> Mapping[str, tuple[str, ...]]:
@@ -31,40 +33,19 @@ def engine_adapters(engine: Any) -> Mapping[str, tuple[str, ...]]:
 
 def is_adapter_model(engine: Any, name: object) -> bool:
     """Whether ``name`` is an adapter's name or one of its agents' names."""
-    adapters = engine_adapters(engine)
-    return isinstance(name, str) and (name in adapters or any(name in agents for agents in adapters.values()))
-
-
-def call_agent(headers: Mapping[str, str]) -> str | None:
-    """The agent that made the current call, from its baggage (None when it names none)."""
-    served = serving_call()
-    attributes = served.origin.attributes if served is not None else call_origin(headers).attributes
-    agent = attributes.get(semconv.AGENT_NAME)
-    return agent if isinstance(agent, str) and agent else None
+    return names_an_adapter(engine_adapters(engine), name)
 
 
 def request_adapter(engine: Any, model: object, headers: Mapping[str, str]) -> str | None:
     """The adapter that serves a request for ``model`` with these HTTP headers (module docstring),
     also noted on the call's endpoint span (``spanrl.llm.adapter``) when it is one."""
-    adapter = _chosen_adapter(engine_adapters(engine), model, headers)
+    adapters = engine_adapters(engine)
+    agent = call_agent({key.lower(): value for key, value in headers.items()}) if adapters else None
+    adapter = choose_adapter(adapters, model, agent)
     served = serving_call()
     if adapter is not None and served is not None:
         served.attributes[semconv.LLM_ADAPTER] = adapter
     return adapter
 
 
-def _chosen_adapter(adapters: Mapping[str, tuple[str, ...]], model: object,
-                    headers: Mapping[str, str]) -> str | None:
-    if not adapters:
-        return None
-    owner = {agent: name for name, agents in adapters.items() for agent in agents}
-    if isinstance(model, str):
-        if model in adapters:
-            return model
-        if model in owner:
-            return owner[model]
-    agent = call_agent({key.lower(): value for key, value in headers.items()})
-    return owner.get(agent) if agent is not None else None
-
-
-__all__ = ["call_agent", "engine_adapters", "is_adapter_model", "request_adapter"]
+__all__ = ["engine_adapters", "is_adapter_model", "request_adapter"]

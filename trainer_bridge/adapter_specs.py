@@ -3,19 +3,24 @@
 Torch-free (``--help`` and settings files read it). ``TrainerConfig.adapters`` holds the mapping
 as the user wrote it (adapter name -> ``{agents, rank, alpha, target_modules, learning_rate}``);
 ``parse_adapters`` turns it into ``AdapterSpec``s or raises ``SettingError`` naming what is wrong.
-The trainer (``multi_adapter.py``) trains each adapter on its agents' transitions, the engine
-(``engine/multi_lora.py``) serves them all at once on the frozen base model; ``docs/policy.md``
-"One adapter per agent".
+``samples_by_adapter`` splits a step's samples by the adapter of their agent. The torch backend
+trains each adapter on its agents' transitions (``torch_backend/multi_adapter.py``) and serves
+them all at once on the frozen base model (``torch_backend/engine/multi_lora.py``); the verl
+backend trains them one after another in verl's LoRA actor and vLLM serves them
+(``verl_backend/adapters.py``); ``docs/policy.md`` "One adapter per agent".
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from spanrl.errors import SettingError
+
+if TYPE_CHECKING:
+    from spanrl.trainer_bridge.backend import TrainingSample
 
 ADAPTER_KEYS = ("agents", "rank", "alpha", "target_modules", "learning_rate")
 DEFAULT_RANK = 8
@@ -110,4 +115,39 @@ def adapter_of_agent(specs: tuple[AdapterSpec, ...]) -> dict[str, str]:
     return {agent: spec.name for spec in specs for agent in spec.agents}
 
 
-__all__ = ["ADAPTER_KEYS", "AdapterSpec", "adapter_of_agent", "parse_adapters"]
+def samples_by_adapter(specs: Sequence[AdapterSpec],
+                       samples: Sequence[TrainingSample]) -> dict[str, list[TrainingSample]]:
+    """The samples each adapter trains on (by ``agent_name``), in ``specs``' order; adapters
+    without samples are left out, and so are samples of agents no adapter names."""
+    owner = adapter_of_agent(tuple(specs))
+    groups: dict[str, list[TrainingSample]] = {spec.name: [] for spec in specs}
+    for sample in samples:
+        name = owner.get(sample.agent_name or "")
+        if name is not None:
+            groups[name].append(sample)
+    return {name: group for name, group in groups.items() if group}
+
+
+def names_an_adapter(adapters: Mapping[str, tuple[str, ...]], model: object) -> bool:
+    """Whether ``model`` is an adapter's name or one of its agents' (names an endpoint serving
+    ``adapters``, adapter name -> its agents, answers to)."""
+    return isinstance(model, str) and (model in adapters or any(model in agents for agents in adapters.values()))
+
+
+def choose_adapter(adapters: Mapping[str, tuple[str, ...]], model: object, agent: str | None) -> str | None:
+    """The adapter that serves a call for ``model`` made by ``agent`` (its baggage's), first match
+    wins: ``model`` names an adapter or one of an adapter's agents; ``agent`` is one of an
+    adapter's agents; else None (the base model). Both backends' endpoints route by it."""
+    if not adapters:
+        return None
+    owner = {name: adapter for adapter, agents in adapters.items() for name in agents}
+    if isinstance(model, str):
+        if model in adapters:
+            return model
+        if model in owner:
+            return owner[model]
+    return owner.get(agent) if agent is not None else None
+
+
+__all__ = ["ADAPTER_KEYS", "AdapterSpec", "adapter_of_agent", "choose_adapter", "names_an_adapter", "parse_adapters",
+           "samples_by_adapter"]

@@ -1,0 +1,129 @@
+"""Per-agent LoRA adapters with backend verl, for real on CPU: verl's LoRA actor trains each adapter
+on its own agents' transitions (one after another), vLLM serves every adapter by name behind the
+gateway (routed by the model name or the caller's baggage), an adapter whose agents sent nothing
+stays bitwise the same, and what vLLM serves equals a peft forward of the adapter written."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import httpx
+import pytest
+import torch
+
+from spanrl.trainer_bridge.train_settings import TrainSettings
+from spanrl.trainer_bridge.verl_backend.config import VerlConfig
+
+from .test_verl_update import AUTH, POLICY_TOKEN, free_port, hf_logprobs, max_difference, random_samples
+
+LORA = {"rank": 8, "alpha": 16, "target_modules": ["q_proj", "v_proj"]}
+ADAPTERS = {"writer": {"agents": ["writer"], **LORA}, "fixers": {"agents": ["rewriter", "checker"], **LORA}}
+WEIGHTS = "adapter_model.safetensors"
+
+
+def agent_samples(agent: str, count: int, seed: int):
+    return [dataclasses.replace(s, agent_name=agent, group_id=f"{agent}-{s.group_id}")
+            for s in random_samples(count, seed=seed)]
+
+
+def served_logprobs(url: str, model: str, samples, agent: str | None = None) -> tuple[list[list[float]], set[str]]:
+    """vLLM's log-prob of each response token (``prompt_logprobs``) through the gateway, called as
+    ``model`` by ``agent`` (W3C baggage, as spanrl's instrumentation sends it); the versions stamped."""
+    headers = {**AUTH, **({"baggage": f"spanrl.agent.name={agent}"} if agent else {})}
+    out, versions = [], set()
+    for sample in samples:
+        ids = list(sample.prompt_token_ids) + list(sample.response_token_ids)
+        reply = httpx.post(f"{url}/completions", timeout=120, headers=headers,
+                           json={"model": model, "prompt": ids, "max_tokens": 1, "prompt_logprobs": 0})
+        assert reply.status_code == 200, reply.text
+        versions.add(reply.headers["x-spanrl-policy-version"])
+        scored = reply.json()["choices"][0]["prompt_logprobs"][len(sample.prompt_token_ids):]
+        out.append([entry[str(token)]["logprob"] for entry, token in zip(scored, sample.response_token_ids, strict=True)])
+    return out, versions
+
+
+def peft_logprobs(model_dir: str, adapter_dir: str, samples) -> list[list[float]]:
+    """A peft forward of the base with the adapter written in ``adapter_dir``."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32),
+                                      adapter_dir).eval()
+    out = []
+    with torch.no_grad():
+        for sample in samples:
+            ids = torch.tensor([list(sample.prompt_token_ids) + list(sample.response_token_ids)])
+            logits = model(input_ids=ids).logits[0, len(sample.prompt_token_ids) - 1:-1]
+            picked = torch.log_softmax(logits, -1).gather(-1, torch.tensor(sample.response_token_ids).unsqueeze(-1))
+            out.append(picked.squeeze(-1).tolist())
+    return out
+
+
+def file_bytes(path: str) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()
+
+
+@pytest.mark.timeout(900)
+def test_verl_trains_each_adapter_on_its_agents_and_vllm_serves_them_by_agent(tiny_models, tmp_path):
+    from spanrl.trainer_bridge.verl_backend.adapters import VerlAdapters
+    from spanrl.trainer_bridge.verl_backend.backend import start_backend
+
+    model_dir = tiny_models["tied"]
+    run_dir = tmp_path / "run"
+    settings = TrainSettings(tasks="unused.jsonl", model=model_dir, backend="verl", learning_rate=5e-2,
+                             output_dir=str(run_dir), policy_port=free_port(), policy_model_name="policy",
+                             checkpoint_every=0, verl=VerlConfig(cpu_mode="on"), policy_token=POLICY_TOKEN,
+                             adapters=ADAPTERS)
+    writer, rewriter = agent_samples("writer", 6, seed=0), agent_samples("rewriter", 4, seed=1)
+    planner = agent_samples("planner", 2, seed=2)  # no adapter names this agent: not trained
+    base = hf_logprobs(model_dir, writer)
+    peft_dir = {name: str(run_dir / "adapters" / name) for name in ADAPTERS}
+
+    backend = start_backend(settings.backend_run())
+    try:
+        url = backend.endpoint_url
+        models = httpx.get(f"{url}/models", headers=AUTH, timeout=60).json()["data"]
+        assert {"writer", "fixers"} <= {card["id"] for card in models}
+        served, versions = served_logprobs(url, "writer", writer)
+        assert versions == {"0"} and max_difference(served, base) < 1e-4  # a fresh adapter is the base (B = 0)
+        fixers_file = file_bytes(os.path.join(peft_dir["fixers"], WEIGHTS))
+
+        stats = backend.update(writer + planner)
+        assert stats.policy_version == 1 and stats.details["adapter/writer/samples"] == 6
+        assert "adapter/fixers/samples" not in stats.details
+        assert file_bytes(os.path.join(peft_dir["fixers"], WEIGHTS)) == fixers_file  # no transitions: untouched
+        expected = peft_logprobs(model_dir, peft_dir["writer"], writer)
+        assert max_difference(expected, base) > 1e-3  # the writer's adapter moved
+        for model, agent in (("writer", None), ("policy", "writer")):  # by model name, by the caller's baggage
+            served, versions = served_logprobs(url, model, writer, agent)
+            assert versions == {"1"} and max_difference(served, expected) < 1e-4, (model, agent)
+        assert max_difference(backend.log_probs(writer, adapter="writer"), expected) < 1e-5  # verl's actor
+        for model, agent in (("policy", None), ("policy", "planner"), ("fixers", None), ("checker", None)):
+            served, _ = served_logprobs(url, model, writer, agent)  # the base, and the untouched adapter
+            assert max_difference(served, base) < 1e-4, (model, agent)
+
+        writer_file = file_bytes(os.path.join(peft_dir["writer"], WEIGHTS))
+        backend.update(rewriter)  # the fixers' turn: the writer's state is swapped out, then back in
+        assert file_bytes(os.path.join(peft_dir["writer"], WEIGHTS)) == writer_file
+        fixers = peft_logprobs(model_dir, peft_dir["fixers"], rewriter)
+        assert max_difference(fixers, hf_logprobs(model_dir, rewriter)) > 1e-3
+        served, versions = served_logprobs(url, "policy", rewriter, agent="checker")
+        assert versions == {"2"} and max_difference(served, fixers) < 1e-4
+        assert max_difference(backend.log_probs(writer, adapter="writer"), expected) < 1e-5
+
+        checkpoint = backend.save_checkpoint(str(run_dir / "checkpoints"))
+        for name in ADAPTERS:  # peft's format, loadable by peft and by vLLM's --lora-modules
+            assert file_bytes(os.path.join(checkpoint, name, WEIGHTS)) == file_bytes(os.path.join(peft_dir[name], WEIGHTS))
+        assert max_difference(peft_logprobs(model_dir, os.path.join(checkpoint, "writer"), writer), expected) < 1e-6
+
+        # a resumed run takes each adapter (its peft folder and verl state) from the checkpoint
+        backend.adapters = VerlAdapters(backend.adapters.specs, backend.workers, str(tmp_path / "resumed"))
+        backend.adapters.start(saved=checkpoint)
+        assert max_difference(backend.log_probs(writer, adapter="writer"), expected) < 1e-5
+        assert max_difference(backend.log_probs(rewriter, adapter="fixers"), fixers) < 1e-5
+        served, _ = served_logprobs(url, "writer", writer)
+        assert max_difference(served, expected) < 1e-4
+    finally:
+        backend.close()
