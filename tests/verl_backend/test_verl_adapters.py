@@ -39,7 +39,8 @@ def served_logprobs(url: str, model: str, samples, agent: str | None = None) -> 
         assert reply.status_code == 200, reply.text
         versions.add(reply.headers["x-spanrl-policy-version"])
         scored = reply.json()["choices"][0]["prompt_logprobs"][len(sample.prompt_token_ids):]
-        out.append([entry[str(token)]["logprob"] for entry, token in zip(scored, sample.response_token_ids, strict=True)])
+        out.append([entry[str(token)]["logprob"]
+                    for entry, token in zip(scored, sample.response_token_ids, strict=True)])
     return out, versions
 
 
@@ -115,7 +116,8 @@ def test_verl_trains_each_adapter_on_its_agents_and_vllm_serves_them_by_agent(ti
 
         checkpoint = backend.save_checkpoint(str(run_dir / "checkpoints"))
         for name in ADAPTERS:  # peft's format, loadable by peft and by vLLM's --lora-modules
-            assert file_bytes(os.path.join(checkpoint, name, WEIGHTS)) == file_bytes(os.path.join(peft_dir[name], WEIGHTS))
+            saved = file_bytes(os.path.join(checkpoint, name, WEIGHTS))
+            assert saved == file_bytes(os.path.join(peft_dir[name], WEIGHTS))
         assert max_difference(peft_logprobs(model_dir, os.path.join(checkpoint, "writer"), writer), expected) < 1e-6
 
         # a resumed run takes each adapter (its peft folder and verl state) from the checkpoint

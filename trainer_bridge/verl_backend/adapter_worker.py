@@ -28,12 +28,13 @@ ADAPTER_CONFIG_FILE = "adapter_config.json"
 class AdapterActorWorker(ActorRolloutRefWorker):
     """``ActorRolloutRefWorker`` that can write its LoRA in peft's format (module docstring)."""
 
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)  # type: ignore[attr-defined]  # verl's enum, built at runtime
     def save_lora_adapter(self, path: str) -> None:
         from safetensors.torch import save_file
 
         assert self.actor is not None, "the actor is not initialised (init_model first)"
-        params, peft_config = self.actor.engine.get_per_tensor_param(base_sync_done=True)
+        # the FSDP engine's signature (the base class declares none of its keywords)
+        params, peft_config = self.actor.engine.get_per_tensor_param(base_sync_done=True)  # type: ignore[call-arg]
         if peft_config is None:
             raise RuntimeError("the actor trains no LoRA adapter (actor_rollout_ref.model.lora_rank is 0)")
         tensors = {name: _full(tensor) for name, tensor in params}
