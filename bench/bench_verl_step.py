@@ -44,7 +44,7 @@ def verl_own_step(backend, samples) -> dict[str, float]:
     from spanrl.trainer_bridge.verl_backend.backend import pad_to_multiple
     from spanrl.trainer_bridge.verl_backend.batch import build_verl_batch, to_worker_tensordict
 
-    verl = backend.settings.verl
+    verl = backend.verl
     data = build_verl_batch(samples, pad_token_id=0, max_prompt_length=verl.max_prompt_length,
                             max_response_length=verl.max_response_length, temperature=verl.temperature).data
     data = pad_to_multiple(data, backend.workers.data_parallel_size)

@@ -179,8 +179,10 @@ class VerlBackend:
             per_adapter = self.adapters.update(samples, train)
             if self.workers.config.actor_rollout_ref.rollout.free_cache_engine:  # they slept (never in CPU mode)
                 self.workers.checkpoints.wake_up_replicas()
-            for name in per_adapter:
+            for name, metrics in per_adapter.items():
+                mark = time.perf_counter()
                 self.adapters.publish(name)
+                metrics["publish_s"] = time.perf_counter() - mark
             self._policy_version += 1
             self.step += 1
             self.gateway.set_policy_version(self._policy_version)

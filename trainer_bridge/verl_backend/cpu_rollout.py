@@ -9,7 +9,8 @@ bucket out of the buffer and, once the last one arrived, hands the whole set to 
 ``reload_weights`` (which reloads layer by layer and re-runs the post-load repacking).
 
 ``cpu_platform.load()`` registers ``cpu_vllm_replica`` as verl's ``vllm`` rollout in CPU mode
-only; on a GPU machine verl's own classes run unchanged.
+only; on a GPU machine verl's own classes run unchanged (with per-agent adapters,
+``lora_rollout.py``'s).
 """
 
 from __future__ import annotations
@@ -17,30 +18,16 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from verl.workers.rollout.vllm_rollout.utils import vLLMColocateWorkerExtension
 from verl.workers.rollout.vllm_rollout.vllm_async_server import vLLMHttpServer, vLLMReplica
+
+from .lora_rollout import VLLMLoRALoaderExtension
 
 logger = logging.getLogger(__name__)
 
 
-class CPUWorkerExtension(vLLMColocateWorkerExtension):
+class CPUWorkerExtension(VLLMLoRALoaderExtension):
     """verl's colocated worker extension with a CPU-safe full-model weight update, and vLLM's own
-    LoRA loading (per-agent adapters, ``adapters.py``, are loaded by path over HTTP)."""
-
-    def __new__(cls, **kwargs: Any) -> Any:
-        from vllm.lora.worker_manager import LRUCacheWorkerLoRAManager
-
-        own_loader = LRUCacheWorkerLoRAManager.__dict__.get("_load_adapter")
-        instance = super().__new__(cls, **kwargs)
-        # verl 0.9.1 replaces vLLM's adapter loader with one that calls a method vLLM 0.32 no longer
-        # has (WeightsMapper.get_unstacked_mapper), so that every adapter load fails; vLLM's own
-        # loader reads an adapter folder as vLLM documents
-        if own_loader is None:
-            if "_load_adapter" in LRUCacheWorkerLoRAManager.__dict__:
-                delattr(LRUCacheWorkerLoRAManager, "_load_adapter")
-        else:
-            LRUCacheWorkerLoRAManager._load_adapter = own_loader
-        return instance
+    LoRA loading (``lora_rollout.py``: per-agent adapters are loaded by path over HTTP)."""
 
     def update_weights_from_ipc(self, peft_config: dict | None = None, base_sync_done: bool = False,
                                 use_shm: bool = False) -> None:

@@ -171,12 +171,17 @@ def start_verl_workers(config: Any, cpu_mode: bool, ray_address: str = "", ray_n
     from verl.workers.engine_workers import ActorRolloutRefWorker
     from verl.workers.rollout.llm_server import LLMServerManager
 
-    if cpu_mode:
+    if cpu_mode or adapters:
         from verl.workers.rollout.replica import RolloutReplicaRegistry
 
-        from .cpu_rollout import cpu_vllm_replica
+        if cpu_mode:
+            from .cpu_rollout import cpu_vllm_replica
 
-        RolloutReplicaRegistry.register("vllm", cpu_vllm_replica)
+            RolloutReplicaRegistry.register("vllm", cpu_vllm_replica)
+        else:  # a GPU: verl's replica, with vLLM's own LoRA loader (lora_rollout.py)
+            from .lora_rollout import adapter_vllm_replica
+
+            RolloutReplicaRegistry.register("vllm", adapter_vllm_replica)
 
     # the reference policy (KL loss) lives in the same worker, as verl's trainer arranges it
     role: Any = Role.ActorRolloutRef if config.actor_rollout_ref.actor.use_kl_loss else Role.ActorRollout
