@@ -25,7 +25,7 @@ class VLLMLoRALoaderExtension(vLLMColocateWorkerExtension):
         own_loader = LRUCacheWorkerLoRAManager.__dict__.get("_load_adapter")
         instance = super().__new__(cls, **kwargs)  # verl patches the loader here
         if own_loader is not None:
-            LRUCacheWorkerLoRAManager._load_adapter = own_loader  # type: ignore[method-assign]
+            LRUCacheWorkerLoRAManager._load_adapter = own_loader
         elif "_load_adapter" in LRUCacheWorkerLoRAManager.__dict__:
             delattr(LRUCacheWorkerLoRAManager, "_load_adapter")  # the inherited one is vLLM's
         return instance
