@@ -89,12 +89,12 @@ def main() -> None:
     adapters = run_arm(model, workdir, ADAPTERS, args.samples, args.repeats)
     baseline = statistics.median(shared["update"])
     print(f"\n{args.samples} samples an update, median (min-max) of {args.repeats} rounds")
-    print(f"{'one model: update + weight sync':44s} {baseline:7.3f} s ({min(shared['update']):.3f}-"
+    print(f"{'one model: update + weight sync':56s} {baseline:7.3f} s ({min(shared['update']):.3f}-"
           f"{max(shared['update']):.3f})  1.00x")
     for key, values in adapters.items():
         median = statistics.median(values)
         ratio = f"  {median / baseline:.2f}x" if ":" not in key else ""
-        print(f"{'adapters, ' + key:44s} {median:7.3f} s ({min(values):.3f}-{max(values):.3f}){ratio}")
+        print(f"{'adapters, ' + key:56s} {median:7.3f} s ({min(values):.3f}-{max(values):.3f}){ratio}")
 
 
 if __name__ == "__main__":

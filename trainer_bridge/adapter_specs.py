@@ -12,6 +12,7 @@ backend trains them one after another in verl's LoRA actor and vLLM serves them
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -22,11 +23,16 @@ from spanrl.errors import SettingError
 if TYPE_CHECKING:
     from spanrl.trainer_bridge.backend import TrainingSample
 
+logger = logging.getLogger(__name__)
+
 ADAPTER_KEYS = ("agents", "rank", "alpha", "target_modules", "learning_rate")
 DEFAULT_RANK = 8
 DEFAULT_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 RESERVED_NAMES = ("default",)  # peft's name of an unnamed adapter (saved at a folder's top)
+# in an adapter's ``agents``: every agent no other adapter names, and calls that name no agent
+# (``verl.lora_rank`` is one such adapter: verl_backend/config.py)
+EVERY_AGENT = "*"
 
 
 @dataclass(frozen=True)
@@ -111,7 +117,8 @@ def _number(value: Any, kind: type, where: str) -> Any:
 
 
 def adapter_of_agent(specs: tuple[AdapterSpec, ...]) -> dict[str, str]:
-    """Agent name -> the name of the adapter that trains and serves it."""
+    """Agent name -> the name of the adapter that trains and serves it (``EVERY_AGENT``: the
+    adapter of every agent no other adapter names, if one says so)."""
     return {agent: spec.name for spec in specs for agent in spec.agents}
 
 
@@ -122,32 +129,48 @@ def samples_by_adapter(specs: Sequence[AdapterSpec],
     owner = adapter_of_agent(tuple(specs))
     groups: dict[str, list[TrainingSample]] = {spec.name: [] for spec in specs}
     for sample in samples:
-        name = owner.get(sample.agent_name or "")
+        name = owner.get(sample.agent_name or "", owner.get(EVERY_AGENT))
         if name is not None:
             groups[name].append(sample)
     return {name: group for name, group in groups.items() if group}
 
 
+def warn_unseen_agents(specs: Sequence[AdapterSpec], agents_seen: set[str], steps: int) -> None:
+    """Once per run, at its end: each adapter's agents no update ever had a transition of (a
+    misspelt agent name, or an agent the run never called): their adapters never trained."""
+    if steps == 0:
+        return
+    for spec in specs:
+        unseen = [agent for agent in spec.agents if agent not in agents_seen and agent != EVERY_AGENT]
+        if unseen:
+            seen = ", ".join(sorted(agents_seen)) or "none"
+            logger.warning("adapter %r: no transition of its agent(s) %s reached an update in this run (%d steps; "
+                           "agents seen: %s): check the agent names in adapters:", spec.name,
+                           ", ".join(repr(a) for a in unseen), steps, seen)
+
+
 def names_an_adapter(adapters: Mapping[str, tuple[str, ...]], model: object) -> bool:
     """Whether ``model`` is an adapter's name or one of its agents' (names an endpoint serving
     ``adapters``, adapter name -> its agents, answers to)."""
-    return isinstance(model, str) and (model in adapters or any(model in agents for agents in adapters.values()))
+    return isinstance(model, str) and model != EVERY_AGENT and (
+        model in adapters or any(model in agents for agents in adapters.values()))
 
 
 def choose_adapter(adapters: Mapping[str, tuple[str, ...]], model: object, agent: str | None) -> str | None:
     """The adapter that serves a call for ``model`` made by ``agent`` (its baggage's), first match
     wins: ``model`` names an adapter or one of an adapter's agents; ``agent`` is one of an
-    adapter's agents; else None (the base model). Both backends' endpoints route by it."""
+    adapter's agents; the adapter of ``EVERY_AGENT`` when one is; else None (the base model).
+    Both backends' endpoints route by it."""
     if not adapters:
         return None
     owner = {name: adapter for adapter, agents in adapters.items() for name in agents}
     if isinstance(model, str):
         if model in adapters:
             return model
-        if model in owner:
+        if model in owner and model != EVERY_AGENT:
             return owner[model]
-    return owner.get(agent) if agent is not None else None
+    return owner.get(agent or "", owner.get(EVERY_AGENT))
 
 
-__all__ = ["ADAPTER_KEYS", "AdapterSpec", "adapter_of_agent", "choose_adapter", "names_an_adapter", "parse_adapters",
-           "samples_by_adapter"]
+__all__ = ["ADAPTER_KEYS", "EVERY_AGENT", "AdapterSpec", "adapter_of_agent", "choose_adapter", "names_an_adapter", "parse_adapters",
+           "samples_by_adapter", "warn_unseen_agents"]

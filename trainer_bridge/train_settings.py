@@ -29,7 +29,12 @@ from spanrl.trainer_bridge.backend import BackendRun
 from spanrl.trainer_bridge.endpoint_backend.backend import EndpointOptions
 from spanrl.trainer_bridge.loop_settings import LoopSettings
 from spanrl.trainer_bridge.torch_backend.config import EngineConfig, TorchOptions, TrainerConfig
-from spanrl.trainer_bridge.verl_backend.config import TRAINER_KNOBS_VERL_HAS, VerlConfig, check_uniform_adapters
+from spanrl.trainer_bridge.verl_backend.config import (
+    TRAINER_KNOBS_VERL_HAS,
+    VerlConfig,
+    check_uniform_adapters,
+    lora_rank_as_adapter,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -71,6 +76,9 @@ class TrainSettings(LoopSettings):
                                f"not {self.backend!r}")
         if self.adapters and self.backend == "verl":  # verl trains one LoRA config (verl_backend/adapters.py)
             check_uniform_adapters(parse_adapters(self.adapters), self.verl.lora_rank)
+        if self.backend == "verl" and self.verl.lora_rank and self.algorithm not in ("grpo", "apo"):
+            raise SettingError(f"verl.lora_rank trains with algorithm grpo only on backend verl (its LoRA is served "
+                               f"as an adapter), not {self.algorithm!r}")
         if self.adapters and self.algorithm != "grpo":
             raise SettingError(f"adapters: (one LoRA per agent) trains with algorithm grpo only, "
                                f"not {self.algorithm!r}")
@@ -94,14 +102,17 @@ class TrainSettings(LoopSettings):
         """What the configured backend is started with: the run, the algorithm, the endpoint and
         the backend's own block (``TorchOptions`` of ``trainer:`` and ``engine:``, or ``verl:``)."""
         options: Any = TorchOptions(self.trainer, self.engine)
+        adapters = self.trainer.adapter_specs
         if self.backend == "verl":
             options = self.verl
+            if self.verl.lora_rank and not adapters:  # one LoRA for every call, served as an adapter
+                adapters, options = lora_rank_as_adapter(self.verl), dataclasses.replace(self.verl, lora_rank=0)
         elif self.backend == "endpoint":
             options = EndpointOptions(self.endpoint_url)
         return BackendRun(model=self.model, output_dir=self.output_dir, checkpoint_dir=self.checkpoint_dir,
                           resume=self.resume, seed=self.seed, checkpoint_every=self.checkpoint_every,
                           algorithm=self.algorithm_config, endpoint=self.endpoint, options=options,
-                          adapters=self.trainer.adapter_specs)
+                          adapters=adapters)
 
 
 _warned_trainer_knobs: set[str] = set()

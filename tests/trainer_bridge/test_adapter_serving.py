@@ -203,3 +203,25 @@ def test_an_adapter_swap_waits_for_that_adapters_rows(engine, trained):
     assert writer.choices[0].token_ids == writer_alone.token_ids
     torch.testing.assert_close(torch.tensor(writer.choices[0].logprobs), torch.tensor(writer_alone.logprobs),
                                atol=1e-5, rtol=0)
+
+
+def test_an_adapter_of_every_agent_serves_the_calls_no_other_adapter_claims(trained):
+    trainer, checkpoint = trained
+    engine = PolicyEngine.from_pretrained(checkpoint, device=TEST_DEVICE, dtype="float32", model_name="policy")
+    engine.attach_adapters(adapter_weights(trainer.model), {"writer": ("writer",), "fixers": ("*",)})
+    engine.eos_ids = set()
+    engine.start()
+    server = serve_in_process(engine, "127.0.0.1", 0)
+    try:
+        expected = {a: engine.generate(PROMPT, greedy(a, 5), timeout=60).choices[0] for a in ("writer", "fixers")}
+        api = openai.OpenAI(base_url=server.base_url, api_key="unused", max_retries=0)
+        assert {m.id for m in api.models.list().data} == {"policy", "writer", "fixers"}
+        for model, agent, adapter in [("writer", None, "writer"), ("policy", "writer", "writer"),
+                                      ("policy", "planner", "fixers"), ("policy", None, "fixers")]:
+            choice = completion(api, model, agent)["choices"][0]
+            assert choice["token_ids"] == expected[adapter].token_ids, (model, agent)
+        with pytest.raises(openai.NotFoundError, match="the model '\\*' does not exist"):
+            completion(api, "*")
+    finally:
+        server.stop()
+        engine.stop()

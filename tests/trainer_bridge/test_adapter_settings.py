@@ -78,3 +78,39 @@ def test_verl_trains_every_adapter_with_one_lora_config(tmp_path):
         train_settings(tmp_path, "  writer: {learning_rate: 0.01}\n", extra="backend: verl\n")
     with pytest.raises(SettingError, match="adapters: and verl.lora_rank"):
         train_settings(tmp_path, "  writer: {}\n", extra="backend: verl\nverl: {lora_rank: 8}\n")
+
+
+def test_an_adapter_of_every_agent_takes_what_no_other_adapter_claims():
+    from spanrl.trainer_bridge.adapter_specs import choose_adapter, names_an_adapter, samples_by_adapter
+    from spanrl.trainer_bridge.backend import TrainingSample
+
+    adapters = {"writer": ("writer",), "rest": ("*",)}
+    assert choose_adapter(adapters, "writer", None) == "writer"
+    assert choose_adapter(adapters, "policy", "writer") == "writer"
+    assert choose_adapter(adapters, "policy", "planner") == "rest"
+    assert choose_adapter(adapters, "policy", None) == "rest"  # a call that names no agent
+    assert choose_adapter(adapters, "*", None) == "rest" and not names_an_adapter(adapters, "*")
+    assert choose_adapter({"writer": ("writer",)}, "policy", "planner") is None  # no such adapter: the base
+    specs = (AdapterSpec("writer", ("writer",)), AdapterSpec("rest", ("*",)))
+    samples = [TrainingSample(prompt_token_ids=[1], response_token_ids=[2], advantage=1.0, group_id="g",
+                              agent_name=agent) for agent in ("writer", "planner", None)]
+    groups = samples_by_adapter(specs, samples)
+    assert [s.agent_name for s in groups["writer"]] == ["writer"]
+    assert [s.agent_name for s in groups["rest"]] == ["planner", None]
+
+
+def test_verl_lora_rank_is_one_adapter_of_every_agent(tmp_path):
+    """verl's own LoRA sync never reaches vLLM's HTTP server, where the agents call: ``verl.lora_rank``
+    trains and serves one adapter of every agent instead (verl_backend/adapters.py)."""
+    from spanrl.trainer_bridge.verl_backend.config import LORA_PROJECTIONS
+
+    config = tmp_path / "train.yaml"
+    config.write_text(f"model: {tmp_path}\ntasks: {tmp_path / 't.jsonl'}\nbackend: verl\n"
+                      "verl: {lora_rank: 16, lora_alpha: 32}\n")
+    run = load_settings(TrainSettings, "TRAIN", str(config), None, environ={}).backend_run()
+    assert run.adapters == (AdapterSpec("lora", ("*",), 16, 32, LORA_PROJECTIONS),)
+    assert run.options.lora_rank == 0  # verl's own LoRA keys come from the adapter
+    config.write_text(f"model: {tmp_path}\ntasks: {tmp_path / 't.jsonl'}\nbackend: verl\nalgorithm: sft\n"
+                      "verl: {lora_rank: 16}\n")
+    with pytest.raises(SettingError, match="verl.lora_rank trains with algorithm grpo only on backend verl"):
+        load_settings(TrainSettings, "TRAIN", str(config), None, environ={})

@@ -67,7 +67,7 @@ def file_bytes(path: str) -> bytes:
 
 
 @pytest.mark.timeout(900)
-def test_verl_trains_each_adapter_on_its_agents_and_vllm_serves_them_by_agent(tiny_models, tmp_path):
+def test_verl_trains_each_adapter_on_its_agents_and_vllm_serves_them_by_agent(tiny_models, tmp_path, caplog):
     from spanrl.trainer_bridge.verl_backend.adapters import VerlAdapters
     from spanrl.trainer_bridge.verl_backend.backend import start_backend
 
@@ -121,11 +121,17 @@ def test_verl_trains_each_adapter_on_its_agents_and_vllm_serves_them_by_agent(ti
         assert max_difference(peft_logprobs(model_dir, os.path.join(checkpoint, "writer"), writer), expected) < 1e-6
 
         # a resumed run takes each adapter (its peft folder and verl state) from the checkpoint
-        backend.adapters = VerlAdapters(backend.adapters.specs, backend.workers, str(tmp_path / "resumed"))
+        trained = backend.adapters
+        backend.adapters = VerlAdapters(trained.specs, backend.workers, str(tmp_path / "resumed"))
         backend.adapters.start(saved=checkpoint)
+        backend.adapters.agents_seen = trained.agents_seen  # the run's, for the warning at its end
         assert max_difference(backend.log_probs(writer, adapter="writer"), expected) < 1e-5
         assert max_difference(backend.log_probs(rewriter, adapter="fixers"), fixers) < 1e-5
         served, _ = served_logprobs(url, "writer", writer)
         assert max_difference(served, expected) < 1e-4
     finally:
         backend.close()
+    # the checker never sent a transition: its adapter trained on the rewriter's only (said once)
+    unseen = [r.getMessage() for r in caplog.records if "reached an update" in r.getMessage()]
+    assert unseen == ["adapter 'fixers': no transition of its agent(s) 'checker' reached an update in this run "
+                      "(2 steps; agents seen: planner, rewriter, writer): check the agent names in adapters:"]

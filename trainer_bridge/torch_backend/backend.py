@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from spanrl.errors import UserError
+from spanrl.trainer_bridge.adapter_specs import warn_unseen_agents
 from spanrl.trainer_bridge.backend import BackendRun, TrainingSample, UpdateStats
 from spanrl.trainer_bridge.torch_backend.checkpoints import checkpoint_name, list_checkpoints
 from spanrl.trainer_bridge.torch_backend.config import TorchOptions, TrainerConfig
@@ -85,17 +86,9 @@ class TorchBackend:
 
 
 def warn_unseen_adapter_agents(trainer: TorchTrainer) -> None:
-    """Once per run, at its end: the adapters' agents no update ever had a transition of (a
-    misspelt agent name, or an agent the run never called): their adapters never trained."""
-    if not trainer.config.adapters or trainer.step == 0:
-        return
-    for spec in trainer.config.adapter_specs:
-        unseen = [agent for agent in spec.agents if agent not in trainer.agents_seen]
-        if unseen:
-            seen = ", ".join(sorted(trainer.agents_seen)) or "none"
-            logger.warning("adapter %r: no transition of its agent(s) %s reached an update in this run (%d steps; "
-                           "agents seen: %s): check the agent names in adapters:", spec.name,
-                           ", ".join(repr(a) for a in unseen), trainer.step, seen)
+    """Once per run, at its end: the adapters' agents no update had a transition of."""
+    if trainer.config.adapters:
+        warn_unseen_agents(trainer.config.adapter_specs, trainer.agents_seen, trainer.step)
 
 
 def start_backend(run: BackendRun) -> TorchBackend:

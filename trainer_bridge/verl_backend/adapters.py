@@ -53,6 +53,7 @@ class VerlAdapters:
         self.state_dir = os.path.join(root, "adapters-state")
         self.peft_dir = os.path.join(root, "adapters")
         self.active: str | None = None  # the adapter whose state the actor holds now
+        self.agents_seen: set[str] = set()  # agents whose transitions reached an update
 
     @property
     def agents(self) -> tuple[tuple[str, tuple[str, ...]], ...]:
@@ -79,6 +80,7 @@ class VerlAdapters:
         adapter active; each trained adapter's state saved and its peft folder written (``publish``
         serves it). Its metrics per adapter, with the seconds each part took."""
         metrics: dict[str, dict[str, float]] = {}
+        self.agents_seen.update(s.agent_name for s in samples if s.agent_name)
         for name, group in samples_by_adapter(self.specs, samples).items():
             mark = time.perf_counter()
             self.activate(name)

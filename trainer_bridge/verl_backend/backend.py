@@ -310,6 +310,10 @@ class VerlBackend:
             self.gateway.stop()
         finally:
             self.workers.shutdown()
+        if self.adapters is not None:
+            from spanrl.trainer_bridge.adapter_specs import warn_unseen_agents
+
+            warn_unseen_agents(self.adapters.specs, self.adapters.agents_seen, self.step)
 
 
 def pad_to_multiple(data: Any, multiple: int) -> Any:

@@ -48,7 +48,8 @@ class VerlConfig:
                                   "the update recomputes log-probs at this temperature")
     dtype: str = setting("auto", "vLLM and FSDP dtype: auto (bfloat16 on GPU, float32 on CPU) | float32 | bfloat16")
     pause_wait_s: float = setting(300.0, "agent requests arriving during a weight sync wait this long, then 503")
-    lora_rank: int = setting(0, "> 0 trains a LoRA adapter of this rank instead of all weights")
+    lora_rank: int = setting(0, "> 0 trains a LoRA adapter of this rank (on every projection) instead of all "
+                                "weights; vLLM serves it for every call (the adapter 'lora' of every agent)")
     lora_alpha: int = setting(32, "LoRA alpha")
     gradient_checkpointing: bool = setting(False, "recompute activations in backward to save memory")
     micro_batch_tokens: int = setting(8192, "tokens per GPU in one forward/backward pass (ppo_max_token_len_per_gpu)")
@@ -169,6 +170,20 @@ def check_uniform_adapters(specs: Sequence[AdapterSpec], verl_lora_rank: int) ->
         raise SettingError("adapters.<name>.learning_rate: with backend verl the adapters train at the run's "
                            "learning_rate (set that instead)")
     return first
+
+
+WHOLE_POLICY_ADAPTER = "lora"  # the adapter verl.lora_rank trains: every agent's calls
+LORA_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def lora_rank_as_adapter(verl: VerlConfig) -> tuple[AdapterSpec, ...]:
+    """``verl.lora_rank`` as per-agent adapters are trained and served: one adapter of every agent
+    (verl's own LoRA sync never reaches vLLM's HTTP server, where agents call; ``adapters.py``)."""
+    from spanrl.trainer_bridge.adapter_specs import EVERY_AGENT, AdapterSpec
+
+    if not verl.lora_rank:
+        return ()
+    return (AdapterSpec(WHOLE_POLICY_ADAPTER, (EVERY_AGENT,), verl.lora_rank, verl.lora_alpha, LORA_PROJECTIONS),)
 
 
 def adapter_overrides(specs: Sequence[AdapterSpec]) -> dict[str, Any]:
