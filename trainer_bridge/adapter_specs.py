@@ -172,5 +172,5 @@ def choose_adapter(adapters: Mapping[str, tuple[str, ...]], model: object, agent
     return owner.get(agent or "", owner.get(EVERY_AGENT))
 
 
-__all__ = ["ADAPTER_KEYS", "EVERY_AGENT", "AdapterSpec", "adapter_of_agent", "choose_adapter", "names_an_adapter", "parse_adapters",
-           "samples_by_adapter", "warn_unseen_agents"]
+__all__ = ["ADAPTER_KEYS", "EVERY_AGENT", "AdapterSpec", "adapter_of_agent", "choose_adapter", "names_an_adapter",
+           "parse_adapters", "samples_by_adapter", "warn_unseen_agents"]
