@@ -20,6 +20,8 @@ import logging
 import sqlite3
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from spanrl.otlp_receiver.air import load_rules
 from spanrl.otlp_receiver.assembly import AssemblyOptions, assemble_rollout
@@ -32,7 +34,7 @@ from spanrl.otlp_receiver.ingest import IngestWriter
 from spanrl.otlp_receiver.rewards import RewardPolicy
 from spanrl.otlp_receiver.settings import ReceiverSettings
 from spanrl.otlp_receiver.span_tree import records_from_bodies
-from spanrl.otlp_receiver.store import SpanStore, StoredSpan, StoreError
+from spanrl.otlp_receiver.store import SpanStore, StoreError
 from spanrl.otlp_receiver.store_lock import ReceiverLock
 from spanrl.otlp_receiver.tls import grpc_server_credentials, http_ssl_context
 from spanrl.schema.rollouts import AssembledRollout
@@ -57,6 +59,28 @@ def assembly_options(settings: ReceiverSettings) -> AssemblyOptions:
     )
 
 
+@contextmanager
+def gc_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector paused meanwhile (nested pauses keep it off).
+
+    Reading a rollout's spans and building its tree allocate many small linked objects, which
+    the collector would rescan again and again as they pile up (measured on a 100k-span rollout:
+    286 collections, 0.45 s of 2.3 s), and nothing there makes cycles to collect. Resuming, the
+    objects made meanwhile are moved to the oldest generation without a scan (``freeze`` then
+    ``unfreeze``: two list splices), else the first allocation after would scan them all at once
+    (0.46 s). Skipped when the process froze objects itself (``unfreeze`` would thaw them)."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            if gc.get_freeze_count() == 0:
+                gc.freeze()
+                gc.unfreeze()
+            gc.enable()
+
+
 class Assembler:
     """Assembles ended rollouts from the store, in a thread or on demand (``run_once``)."""
 
@@ -79,13 +103,14 @@ class Assembler:
             on_rollout_span=self.settings.complete_on_rollout_span,
         ):
             try:
-                spans = self.store.rollout_spans(ready.rollout_id)
+                with gc_paused():
+                    bodies = self.store.rollout_bodies(ready.rollout_id)
             except (sqlite3.Error, StoreError) as exc:  # busy/locked passes: retry next poll
                 logger.warning("cannot read the spans of rollout %s (%s); retrying on the next poll",
                                ready.rollout_id, exc)
                 continue
             try:
-                rollout, span_count = self.assemble_spans(ready.rollout_id, ready.end_reason, spans)
+                rollout, span_count = self.assemble_bodies(ready.rollout_id, ready.end_reason, bodies)
             except Exception as exc:  # a bug must not stall the other rollouts, or loop forever
                 logger.exception("assembly of rollout %s failed; marked broken", ready.rollout_id)
                 self.store.mark_broken(ready.rollout_id, f"{type(exc).__name__}: {exc}")
@@ -107,22 +132,16 @@ class Assembler:
 
     def assemble(self, rollout_id: str, end_reason: str) -> tuple[AssembledRollout, int]:
         """Read, decode and assemble one rollout (not saved); returns it and its span count."""
-        return self.assemble_spans(rollout_id, end_reason, self.store.rollout_spans(rollout_id))
+        with gc_paused():
+            return self.assemble_bodies(rollout_id, end_reason, self.store.rollout_bodies(rollout_id))
 
-    def assemble_spans(self, rollout_id: str, end_reason: str, spans: list[StoredSpan]) -> tuple[AssembledRollout, int]:
-        """Decode and assemble one rollout from its stored ``spans``; returns it and their count."""
-        # Building a tree of many small linked objects makes the cyclic garbage collector
-        # rescan them again and again (super-linear for 100k-span rollouts); nothing here
-        # needs it, so it is paused for the duration.
-        gc_was_enabled = gc.isenabled()
-        gc.disable()
-        try:
-            records = records_from_bodies(s.body for s in spans)
+    def assemble_bodies(self, rollout_id: str, end_reason: str, bodies: list[bytes]) -> tuple[AssembledRollout, int]:
+        """Decode and assemble one rollout from its spans' stored ``bodies``; returns it and
+        their count."""
+        with gc_paused():
+            records = records_from_bodies(bodies)
             rollout = assemble_rollout(rollout_id, records, end_reason, self.options)
-        finally:
-            if gc_was_enabled:
-                gc.enable()
-        return rollout, len(spans)
+        return rollout, len(bodies)
 
     def _run(self) -> None:
         while not self._stop.wait(self.settings.poll_s):

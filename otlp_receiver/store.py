@@ -23,6 +23,7 @@ import threading
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
+from operator import itemgetter
 from pathlib import Path
 
 from spanrl.otlp_receiver.otlp_decode import SpanRow
@@ -44,6 +45,7 @@ from spanrl.schema.rollouts import (
 )
 
 logger = logging.getLogger(__name__)
+_START_NS = itemgetter(3)  # a span row's start time (``rollout_spans``)
 
 SYNC_MODES = ("full", "normal", "extra")
 # An explicit completion for a rollout none of whose spans arrived yet is kept this long for
@@ -391,19 +393,33 @@ class SpanStore:
 
     def rollout_spans(self, rollout_id: str) -> list[StoredSpan]:
         """Every span of a rollout: those carrying its id, plus spans without any rollout id
-        that share a trace with it (e.g. from a service that did not stamp the identity)."""
+        that share a trace with it (e.g. from a service that did not stamp the identity); in
+        start order."""
+        return [StoredSpan(trace_id, span_id, body) for trace_id, span_id, body, _ in self._rollout_rows(rollout_id)]
+
+    def rollout_bodies(self, rollout_id: str) -> list[bytes]:
+        """The serialized bodies of ``rollout_spans``, in the same order (what assembly reads)."""
+        return [row[2] for row in self._rollout_rows(rollout_id)]
+
+    def _rollout_rows(self, rollout_id: str) -> list[tuple[bytes, bytes, bytes, int]]:
         with self._lock:
-            # In start order: decoded in that order, the records lie in memory roughly in the
-            # order the tree walks them, which keeps big rollouts cache-friendly.
+            # rows by rowid (the order they were written: the table's own order), not in the
+            # unique index's (random span ids): a 100k-span rollout's table pages are then read
+            # once each, in order, instead of at random (2.9 -> 1.4 us a span, measured)
             rows = self._db.execute(
-                "SELECT trace_id, span_id, body FROM (SELECT trace_id, span_id, start_ns, body"
-                " FROM spans WHERE rollout_id = ?"
-                " UNION ALL SELECT s.trace_id, s.span_id, s.start_ns, s.body FROM spans s"
+                "SELECT trace_id, span_id, body, start_ns FROM spans"
+                " WHERE rowid IN (SELECT rowid FROM spans WHERE rollout_id = ?)"
+                " UNION ALL SELECT s.trace_id, s.span_id, s.body, s.start_ns FROM spans s"
                 " WHERE s.rollout_id = '' AND s.trace_id IN"
-                " (SELECT DISTINCT trace_id FROM spans WHERE rollout_id = ?)) ORDER BY start_ns",
+                " (SELECT DISTINCT trace_id FROM spans WHERE rollout_id = ?)",
                 (rollout_id, rollout_id),
             ).fetchall()
-        return [StoredSpan(*row) for row in rows]
+        # In start order: decoded in that order, the records lie in memory roughly in the order
+        # the tree walks them, which keeps big rollouts cache-friendly. Sorted here, not by
+        # SQLite, whose sorter would move every (kilobyte) body: spans arrive nearly in start
+        # order, which Python's sort takes in about one pass.
+        rows.sort(key=_START_NS)
+        return rows
 
     def span_count(self) -> int:
         with self._lock:

@@ -215,11 +215,11 @@ class _StoreBusyOnce(SpanStore):
 
     busy_reads = 1
 
-    def rollout_spans(self, rollout_id):
+    def rollout_bodies(self, rollout_id):  # what the assembler reads
         if self.busy_reads:
             self.busy_reads -= 1
             raise sqlite3.OperationalError("database is locked")
-        return super().rollout_spans(rollout_id)
+        return super().rollout_bodies(rollout_id)
 
 
 def test_store_error_while_reading_spans_is_retried_not_broken(tmp_path, caplog):
