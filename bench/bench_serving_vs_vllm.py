@@ -1,0 +1,106 @@
+"""Serving throughput: spanrl's policy server vs vLLM's CPU build, same model, same clients, same run.
+
+Run in the verl environment (``.ci/verl_env.sh``: it has vLLM's CPU build) on a quiet machine:
+
+    .venv-verl/bin/python bench/bench_serving_vs_vllm.py [--preset small --requests 64 --max-tokens 32 --repeat 3]
+
+Creates one model (``spanrl model init --preset``), then serves it twice, one server at a time:
+``spanrl serve`` (its HTTP front end in its own process, ``--threads`` torch threads) and vLLM's
+OpenAI server (float32, eager, the CPU settings ``tests/verl_backend/vllm_server.py`` uses). Each
+gets the same chat requests from real ``openai`` clients (``bench_policy_batching.run_clients``):
+one at a time, then ``--concurrency`` concurrent clients; generated tokens/s counted from each
+reply's ``usage``. Rounds alternate the two modes ``--repeat`` times after a warm-up; prints
+min/median/max tokens/s of each server and mode, and spanrl / vLLM of the medians (goal: >= 1.2x
+at 16 clients, no worse at 1; issue 25).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, os.path.dirname(__file__))
+from bench_policy_batching import run_clients, wait_ready  # noqa: E402
+
+from spanrl.child_processes import free_port  # noqa: E402
+
+VLLM_ENV = {"VLLM_TARGET_DEVICE": "cpu", "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
+
+
+def spanrl_command(model_dir: str, port: int, threads: int) -> list[str]:
+    return [sys.executable, "-m", "spanrl", "--log-level", "WARNING", "serve", model_dir, "--port", str(port),
+            "--served-model-name", "bench", "--threads", str(threads)]
+
+
+def vllm_command(model_dir: str, port: int, concurrency: int) -> list[str]:
+    return [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model_dir,
+            "--served-model-name", "bench", "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32",
+            "--enforce-eager", "--max-model-len", "2048", "--max-num-seqs", str(max(concurrency, 16)),
+            "--generation-config", "vllm", "--override-generation-config", json.dumps({"temperature": 1.0})]
+
+
+def measure_server(command: list[str], port: int, env: dict[str, str], args: argparse.Namespace,
+                   log: Path) -> dict[str, list[float]]:
+    """Tokens/s of each mode, one value per round, against the server ``command`` starts."""
+    url = f"http://127.0.0.1:{port}"
+    with open(log, "w") as out:
+        server = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **env})
+    try:
+        wait_ready(url, server, timeout=600.0)
+        run_clients(f"{url}/v1", "bench", 8, args.max_tokens, 4, "openai")  # warm-up
+        rounds: dict[str, list[float]] = {"1 client": [], f"{args.concurrency} clients": []}
+        for _ in range(args.repeat):
+            for label, clients in ((f"{args.concurrency} clients", args.concurrency), ("1 client", 1)):
+                count = args.requests if clients > 1 else max(args.requests // 4, 8)
+                seconds, tokens, _ = run_clients(f"{url}/v1", "bench", count, args.max_tokens, clients, "openai")
+                rounds[label].append(tokens / seconds)
+        return rounds
+    finally:
+        server.terminate()
+        try:
+            server.wait(30)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--preset", default="small", choices=["tiny", "small"])
+    parser.add_argument("--requests", type=int, default=64, help="requests a round at full concurrency")
+    parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--max-tokens", type=int, default=32)
+    parser.add_argument("--threads", type=int, default=1, help="spanrl serve's torch threads (0: one per core)")
+    parser.add_argument("--repeat", type=int, default=3)
+    args = parser.parse_args()
+
+    with tempfile.TemporaryDirectory() as scratch:
+        model_dir = str(Path(scratch) / args.preset)
+        subprocess.run([sys.executable, "-m", "spanrl", "--log-level", "WARNING", "model", "init", model_dir,
+                        "--preset", args.preset], check=True, stdout=subprocess.DEVNULL)
+        results = {}
+        for name, command, env in (("spanrl", spanrl_command, {}), ("vLLM", vllm_command, VLLM_ENV)):
+            port = free_port()
+            argument = args.threads if name == "spanrl" else args.concurrency
+            results[name] = measure_server(command(model_dir, port, argument), port, env, args,
+                                           Path(scratch) / f"{name}.log")
+    print(f"preset {args.preset}, {args.requests} chat requests a round at {args.concurrency} clients, "
+          f"max_tokens {args.max_tokens}, spanrl threads {args.threads or 'default'}, {args.repeat} rounds")
+    for label in results["spanrl"]:
+        medians = {}
+        for name, rounds in results.items():
+            values = rounds[label]
+            medians[name] = statistics.median(values)
+            print(f"  {name:6s} {label:10s}: {medians[name]:7.0f} tokens/s (min {min(values):.0f}, "
+                  f"max {max(values):.0f})")
+        print(f"  spanrl / vLLM at {label}: {medians['spanrl'] / medians['vLLM']:.2f}x")
+
+
+if __name__ == "__main__":
+    main()
