@@ -27,7 +27,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(__file__))
-from bench_verl_step import make_samples  # noqa: E402
+from bench_verl_step import bench_model, make_samples  # noqa: E402
 
 ADAPTERS = {"writer": {"agents": ["writer"]}, "rewriter": {"agents": ["rewriter"]}}
 PARTS = ("load_state_s", "update_s", "save_state_s", "publish_s")
@@ -79,12 +79,7 @@ def main() -> None:
     args = parser.parse_args()
 
     workdir = tempfile.mkdtemp(prefix="bench-verl-adapters-")
-    model = args.model
-    if model is None:
-        from spanrl.trainer_bridge.torch_backend.model_init import create_model_dir
-
-        model = os.path.join(workdir, "model")
-        create_model_dir(model, preset="tiny", seed=0)
+    model = bench_model(args.model, workdir)
     shared = run_arm(model, workdir, {}, args.samples, args.repeats)
     adapters = run_arm(model, workdir, ADAPTERS, args.samples, args.repeats)
     baseline = statistics.median(shared["update"])

@@ -69,6 +69,17 @@ def verl_own_step(backend, samples) -> dict[str, float]:
     return parts
 
 
+def bench_model(model: str | None, workdir: str) -> str:
+    """``model``, or a tiny one made by ``spanrl model init`` in ``workdir`` when None."""
+    if model is not None:
+        return model
+    from spanrl.trainer_bridge.torch_backend.model_init import create_model_dir
+
+    made = os.path.join(workdir, "model")
+    create_model_dir(made, preset="tiny", seed=0)
+    return made
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", help="model directory (default: a tiny one from spanrl model init)")
@@ -81,12 +92,7 @@ def main() -> None:
     from spanrl.trainer_bridge.verl_backend.config import VerlConfig
 
     workdir = tempfile.mkdtemp(prefix="bench-verl-")
-    model = args.model
-    if model is None:
-        from spanrl.trainer_bridge.torch_backend.model_init import create_model_dir
-
-        model = os.path.join(workdir, "model")
-        create_model_dir(model, preset="tiny", seed=0)
+    model = bench_model(args.model, workdir)
     settings = TrainSettings(tasks="unused.jsonl", model=model, backend="verl", learning_rate=1e-5,
                              output_dir=os.path.join(workdir, "run"), policy_port=0, checkpoint_every=0,
                              verl=VerlConfig(cpu_mode="auto"))

@@ -15,7 +15,16 @@ import torch
 from spanrl.trainer_bridge.train_settings import TrainSettings
 from spanrl.trainer_bridge.verl_backend.config import VerlConfig
 
-from .test_verl_update import AUTH, POLICY_TOKEN, free_port, hf_logprobs, max_difference, random_samples
+from .test_verl_update import (
+    AUTH,
+    POLICY_TOKEN,
+    endpoint_logprobs,
+    free_port,
+    hf_logprobs,
+    max_difference,
+    model_logprobs,
+    random_samples,
+)
 
 LORA = {"rank": 8, "alpha": 16, "target_modules": ["q_proj", "v_proj"]}
 ADAPTERS = {"writer": {"agents": ["writer"], **LORA}, "fixers": {"agents": ["rewriter", "checker"], **LORA}}
@@ -27,38 +36,13 @@ def agent_samples(agent: str, count: int, seed: int):
             for s in random_samples(count, seed=seed)]
 
 
-def served_logprobs(url: str, model: str, samples, agent: str | None = None) -> tuple[list[list[float]], set[str]]:
-    """vLLM's log-prob of each response token (``prompt_logprobs``) through the gateway, called as
-    ``model`` by ``agent`` (W3C baggage, as spanrl's instrumentation sends it); the versions stamped."""
-    headers = {**AUTH, **({"baggage": f"spanrl.agent.name={agent}"} if agent else {})}
-    out, versions = [], set()
-    for sample in samples:
-        ids = list(sample.prompt_token_ids) + list(sample.response_token_ids)
-        reply = httpx.post(f"{url}/completions", timeout=120, headers=headers,
-                           json={"model": model, "prompt": ids, "max_tokens": 1, "prompt_logprobs": 0})
-        assert reply.status_code == 200, reply.text
-        versions.add(reply.headers["x-spanrl-policy-version"])
-        scored = reply.json()["choices"][0]["prompt_logprobs"][len(sample.prompt_token_ids):]
-        out.append([entry[str(token)]["logprob"]
-                    for entry, token in zip(scored, sample.response_token_ids, strict=True)])
-    return out, versions
-
-
 def peft_logprobs(model_dir: str, adapter_dir: str, samples) -> list[list[float]]:
     """A peft forward of the base with the adapter written in ``adapter_dir``."""
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32),
-                                      adapter_dir).eval()
-    out = []
-    with torch.no_grad():
-        for sample in samples:
-            ids = torch.tensor([list(sample.prompt_token_ids) + list(sample.response_token_ids)])
-            logits = model(input_ids=ids).logits[0, len(sample.prompt_token_ids) - 1:-1]
-            picked = torch.log_softmax(logits, -1).gather(-1, torch.tensor(sample.response_token_ids).unsqueeze(-1))
-            out.append(picked.squeeze(-1).tolist())
-    return out
+    base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    return model_logprobs(PeftModel.from_pretrained(base, adapter_dir).eval(), samples)
 
 
 def file_bytes(path: str) -> bytes:
@@ -87,7 +71,7 @@ def test_verl_trains_each_adapter_on_its_agents_and_vllm_serves_them_by_agent(ti
         url = backend.endpoint_url
         models = httpx.get(f"{url}/models", headers=AUTH, timeout=60).json()["data"]
         assert {"writer", "fixers"} <= {card["id"] for card in models}
-        served, versions = served_logprobs(url, "writer", writer[:2])  # (each check's calls kept few: ~1 s each)
+        served, versions = endpoint_logprobs(url, "writer", writer[:2])  # (each check's calls kept few: ~1 s each)
         assert versions == {"0"} and max_difference(served, base[:2]) < 1e-4  # a fresh adapter is the base (B = 0)
         fixers_file = file_bytes(os.path.join(peft_dir["fixers"], WEIGHTS))
 
@@ -98,11 +82,11 @@ def test_verl_trains_each_adapter_on_its_agents_and_vllm_serves_them_by_agent(ti
         expected = peft_logprobs(model_dir, peft_dir["writer"], writer)
         assert max_difference(expected, base) > 1e-3  # the writer's adapter moved
         for model, agent, count in (("writer", None, 6), ("policy", "writer", 2)):  # by model name, by baggage
-            served, versions = served_logprobs(url, model, writer[:count], agent)
+            served, versions = endpoint_logprobs(url, model, writer[:count], agent)
             assert versions == {"1"} and max_difference(served, expected[:count]) < 1e-4, (model, agent)
         assert max_difference(backend.log_probs(writer, adapter="writer"), expected) < 1e-5  # verl's actor
         for model, agent in (("policy", None), ("policy", "planner"), ("fixers", None), ("checker", None)):
-            served, _ = served_logprobs(url, model, writer[:2], agent)  # the base, and the untouched adapter
+            served, _ = endpoint_logprobs(url, model, writer[:2], agent)  # the base, and the untouched adapter
             assert max_difference(served, base[:2]) < 1e-4, (model, agent)
 
         writer_file = file_bytes(os.path.join(peft_dir["writer"], WEIGHTS))
@@ -110,7 +94,7 @@ def test_verl_trains_each_adapter_on_its_agents_and_vllm_serves_them_by_agent(ti
         assert file_bytes(os.path.join(peft_dir["writer"], WEIGHTS)) == writer_file
         fixers = peft_logprobs(model_dir, peft_dir["fixers"], rewriter)
         assert max_difference(fixers, hf_logprobs(model_dir, rewriter)) > 1e-3
-        served, versions = served_logprobs(url, "policy", rewriter, agent="checker")
+        served, versions = endpoint_logprobs(url, "policy", rewriter, agent="checker")
         assert versions == {"2"} and max_difference(served, fixers) < 1e-4
         assert max_difference(backend.log_probs(writer, adapter="writer"), expected) < 1e-5
 
@@ -127,7 +111,7 @@ def test_verl_trains_each_adapter_on_its_agents_and_vllm_serves_them_by_agent(ti
         backend.adapters.agents_seen = trained.agents_seen  # the run's, for the warning at its end
         assert max_difference(backend.log_probs(writer, adapter="writer"), expected) < 1e-5
         assert max_difference(backend.log_probs(rewriter, adapter="fixers"), fixers) < 1e-5
-        served, _ = served_logprobs(url, "writer", writer[:2])
+        served, _ = endpoint_logprobs(url, "writer", writer[:2])
         assert max_difference(served, expected[:2]) < 1e-4
     finally:
         backend.close()

@@ -43,7 +43,12 @@ def hf_logprobs(model_dir: str, samples) -> list[list[float]]:
     """A plain transformers forward pass: each response token's log-prob, one sequence at a time."""
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    return model_logprobs(AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval(), samples)
+
+
+def model_logprobs(model, samples) -> list[list[float]]:
+    """Each response token's log-prob under ``model`` (a transformers or peft model), one
+    sequence at a time."""
     out = []
     with torch.no_grad():
         for sample in samples:
@@ -54,13 +59,16 @@ def hf_logprobs(model_dir: str, samples) -> list[list[float]]:
     return out
 
 
-def endpoint_logprobs(base_url: str, model: str, samples) -> tuple[list[list[float]], set[str]]:
+def endpoint_logprobs(base_url: str, model: str, samples,
+                      agent: str | None = None) -> tuple[list[list[float]], set[str]]:
     """vLLM's log-prob of each response token given its prefix (``prompt_logprobs``), through
-    the gateway; and the policy versions the gateway stamped on the replies."""
+    the gateway, called as ``model`` (by ``agent``: W3C baggage, as spanrl's instrumentation
+    sends it); and the policy versions the gateway stamped on the replies."""
+    headers = {**AUTH, **({"baggage": f"spanrl.agent.name={agent}"} if agent else {})}
     out, versions = [], set()
     for sample in samples:
         ids = list(sample.prompt_token_ids) + list(sample.response_token_ids)
-        reply = httpx.post(f"{base_url}/completions", timeout=120, headers=AUTH, json={
+        reply = httpx.post(f"{base_url}/completions", timeout=120, headers=headers, json={
             "model": model, "prompt": ids, "max_tokens": 1, "prompt_logprobs": 0})
         assert reply.status_code == 200, reply.text
         versions.add(reply.headers["x-spanrl-policy-version"])

@@ -143,17 +143,10 @@ def adapter_details(per_adapter: dict[str, dict[str, float]]) -> dict[str, float
     return details
 
 
-def prune_checkpoints(root: str, keep: int) -> None:
-    """Delete all but the newest ``keep`` ``step-N`` checkpoints under ``root`` (0: keep all)."""
-    steps = sorted(name for name in os.listdir(root) if name.startswith("step-")) if os.path.isdir(root) else []
-    for name in steps[:-keep] if keep else []:
-        shutil.rmtree(os.path.join(root, name), ignore_errors=True)
-
-
 def _replace_tree(source: str, target: str, ignore: tuple[str, ...] = ()) -> None:
     if os.path.isdir(target):
         shutil.rmtree(target)
     shutil.copytree(source, target, ignore=shutil.ignore_patterns(*ignore) if ignore else None)
 
 
-__all__ = ["AdapterLoadFailed", "VerlAdapters", "adapter_details", "prune_checkpoints"]
+__all__ = ["AdapterLoadFailed", "VerlAdapters", "adapter_details"]

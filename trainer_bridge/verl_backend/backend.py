@@ -22,7 +22,6 @@ by name instead of a weight sync (``adapters.py``).
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import time
@@ -39,6 +38,7 @@ from spanrl.trainer_bridge.backend import (
     make_owner_only_dir,
 )
 
+from .checkpoints import ADAPTERS_FOLDER, latest_checkpoint, prune_checkpoints, write_version
 from .metrics import flatten_metrics
 
 if TYPE_CHECKING:
@@ -50,8 +50,6 @@ logger = logging.getLogger(__name__)
 
 INSTALL_HINT = ("install the verl backend: pip install 'spanrl[verl-cpu]' (no GPU) or 'spanrl[verl]' (GPU), then "
                 "pip install --no-deps verl==0.9.1 (README: 'Training with verl')")
-VERSION_FILE = "spanrl_policy_version.json"
-ADAPTERS_FOLDER = "adapters"  # a checkpoint's per-agent adapters (adapters.py), one peft folder each
 
 
 def check_verl_installed() -> None:
@@ -291,19 +289,14 @@ class VerlBackend:
         make_owner_only_dir(path)  # verl writes inside: weights and optimizer state stay the user's
         if self.adapters is not None:  # the adapters in peft's format (+ their verl state); the base is the run's
             self.adapters.save(os.path.join(path, ADAPTERS_FOLDER))
-            self._write_version(path)
-            from .adapters import prune_checkpoints
-
+            write_version(path, self._policy_version, self.step)
             prune_checkpoints(root, self.verl.keep_checkpoints)
             return os.path.join(path, ADAPTERS_FOLDER)
         keep = self.verl.keep_checkpoints or None
         self.workers.actor.save_checkpoint(os.path.join(path, "actor"), None, self.step, keep)
-        self._write_version(path)
+        write_version(path, self._policy_version, self.step)
         return os.path.join(path, "actor", "huggingface")
 
-    def _write_version(self, path: str) -> None:
-        with open(os.path.join(path, VERSION_FILE), "w") as f:
-            json.dump({"policy_version": self._policy_version, "step": self.step}, f)
 
     def close(self) -> None:
         try:
@@ -329,20 +322,6 @@ def pad_to_multiple(data: Any, multiple: int) -> Any:
     filler.batch["response_mask"] = torch.zeros_like(filler.batch["response_mask"])
     filler.batch["advantages"] = torch.zeros_like(filler.batch["advantages"])
     return DataProto.concat([data, filler])
-
-
-def _latest_checkpoint(checkpoint_dir: str) -> tuple[str, int, int] | None:
-    """The newest ``step-N`` checkpoint under ``checkpoint_dir``: (path, policy version, step)."""
-    if not os.path.isdir(checkpoint_dir):
-        return None
-    steps = sorted(name for name in os.listdir(checkpoint_dir)
-                   if name.startswith("step-") and os.path.exists(os.path.join(checkpoint_dir, name, VERSION_FILE)))
-    if not steps:
-        return None
-    path = os.path.join(checkpoint_dir, steps[-1])
-    with open(os.path.join(path, VERSION_FILE)) as f:
-        saved = json.load(f)
-    return path, int(saved["policy_version"]), int(saved["step"])
 
 
 def check_backend(run: BackendRun) -> bool:
@@ -395,7 +374,7 @@ def start_backend(run: BackendRun) -> VerlBackend:
     workers = start_verl_workers(config, cpu_mode, verl.ray_address, verl.ray_num_cpus, adapters=bool(run.adapters))
     policy_version, step, adapters = 0, 0, None
     try:
-        latest = _latest_checkpoint(run.checkpoint_dir) if run.resume else None
+        latest = latest_checkpoint(run.checkpoint_dir) if run.resume else None
         if latest is not None:
             path, policy_version, step = latest
         if run.adapters:

@@ -39,7 +39,8 @@ from spanrl.trainer_bridge.torch_backend.engine.requests import (
     check_request,
 )
 from spanrl.trainer_bridge.torch_backend.engine.sampling import Sampler
-from spanrl.trainer_bridge.torch_backend.engine.scheduler import PendingSwap, Scheduler
+from spanrl.trainer_bridge.torch_backend.engine.scheduler import Scheduler
+from spanrl.trainer_bridge.torch_backend.engine.weight_swaps import PendingSwap
 from spanrl.trainer_bridge.torch_backend.server.chat_format import encode_chat, encode_text
 
 if TYPE_CHECKING:

@@ -12,7 +12,8 @@ Rows of different LoRA adapters share a batch and its forward passes (``multi_lo
 New weights are applied only when no row is decoding (while a swap is pending no new row
 joins), so every sequence is produced by exactly one policy version. A swap of some adapters'
 weights only (``AdapterSwap``) waits for those adapters' rows alone: rows of the base model and of
-the other adapters keep decoding and joining meanwhile, and it is applied between two steps.
+the other adapters keep decoding and joining meanwhile, and it is applied between two steps
+(``weight_swaps.py`` keeps the pending swap and says what it holds back).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 
@@ -50,22 +51,11 @@ from spanrl.trainer_bridge.torch_backend.engine.sampling import (
     row_top_logprobs,
     sampled_logprobs,
 )
+from spanrl.trainer_bridge.torch_backend.engine.weight_swaps import ALL, PendingSwap, SwapSlot, load_swap
 
 logger = logging.getLogger(__name__)
 
 _WAKE = object()  # queued by a weight swap to wake an idle engine thread
-ALL = object()  # in ``_held_adapters``: a whole-model swap holds every row back
-
-
-class PendingSwap(NamedTuple):
-    """Weights waiting for the engine to be idle; ``outcome`` receives the error, if any."""
-
-    state_dict: dict | AdapterSwap  # a model's weights, or its adapters' (multi_lora.py)
-    version: int
-    done: threading.Event
-    outcome: list[BaseException]
-
-
 class Scheduler:
     """Runs requests on ``model`` in shared batches from its own thread (``start``/``stop``).
 
@@ -93,9 +83,8 @@ class Scheduler:
         # (_time_to_join); 0.25 measured best on the bench (0.125-0.5 within noise, 0 worse)
         self.join_fraction = 0.25
         self.stats = EngineStats()
-        self.pending_swap: PendingSwap | None = None
+        self._swaps = SwapSlot()  # the pending weight swap (weight_swaps.py)
         self.adapters: ServedAdapters | None = None  # per-agent LoRA adapters (multi_lora.py)
-        self._swap_lock = threading.Lock()
         self._queue: queue.Queue[GenerationRequest | object | None] = queue.Queue()
         self._waiting: list[Row] = []
         self.thread: threading.Thread | None = None
@@ -126,17 +115,14 @@ class Scheduler:
             raise EngineOverloadedError(f"the policy engine has {self.max_queued} requests waiting; retry shortly")
         self._queue.put(request)
 
+    @property
+    def pending_swap(self) -> PendingSwap | None:
+        return self._swaps.pending
+
     def swap_weights(self, state_dict: dict | AdapterSwap, version: int, timeout: float | None) -> None:
         """Queue a swap (superseding one not applied yet) and wait until the engine thread, or
         this thread when none runs, applied it; see ``PolicyEngine.swap_weights``."""
-        swap = PendingSwap(state_dict, int(version), threading.Event(), [])
-        with self._swap_lock:
-            superseded, self.pending_swap = self.pending_swap, swap
-        if superseded is not None:
-            superseded.outcome.append(EngineError(
-                f"the weight swap to version {superseded.version} was superseded by version {swap.version} "
-                f"before it was applied"))
-            superseded.done.set()
+        swap = self._swaps.put(state_dict, version)
         if self.thread is None:
             self._apply_pending_swap()
         else:
@@ -149,28 +135,12 @@ class Scheduler:
     # ------------------------------------------------------------------ engine thread
 
     def _apply_pending_swap(self, expected: PendingSwap | None = None) -> None:
-        """Apply the pending swap; with ``expected``, only if that is still the pending one (a swap
-        that superseded it after it was checked waits for its own safe moment)."""
-        with self._swap_lock:
-            if expected is not None and self.pending_swap is not expected:
-                return
-            swap, self.pending_swap = self.pending_swap, None
+        """Apply the pending swap (with ``expected``: only if it is still that one)."""
+        swap = self._swaps.take(expected)
         if swap is None:
             return
         try:
-            missing: list[str] = []
-            unexpected: list[str] = []
-            if isinstance(swap.state_dict, AdapterSwap):  # the adapters' new weights, the base unchanged
-                if self.adapters is None:
-                    raise EngineError("adapter weights for an engine that serves no adapters")
-                self.adapters.load(swap.state_dict.weights)
-            else:
-                with torch.no_grad():
-                    missing, unexpected = self.model.load_state_dict(swap.state_dict, strict=False)
-            missing = [k for k in missing if not k.endswith("lm_head.weight")]
-            if missing or unexpected:
-                raise EngineError(f"the new weights do not match the model: missing {missing[:3]}, "
-                                  f"unexpected {list(unexpected)[:3]}")
+            load_swap(swap, self.model, self.adapters)
             self.version = swap.version
             logger.info("policy weights swapped in: version %d", swap.version)
             for listener in self.version_listeners:
@@ -188,13 +158,14 @@ class Scheduler:
     def _serve(self) -> None:
         running: RunningBatch | None = None
         while not self._stopping:
-            idle = running is None
             # never sleep on a pending swap: its wake-up may have been taken while rows ran
-            self._collect(block=idle and self.pending_swap is None)
-            if idle:
+            self._collect(block=running is None and self.pending_swap is None)
+            if running is None:
                 self._apply_pending_swap()  # nothing is decoding: the only safe moment
-            elif (sparing := self._swap_sparing(running)) is not None:
-                self._apply_pending_swap(expected=sparing)  # nothing it changes is decoding
+            else:  # an adapters-only swap whose adapters no running row uses: now, the rows decoding on
+                sparing = self._swaps.sparing(row.request.params.adapter for row in running.rows)
+                if sparing is not None:
+                    self._apply_pending_swap(expected=sparing)
             if self._stopping:
                 break
             try:
@@ -218,25 +189,6 @@ class Scheduler:
                 item.fail(stopped)
         fail_rows(self._waiting, stopped)
         self._waiting = []
-
-    def _held_adapters(self) -> frozenset[object] | None:
-        """What a pending swap holds back from joining: None (nothing pending), the adapters an
-        adapter-only swap changes, or everything (a ``frozenset`` containing ``ALL``)."""
-        swap = self.pending_swap
-        if swap is None:
-            return None
-        if isinstance(swap.state_dict, AdapterSwap):
-            return frozenset(swap.state_dict.weights)
-        return frozenset([ALL])
-
-    def _swap_sparing(self, running: RunningBatch | None) -> PendingSwap | None:
-        """The pending swap when it changes only adapters no running row uses (it may be applied
-        now, the other rows decoding on: their weights are not touched); else None."""
-        swap = self.pending_swap
-        if swap is None or running is None or not isinstance(swap.state_dict, AdapterSwap):
-            return None
-        changed = swap.state_dict.weights
-        return None if any(row.request.params.adapter in changed for row in running.rows) else swap
 
     def _collect(self, block: bool) -> None:
         """Move queued requests into ``_waiting``; with ``block`` and nothing waiting, sleep
@@ -277,7 +229,7 @@ class Scheduler:
         instead of waiting for the whole batch to finish. Nothing joins while a weight swap
         is pending (but rows of adapters an adapter-only swap leaves alone): the running rows
         finish on the old weights, then the swap is applied."""
-        held = self._held_adapters()
+        held = self._swaps.held()
         if not self._waiting or (held is not None and ALL in held):
             return running
         if running is not None and not running.joinable:
