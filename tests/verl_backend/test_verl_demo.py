@@ -18,7 +18,7 @@ def test_demo_trains_two_steps_on_verl_with_agents_served_by_vllm(tmp_path):
     out = tmp_path / "demo"
     result = subprocess.run(
         [sys.executable, "-m", "spanrl", "demo", "--backend", "verl", "--output-dir", str(out),
-         "--sft-steps", "200", "--steps", "2", "--tasks-per-step", "4", "--group-size", "4",
+         "--sft-steps", "60", "--steps", "2", "--tasks-per-step", "2", "--group-size", "4",
          "--concurrency", "8", "--stop-at-reward", "2"],
         capture_output=True, text=True, timeout=1200,
     )
@@ -28,7 +28,7 @@ def test_demo_trains_two_steps_on_verl_with_agents_served_by_vllm(tmp_path):
     assert [r["step"] for r in rows] == [1, 2]
     assert [r["actor/policy_version"] for r in rows] == [1, 2]
     for row in rows:
-        assert row["rollout/count"] == 16 and row["actor/transitions"] > 0
+        assert row["rollout/count"] == 8 and row["actor/transitions"] > 0
         # the step's parts, measured by the verl backend
         assert row["actor/update_s"] > 0 and row["actor/weight_sync_s"] > 0
 
@@ -36,7 +36,7 @@ def test_demo_trains_two_steps_on_verl_with_agents_served_by_vllm(tmp_path):
     # step's calls by the weights the first verl update synced into it
     store = SpanStore(str(out / "spanrl.db"))
     rollouts, _ = store.completed_rollouts(since=0)
-    assert len(rollouts) == 32
+    assert len(rollouts) == 16
     served_versions: dict[int, set[int]] = {0: set(), 1: set()}
     for rollout in rollouts:
         assert rollout.status == "ok", rollout.problems
