@@ -24,10 +24,9 @@ import os
 import statistics
 import sys
 import tempfile
-import time
 
 sys.path.insert(0, os.path.dirname(__file__))
-from bench_verl_step import bench_model, make_samples  # noqa: E402
+from bench_verl_step import bench_model, make_samples, start_bench_backend  # noqa: E402
 
 ADAPTERS = {"writer": {"agents": ["writer"]}, "rewriter": {"agents": ["rewriter"]}}
 PARTS = ("load_state_s", "update_s", "save_state_s", "publish_s")
@@ -39,17 +38,8 @@ def as_agent(samples: list, agent: str) -> list:
 
 def run_arm(model: str, workdir: str, adapters: dict, samples: int, repeats: int) -> dict[str, list]:
     """Each update kind's seconds and, with adapters, each adapter's parts, per round after the first."""
-    from spanrl.trainer_bridge.train_settings import TrainSettings
-    from spanrl.trainer_bridge.verl_backend.backend import start_backend
-    from spanrl.trainer_bridge.verl_backend.config import VerlConfig
-
-    settings = TrainSettings(tasks="unused.jsonl", model=model, backend="verl", learning_rate=1e-5,
-                             output_dir=os.path.join(workdir, "adapters" if adapters else "shared"),
-                             policy_port=0, checkpoint_every=0, verl=VerlConfig(cpu_mode="auto"), adapters=adapters)
-    started = time.perf_counter()
-    backend = start_backend(settings.backend_run())
-    print(f"{'adapters' if adapters else 'one model'}: verl workers + vLLM + gateway ready in "
-          f"{time.perf_counter() - started:.1f} s", flush=True)
+    backend = start_bench_backend(model, os.path.join(workdir, "adapters" if adapters else "shared"), adapters,
+                                  "adapters" if adapters else "one model")
     rows: dict[str, list] = {}
     try:
         for repeat in range(repeats + 1):  # the first round warms every path up

@@ -24,6 +24,7 @@ import random
 import statistics
 import tempfile
 import time
+from typing import Any
 
 
 def make_samples(count: int, seed: int, vocab: int = 300) -> list:
@@ -80,6 +81,21 @@ def bench_model(model: str | None, workdir: str) -> str:
     return made
 
 
+def start_bench_backend(model: str, output_dir: str, adapters: dict | None = None, label: str = "verl") -> Any:
+    """The verl backend on ``model`` (CPU mode without a GPU), started and timed aloud."""
+    from spanrl.trainer_bridge.train_settings import TrainSettings
+    from spanrl.trainer_bridge.verl_backend.backend import start_backend
+    from spanrl.trainer_bridge.verl_backend.config import VerlConfig
+
+    settings = TrainSettings(tasks="unused.jsonl", model=model, backend="verl", learning_rate=1e-5,
+                             output_dir=output_dir, policy_port=0, checkpoint_every=0,
+                             verl=VerlConfig(cpu_mode="auto"), adapters=adapters or {})
+    started = time.perf_counter()
+    backend = start_backend(settings.backend_run())
+    print(f"{label}: verl workers + vLLM + gateway ready in {time.perf_counter() - started:.1f} s", flush=True)
+    return backend
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", help="model directory (default: a tiny one from spanrl model init)")
@@ -87,18 +103,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
 
-    from spanrl.trainer_bridge.train_settings import TrainSettings
-    from spanrl.trainer_bridge.verl_backend.backend import start_backend
-    from spanrl.trainer_bridge.verl_backend.config import VerlConfig
-
     workdir = tempfile.mkdtemp(prefix="bench-verl-")
-    model = bench_model(args.model, workdir)
-    settings = TrainSettings(tasks="unused.jsonl", model=model, backend="verl", learning_rate=1e-5,
-                             output_dir=os.path.join(workdir, "run"), policy_port=0, checkpoint_every=0,
-                             verl=VerlConfig(cpu_mode="auto"))
-    started = time.perf_counter()
-    backend = start_backend(settings.backend_run())
-    print(f"verl workers + vLLM + gateway ready in {time.perf_counter() - started:.1f} s")
+    backend = start_bench_backend(bench_model(args.model, workdir), os.path.join(workdir, "run"))
     try:
         ours, theirs = [], []
         for repeat in range(args.repeats + 1):  # the first round warms both paths up
