@@ -81,13 +81,14 @@ def validation_subset(task, count: int, out: Path) -> str:
 
 
 def run_seed(task, seed: int, args: argparse.Namespace, out: Path) -> dict:
-    from spanrl.examples.task_pipeline import TrainingRun, WarmStart, held_out_accuracy, prepare_model
+    from spanrl.examples.task_pipeline import TrainingRun, held_out_accuracy, prepare_model
 
     seed_dir = out / task.name / f"seed-{seed}"
     val_tasks = validation_subset(task, args.val_subset, out) if args.val_subset else None
     started = time.monotonic()
-    warm = WarmStart(preset=args.preset, steps=args.sft_steps, batch_size=args.sft_batch_size, seed=seed,
-                     device=args.device, share=args.share, learning_rate=args.sft_learning_rate)
+    warm = replace(task.warm_start, preset=args.preset, steps=args.sft_steps or task.warm_start.steps,
+                   batch_size=args.sft_batch_size or task.warm_start.batch_size, seed=seed, device=args.device,
+                   share=args.share, learning_rate=args.sft_learning_rate)
     if args.reuse_warm_start:  # an earlier run's warm start of this task and seed
         warm_dir = str(Path(args.reuse_warm_start).resolve() / task.name / f"seed-{seed}" / "model" / "model-warm")
         if not (Path(warm_dir) / "config.json").exists():
@@ -97,7 +98,9 @@ def run_seed(task, seed: int, args: argparse.Namespace, out: Path) -> dict:
         warm_dir = prepare_model(task, str(seed_dir / "model"), warm, progress=False)
     warm_accuracy = held_out_accuracy(task, warm_dir, str(seed_dir / "warm-validation"), seed=seed,
                                       device=args.device, concurrency=args.concurrency, val_tasks=val_tasks)
-    result: dict = {"warm": {"accuracy": {0: warm_accuracy}, "seconds": time.monotonic() - started}}
+    result: dict = {"warm": {"accuracy": {0: warm_accuracy}, "seconds": time.monotonic() - started,
+                             "sft": (f"reused from {args.reuse_warm_start}" if args.reuse_warm_start
+                                     else f"{warm.steps} SFT steps of {warm.batch_size}")}}
     print(f"{task.name} seed {seed}: warm start {warm_accuracy:.3f} ({result['warm']['seconds']:.0f} s)", flush=True)
     extra = dict(json.loads(args.settings)) if args.settings else {}
     if args.sft_arm_learning_rate is not None:
@@ -172,12 +175,14 @@ def table(results: dict, args: argparse.Namespace, command: str) -> str:
              f"Measured {datetime.date.today().isoformat()} on {platform.machine()} with {os.cpu_count()} CPU cores "
              f"({args.machine_note}); device {args.device}, preset {args.preset}, seeds {args.seeds}, "
              f"{args.steps} steps x {args.tasks_per_step} tasks x {args.group_size} rollouts per arm, "
-             f"warm start {args.sft_steps} SFT steps. Held-out accuracy is greedy, over the validation file "
+             "warm start as each task says. Held-out accuracy is greedy, over the validation file "
              "(failed rollouts count as wrong); mean ± spread (population std) over seeds.", ""]
     for task_name, data in results["tasks"].items():
         summary = data["summary"]
         warm = summary["warm"]["mean"][0]
-        lines += [f"### {task_name}", "", f"![{task_name}](results/learning-{task_name}.png)", "",
+        warm_sft = next((seed["warm"].get("sft", "") for seed in data.get("seeds", {}).values()), "")
+        lines += [f"### {task_name}", "", *([f"Warm start: {warm_sft}.", ""] if warm_sft else []),
+                  f"![{task_name}](results/learning-{task_name}.png)", "",
                   "| arm | accuracy after warm start | final accuracy | change | per seed (final) | rollouts "
                   "| wall time per seed |",
                   "|---|---|---|---|---|---|---|"]
@@ -217,8 +222,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--learning-rate", type=float, default=2e-4)
     parser.add_argument("--sft-arm-learning-rate", type=float, default=None,
                         help="the sft arm's learning rate (default: --learning-rate)")
-    parser.add_argument("--sft-steps", type=int, default=400, help="warm-start SFT steps")
-    parser.add_argument("--sft-batch-size", type=int, default=32, help="warm-start SFT batch size")
+    parser.add_argument("--sft-steps", type=int, default=None, help="warm-start SFT steps (default: the task's)")
+    parser.add_argument("--sft-batch-size", type=int, default=None,
+                        help="warm-start SFT batch size (default: the task's)")
     parser.add_argument("--sft-learning-rate", type=float, default=1e-3, help="warm-start SFT learning rate")
     parser.add_argument("--share", type=float, default=None,
                         help="the demonstrations' share of the weaker behaviour (default: each task's)")

@@ -15,6 +15,19 @@ import json
 import os
 from collections.abc import Callable, Iterable
 
+# The first part of a warm start shows only the tool route. A small model learns to copy numbers
+# and names from the question and the tool's results late and abruptly (the tiny preset: the loss
+# sits on a plateau near 0.4-0.5, then drops within 100-200 steps, after 300 to over 600 steps
+# depending on the initialisation; docs/results.md, 2026-11-28), and answers from memory shown
+# before then teach it to guess instead. The calculator demo's curriculum found the same.
+TOOL_ONLY_FRACTION = 0.75
+
+
+def weaker_share(step: int, steps: int, share: float, tool_only_fraction: float = TOOL_ONLY_FRACTION) -> float:
+    """The share of the demonstrator's weaker behaviour in warm-start batch ``step`` of ``steps``:
+    none for the first ``tool_only_fraction`` of the steps, then ``share``."""
+    return 0.0 if step < int(steps * tool_only_fraction) else share
+
 
 def write_jsonl(path: str, rows: Iterable[dict]) -> None:
     """One JSON object per line."""

@@ -21,9 +21,23 @@ import os
 import shutil
 import sys
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
+
+
+@dataclass(frozen=True)
+class WarmStart:
+    """The local model and its supervised warm start on the task's demonstrations."""
+
+    preset: str = "tiny"
+    vocab_size: int = 512
+    steps: int = 400
+    batch_size: int = 32
+    learning_rate: float = 1e-3
+    share: float | None = None  # the demonstrations' share of the weaker behaviour (None: the task's)
+    seed: int = 0
+    device: str = "cpu"
 
 
 @dataclass(frozen=True)
@@ -45,20 +59,7 @@ class Task:
     advantage_level: str = "rollout"
     agents: tuple[str, ...] = ()  # selective optimisation: train only these agents' calls
     accuracy_event: str | None = None  # score validation by this reward event alone (else by the reward)
-
-
-@dataclass(frozen=True)
-class WarmStart:
-    """The local model and its supervised warm start on the task's demonstrations."""
-
-    preset: str = "tiny"
-    vocab_size: int = 512
-    steps: int = 400
-    batch_size: int = 32
-    learning_rate: float = 1e-3
-    share: float | None = None  # the demonstrations' share of the weaker behaviour (None: the task's)
-    seed: int = 0
-    device: str = "cpu"
+    warm_start: WarmStart = WarmStart()  # the warm start's defaults for this task (steps, batch size)
 
 
 @dataclass(frozen=True)
@@ -252,7 +253,7 @@ def example_main(task: Task, description: str, argv: list[str] | None = None,
     parser.add_argument("--output-dir", default=f"runs/{task.name}")
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--val-every", type=int, default=2)
-    parser.add_argument("--sft-steps", type=int, default=WarmStart.steps)
+    parser.add_argument("--sft-steps", type=int, default=task.warm_start.steps)
     parser.add_argument("--algorithm", default="grpo", choices=("grpo", "sft"))
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--device", default="cpu")
@@ -261,7 +262,7 @@ def example_main(task: Task, description: str, argv: list[str] | None = None,
         check()
     started = time.monotonic()
     warm_dir = prepare_model(task, os.path.join(args.output_dir, "model"),
-                             WarmStart(steps=args.sft_steps, seed=args.seed, device=args.device))
+                             replace(task.warm_start, steps=args.sft_steps, seed=args.seed, device=args.device))
     warm = held_out_accuracy(task, warm_dir, os.path.join(args.output_dir, "warm-validation"), seed=args.seed,
                              device=args.device)
     print(f"warm start done: held-out accuracy {warm:.2f}")

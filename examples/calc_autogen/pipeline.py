@@ -28,7 +28,7 @@ TASK = Task(
     write_demonstrations=demonstrations.write_demonstrations,
     write_tokenizer_corpus=demonstrations.write_tokenizer_corpus,
     demonstration_batches=demonstrations.demonstration_batches,
-    demonstration_share=demonstrations.MENTAL_SHARE,
+    demonstration_share=demonstrations.EARLY_SHARE,
     runner_python=str(AUTOGEN_PYTHON),
 )
 

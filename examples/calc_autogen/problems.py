@@ -14,7 +14,7 @@ Each line: ``{"id", "question", "answer": int, "steps": ["37*24", "888-158"], "k
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from spanrl.examples.example_data import split_main
 
@@ -88,6 +88,20 @@ def make_tasks(seed: int = 0, train_count: int = TRAIN_COUNT,
     train = draw(random.Random(f"train-{seed}"), train_count, "calc", seen)
     validation = draw(random.Random(f"validation-{seed}"), validation_count, "calc-val", seen)
     return train, validation
+
+
+def demonstration_problems(rng: random.Random) -> Iterator[dict]:
+    """An endless stream of problems for the warm start's demonstrator, none of them a training or
+    validation question. A demonstrator who solved only the 400 training problems would let a model
+    memorise their answers (then answering from memory pays on the training problems and RL has
+    nothing to learn there); fresh numbers every time leave the tool as the one route that works."""
+    train, validation = make_tasks(seed=0)
+    known = {task["question"] for task in train + validation}
+    while True:
+        kind = rng.choice(sorted(KINDS))
+        question, steps, answer = KINDS[kind](rng)
+        if question not in known:
+            yield {"id": "demo", "question": question, "answer": answer, "steps": steps, "kind": kind}
 
 
 def main() -> None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from spanrl.examples.task_pipeline import Task, example_main
+from spanrl.examples.task_pipeline import Task, WarmStart, example_main
 
 from . import demonstrations
 
@@ -27,7 +27,10 @@ TASK = Task(
     write_demonstrations=demonstrations.write_demonstrations,
     write_tokenizer_corpus=demonstrations.write_tokenizer_corpus,
     demonstration_batches=demonstrations.demonstration_batches,
-    demonstration_share=demonstrations.MEMORY_SHARE,
+    demonstration_share=demonstrations.EARLY_SHARE,
+    # copying names from the question and the results takes the tiny preset 500-600 steps of 64 to
+    # learn (docs/results.md, 2026-11-28); the last quarter adds the hasty demonstrator
+    warm_start=WarmStart(steps=800, batch_size=64),
 )
 
 

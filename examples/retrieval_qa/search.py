@@ -3,8 +3,9 @@
 ``search(query)`` returns the ``TOP_K`` best documents' texts, one a line, as the agent's
 ``search`` tool shows them to the model ("no results" when no word of the query is in the
 corpus). The index is built once per process from ``corpus.jsonl`` (164 short documents: a few
-milliseconds). Both the agent (``agent.py``) and the warm-start demonstrations use it, so the
-model is trained on exactly the tool results it will see.
+milliseconds). ``search_in(texts, query)`` does the same over another corpus: the warm-start
+demonstrations search their own world's encyclopedia with it, so the model is trained on tool
+results shaped exactly like those it will see.
 """
 
 from __future__ import annotations
@@ -23,17 +24,26 @@ _lock = threading.Lock()
 
 
 @functools.cache
-def _index() -> tuple[bm25s.BM25, list[str]]:
-    texts = [doc["text"] for doc in load_corpus()]
+def _index(texts: tuple[str, ...]) -> bm25s.BM25:
     retriever = bm25s.BM25()
-    retriever.index(bm25s.tokenize(texts, stopwords=STOPWORDS, show_progress=False), show_progress=False)
-    return retriever, texts
+    retriever.index(bm25s.tokenize(list(texts), stopwords=STOPWORDS, show_progress=False), show_progress=False)
+    return retriever
+
+
+@functools.cache
+def _corpus_texts() -> tuple[str, ...]:
+    return tuple(doc["text"] for doc in load_corpus())
 
 
 def search(query: str, k: int = TOP_K) -> str:
-    """The ``k`` documents that best match ``query`` (BM25), one a line."""
-    with _lock:  # the index is built once; bm25s' retrieval is not documented as thread-safe
-        retriever, texts = _index()
+    """The ``k`` documents of the example's corpus that best match ``query`` (BM25), one a line."""
+    return search_in(_corpus_texts(), query, k)
+
+
+def search_in(texts: tuple[str, ...], query: str, k: int = TOP_K) -> str:
+    """The ``k`` of ``texts`` that best match ``query`` (BM25), one a line."""
+    with _lock:  # each index is built once; bm25s' retrieval is not documented as thread-safe
+        retriever = _index(texts)
         words = bm25s.tokenize([query], stopwords=STOPWORDS, return_ids=False, show_progress=False)[0]
         known = [word for word in words if word in retriever.vocab_dict]
         if not known:

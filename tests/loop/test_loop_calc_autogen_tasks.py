@@ -10,6 +10,7 @@ from pathlib import Path
 from spanrl.examples.calc_autogen import demonstrations, problems
 from spanrl.examples.calc_autogen.calculator import evaluate
 from spanrl.examples.calc_autogen.reward import number_match, reward
+from spanrl.examples.example_data import TOOL_ONLY_FRACTION
 
 EXAMPLE_DIR = Path(__file__).resolve().parents[2] / "examples" / "calc_autogen"
 
@@ -49,16 +50,41 @@ def test_reward_compares_the_final_number():
 def test_demonstrations_show_the_calculators_replies_step_by_step():
     train, _ = problems.make_tasks(seed=0)
     rng = random.Random(0)
-    full = mental = 0
+    full = early = 0
     for task in train:
         example = demonstrations.demonstration(task, rng)
         messages = example["messages"]
         assert example["tools"] == [demonstrations.TOOL_SCHEMA]
-        assert messages[-1] == {"role": "assistant", "content": str(task["answer"])}
         expressions = [json.loads(m["tool_calls"][0]["function"]["arguments"])["expression"]
                        for m in messages if m.get("tool_calls")]
-        assert expressions == task["steps"][:len(expressions)]
-        assert [m["content"] for m in messages if m["role"] == "tool"] == [evaluate(e) for e in expressions]
-        full += len(expressions) == len(task["steps"])
-        mental += len(expressions) < len(task["steps"])
-    assert full and mental
+        assert 1 <= len(expressions) and expressions == task["steps"][:len(expressions)]
+        replies = [m["content"] for m in messages if m["role"] == "tool"]
+        assert replies == [evaluate(e) for e in expressions]
+        # the reply is the calculator's last result: the answer when every step was evaluated
+        assert messages[-1] == {"role": "assistant", "content": replies[-1]}
+        full += len(expressions) == len(task["steps"]) and replies[-1] == str(task["answer"])
+        early += len(expressions) < len(task["steps"]) and replies[-1] != str(task["answer"])
+    assert full + early == len(train) and full and early
+
+
+def test_demonstrations_are_on_fresh_problems_never_the_examples():
+    """A demonstration on a training problem would let the model learn its answer by heart."""
+    train, validation = problems.make_tasks(seed=0)
+    example_questions = {task["question"] for task in train + validation}
+    shown = [example["messages"][1]["content"] for batch in demonstrations.demonstration_batches(50, 16, seed=3)
+             for example in batch]
+    assert not example_questions & set(shown)
+    assert len(set(shown)) > 0.95 * len(shown)
+    assert shown != [example["messages"][1]["content"]
+                     for batch in demonstrations.demonstration_batches(50, 16, seed=4) for example in batch]
+
+
+def test_warm_start_shows_only_finished_runs_first():
+    """The first part of a warm start shows only demonstrations that finish (example_data.weaker_share):
+    there, a hasty demonstrator's batches are those of one who always finishes."""
+    hasty = list(demonstrations.demonstration_batches(10, 32, seed=0, early_share=0.9))
+    careful = list(demonstrations.demonstration_batches(10, 32, seed=0, early_share=0.0))
+    full_only = int(10 * TOOL_ONLY_FRACTION)
+    assert 0 < full_only < 10
+    assert hasty[:full_only] == careful[:full_only]
+    assert all(h != c for h, c in zip(hasty[full_only:], careful[full_only:], strict=True))

@@ -49,8 +49,12 @@ def test_the_sql_ablations_change_one_thing_each(bench):
 
 def test_the_table_replaces_only_the_block_between_the_markers(bench, tmp_path):
     args = bench.parse_args(["--quick", "--tasks", "retrieval_qa"])
-    block = bench.table({"tasks": {"retrieval_qa": {"summary": bench.summarise(_seeds())}}}, args, "python x")
+    seeds = _seeds()
+    seeds[0]["warm"]["sft"] = "800 SFT steps of 64"
+    block = bench.table({"tasks": {"retrieval_qa": {"summary": bench.summarise(seeds), "seeds": seeds}}}, args,
+                        "python x")
     assert "| grpo | 0.300 | 0.700 ± 0.100 | +0.400 | 0.60 0.80 | 64 | 20 s |" in block
+    assert "Warm start: 800 SFT steps of 64." in block  # each task says how its warm start was built
     results = tmp_path / "results.md"
     results.write_text(f"# Results\n\nbefore\n\n{bench.BEGIN}\nold table\n{bench.END}\n\nafter: the log\n")
     bench.write_results(results, block)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from spanrl.examples.retrieval_qa import corpus, demonstrations, questions
 from spanrl.examples.retrieval_qa.reward import exact_match, reward, token_f1
-from spanrl.examples.retrieval_qa.search import search
+from spanrl.examples.retrieval_qa.search import search, search_in
 
 EXAMPLE_DIR = Path(__file__).resolve().parents[2] / "examples" / "retrieval_qa"
 
@@ -61,20 +61,40 @@ def test_reward_is_normalised_exact_match_and_f1_is_partial_credit():
 
 
 def test_demonstrations_show_the_tool_results_the_agent_would_see():
-    train, _ = questions.make_tasks(seed=0)
+    asked = demonstrations.demonstration_questions()
     rng = random.Random(0)
-    examples = [demonstrations.demonstration(task, rng) for task in train]
+    examples = [demonstrations.demonstration(task, rng) for task in asked]
     full = skipped = 0
-    for task, example in zip(train, examples, strict=True):
+    for task, example in zip(asked, examples, strict=True):
         messages = example["messages"]
         assert messages[0]["content"] == demonstrations.INSTRUCTIONS and messages[1]["content"] == task["question"]
-        assert messages[-1] == {"role": "assistant", "content": task["answer"]}
         calls = [m for m in messages if m.get("tool_calls")]
         results = [m["content"] for m in messages if m["role"] == "tool"]
         queries = [json.loads(m["tool_calls"][0]["function"]["arguments"])["query"] for m in calls]
-        assert queries == task["hops"][:len(queries)] and results == [search(q) for q in queries]
-        full += len(queries) == len(task["hops"])
-        skipped += len(queries) < len(task["hops"])
+        texts = demonstrations.demonstration_world(task["world"])[1]
+        assert queries == task["hops"][:len(queries)] and results == [search_in(texts, q) for q in queries]
+        assert queries, "every demonstration looks the first hop up"
+        if len(queries) == len(task["hops"]):
+            full += 1
+            assert messages[-1] == {"role": "assistant", "content": task["answer"]}
+        else:  # stopped early: replies with the entity the last result names, not the answer
+            skipped += 1
+            named = task["hops"][len(queries)]
+            assert named in results[-1] and messages[-1] == {"role": "assistant", "content": named} != task["answer"]
         assert example["tools"] == [demonstrations.tool_schema()]
     assert full and skipped  # both of the demonstrator's behaviours
     assert demonstrations.tool_schema()["function"]["name"] == "search"
+
+
+def test_demonstrations_never_ask_about_the_examples_world():
+    """What the demonstrator answers from memory must be of no use on the example's questions."""
+    world = corpus.build_world()
+    names = {*world.company_founder, *world.person_birthplace, *world.city_country, *world.countries}
+    train, validation = questions.make_tasks(seed=0)
+    example_questions = {task["question"] for task in train + validation}
+    asked = demonstrations.demonstration_questions()
+    assert len({task["world"] for task in asked}) == len(demonstrations.DEMONSTRATION_WORLD_SEEDS)
+    assert len({task["question"] for task in asked}) > 5 * len(example_questions)
+    for task in asked:
+        assert task["question"] not in example_questions
+        assert not names & {*task["hops"], task["answer"]}, task
