@@ -36,6 +36,9 @@ def empty_step_reason(row: dict) -> str | None:
     hints = [LEFT_OUT_HINTS[k] for k in sorted(left_out, key=lambda k: -left_out[k]) if k in LEFT_OUT_HINTS]
     if row.get(keys.BELOW_SFT_MIN_REWARD):
         hints.append("no scored rollout reached sft_min_reward (algorithm: sft learns only those)")
+    if row.get(keys.UNIFORM_GROUPS_DROPPED):
+        hints.append("every group's rollouts got the same reward, so drop_uniform_groups left them out: "
+                     "nothing to compare (tasks all solved or all failed; a warm start or easier tasks)")
     if row[keys.GROUPS_OF_ONE_DROPPED]:
         hints.append("groups with a single usable rollout were dropped (GRPO compares rollouts of one task)")
     counts = ", ".join(f"{k} {v}" for k, v in sorted(left_out.items())) or "none left out"

@@ -77,6 +77,12 @@ class LoopSettings:
     norm_adv_by_std: bool = field(
         default=True, metadata={"help": "GRPO (divide by group std); off = Dr.GRPO"}
     )
+    drop_uniform_groups: bool = field(
+        default=False,
+        metadata={"help": "GRPO: leave out of the update the groups whose rollouts all got the same reward "
+                  "(their advantages are 0: they teach nothing and only dilute token-mean; DAPO's group "
+                  "filter, without its resampling; docs/algorithms.md)"},
+    )
     advantage_level: str = field(
         default="rollout", metadata={"help": "'rollout' (shared per rollout) or 'transition'"}
     )

@@ -1,7 +1,9 @@
 """From scored rollouts to training samples: GRPO group advantages for every usable transition.
 
 ``training_samples`` is what every backend trains on (so both backends get the same numbers);
-``trained_rollout`` is what ``spanrl inspect`` later shows a rollout was trained with.
+``without_uniform_groups`` leaves out the groups whose rewards were all equal
+(``drop_uniform_groups``); ``trained_rollout`` is what ``spanrl inspect`` later shows a rollout
+was trained with.
 Called by ``training_loop.TrainingLoop.update``.
 """
 
@@ -83,3 +85,30 @@ def training_samples(scored: list[ScoredRollout], level: str, norm_adv_by_std: b
         samples = weigh_rollouts_equally(samples)
     dropped = {r for r, k in zip(rollout_ids, keep, strict=True) if not k}
     return samples, dropped
+
+
+# rewards closer than this count as equal: a group's mean of equal floats can differ from them
+# by rounding, which the std normalisation would blow up into a small non-zero advantage
+UNIFORM_REWARD_TOLERANCE = 1e-9
+
+
+def without_uniform_groups(samples: list[TrainingSample]) -> tuple[list[TrainingSample], set[str], int]:
+    """``samples`` less the groups whose samples all carry the same reward (all solved or all
+    failed: GRPO's advantages are 0 there). They add nothing to the gradient, but their tokens
+    count in ``token-mean``'s denominator, so dropping them is DAPO's group filter without its
+    resampling. Per-rollout loss weights are recomputed over what is kept.
+
+    Returns ``(kept samples, rollout ids left out, number of groups left out)``.
+    """
+    from .advantages import weigh_rollouts_equally  # torch: only when training
+
+    rewards: dict[str, list[float]] = {}
+    for sample in samples:
+        rewards.setdefault(sample.group_id, []).append(sample.reward)
+    uniform = {group for group, values in rewards.items()
+               if max(values) - min(values) <= UNIFORM_REWARD_TOLERANCE}
+    kept = [s for s in samples if s.group_id not in uniform]
+    left_out = {s.rollout_id for s in samples if s.group_id in uniform}
+    if kept and any(s.loss_weight is not None for s in kept):
+        kept = weigh_rollouts_equally(kept)
+    return kept, left_out, len(uniform)

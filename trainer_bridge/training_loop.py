@@ -31,7 +31,7 @@ from spanrl.schema.tasks import Task, load_tasks
 from .backend import PolicyBackend, TrainingSample
 from .loop_settings import LoopSettings
 from .rejection_sampling import sft_samples, sft_update
-from .samples import sample_advantages, trained_rollout, training_samples
+from .samples import sample_advantages, trained_rollout, training_samples, without_uniform_groups
 from .scoring import JUDGE_REWARD, LEFT_OUT_UNASSEMBLED, RolloutScorer
 from .task_dispatch import Attempt, Outcome, TaskDispatcher, check_hidden_task_fields
 from .trajectory_merge import update_rows
@@ -62,6 +62,8 @@ class StepUpdate:
     groups_of_one: int
     stats: dict
     advantages: dict[tuple[str, int], float] | None = None  # (rollout id, turn) -> group advantage; None for SFT
+    uniform_groups: int = 0  # groups left out by drop_uniform_groups (their rollouts are in ``dropped``)
+    uniform_rollouts: int = 0
 
 
 class TrainingLoop:
@@ -189,9 +191,14 @@ class TrainingLoop:
         samples, dropped = training_samples(
             scored, settings.advantage_level, settings.norm_adv_by_std,
             transition_returns=self.transition_returns, loss_weighting=settings.loss_weighting)
+        uniform: set[str] = set()
+        uniform_groups = 0
+        if settings.drop_uniform_groups:
+            samples, uniform, uniform_groups = without_uniform_groups(samples)
         rows, merge_metrics = update_rows(samples, settings.merge_trajectories)
         stats = backend.update(rows).as_metrics() if rows else {}
-        return StepUpdate(samples, dropped, len(dropped), {**stats, **merge_metrics}, sample_advantages(samples))
+        return StepUpdate(samples, dropped | uniform, len(dropped), {**stats, **merge_metrics},
+                          sample_advantages(samples), uniform_groups, len(uniform))
 
     def record_trained(self, step: int, scored: list[ScoredRollout], update: StepUpdate) -> None:
         """What each scored rollout was trained with, in the store (``spanrl inspect`` and
@@ -216,10 +223,11 @@ def step_row(step: int, policy_version: int, attempts: list[Attempt], report: St
         keys.POLICY_VERSION: policy_version,
         keys.TRANSITIONS: len(update.samples),
         keys.ROLLOUTS: len(attempts),
-        keys.ROLLOUTS_USED: len(report.scored) - update.groups_of_one,
+        keys.ROLLOUTS_USED: len(report.scored) - update.groups_of_one - update.uniform_rollouts,
         keys.ROLLOUTS_LEFT_OUT: dict(report.left_out),
         keys.RECEIVER_COUNTERS: dict(report.receiver_counters),  # rewards clipped, rejected, replayed, ...
         keys.GROUPS_OF_ONE_DROPPED: update.groups_of_one,
+        keys.UNIFORM_GROUPS_DROPPED: update.uniform_groups,
         keys.ROLLOUTS_PER_S: len(attempts) / max(rollout_seconds, 1e-9),
         keys.ROLLOUT_SECONDS: rollout_seconds,  # waiting for the step's rollouts
         keys.STEP_SECONDS: time.monotonic() - started,

@@ -28,6 +28,7 @@ ROLLOUTS_LEFT_OUT = "rollout/left_out"  # {reason: count}
 ROLLOUTS_RELAUNCHED = "rollout/relaunched"  # {infrastructure fault: attempts relaunched}
 RECEIVER_COUNTERS = "rollout/receiver_counters"  # {AssembledRollout.counters name: count}, summed over the step
 GROUPS_OF_ONE_DROPPED = "rollout/groups_of_one_dropped"
+UNIFORM_GROUPS_DROPPED = "rollout/uniform_groups_dropped"  # drop_uniform_groups: groups whose rewards were all equal
 # from_traffic (trainer_bridge/traffic_loop.py): rollouts of the step scored within their prompt group, and
 # against their agent's running mean of rewards; rollouts in the window still waiting for feedback
 TRAFFIC_GROUPED = "rollout/traffic_grouped"

@@ -356,3 +356,45 @@ def test_inspect_shows_the_reward_a_reward_function_gave_and_the_returns_trained
     assert [(t["index"], t["return"], t["trained_return"], t["trained_step"]) for t in transitions] == [
         (0, 0.0, 1.0, 1), (1, 0.0, 1.0, 1)]
     assert all("return_" not in t for t in transitions)
+
+
+def test_drop_uniform_groups_trains_only_the_groups_whose_rewards_differ(tmp_path, receiver, torch_backend):
+    """``drop_uniform_groups``: a task whose attempts all scored the same (all solved, all failed)
+    has advantages of 0; its rollouts are left out of the update, counted and shown unused, and
+    the rollout loss weights are those of what is kept."""
+    _, tracer = receiver()
+    tasks = [{"id": "mixed"}, {"id": "all-solved"}, {"id": "all-failed"}]
+    settings = make_settings(tmp_path, tasks, drop_uniform_groups=True, loss_weighting="rollout")
+    loop = TrainingLoop(settings)
+    backend = RecordingBackend(torch_backend)
+    version = backend.policy_version
+    scores = {"mixed": (1.0, 0.0), "all-solved": (1.0, 1.0), "all-failed": (0.0, 0.0)}
+
+    def play(tracer, attempt: Attempt) -> None:  # two calls; the second carries the rollout's reward
+        emit_rollout(tracer, attempt, [("solver", None), ("solver", scores[attempt.task_id][attempt.attempt])])
+
+    row = run_one_step(loop, tracer, backend, play)
+    loop.dispatcher.close()
+
+    (samples,) = backend.updates
+    assert {s.group_id for s in samples} == {"mixed"} and len(samples) == 4
+    assert sorted(s.group_advantage for s in samples) == pytest.approx([-0.5 / (0.5 ** 0.5 + GRPO_EPSILON)] * 2
+                                                                       + [0.5 / (0.5 ** 0.5 + GRPO_EPSILON)] * 2)
+    assert [s.loss_weight for s in samples] == pytest.approx([1.0] * 4)  # two rollouts of equal length kept
+    assert row["rollout/uniform_groups_dropped"] == 2 and row["rollout/groups_of_one_dropped"] == 0
+    assert row["rollout/count"] == 6 and row["rollout/used"] == 2 and row["actor/transitions"] == 4
+    assert row["actor/policy_version"] == version + 1
+    used = sorted((item["rollout_id"], item["trained"]["used"])
+                  for item in json.loads(spanrl_inspect(settings.store, "rollouts", "--json")))
+    assert len(used) == 6 and all(flag is ("-mixed-" in rollout_id) for rollout_id, flag in used), used
+
+
+def test_a_step_whose_groups_were_all_uniform_says_why_it_trained_on_nothing():
+    from spanrl.trainer_bridge.empty_steps import empty_step_reason
+
+    row = {"step": 3, "rollout/count": 8, "rollout/left_out": {}, "actor/transitions": 0,
+           "rollout/groups_of_one_dropped": 0, "rollout/uniform_groups_dropped": 4}
+    reason = empty_step_reason(row)
+    assert reason is not None and reason.startswith("step 3 trained on nothing: 8 rollouts (none left out)")
+    assert "drop_uniform_groups" in reason and "same reward" in reason
+    assert "drop_uniform_groups" not in (empty_step_reason({**row, "rollout/uniform_groups_dropped": 0}) or "")
