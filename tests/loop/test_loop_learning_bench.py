@@ -80,3 +80,17 @@ def test_trainer_settings_given_as_json_reach_the_trainer(bench, tmp_path):
     run = TrainingRun(output_dir=str(tmp_path), model_dir="m", settings={"trainer": given})
     trainer = _services(TASK, run)._settings(str(tmp_path), str(tmp_path / "db"), 1, 2).trainer
     assert (trainer.keep_checkpoints, trainer.ppo_epochs) == (2, 3)
+
+
+@pytest.mark.parametrize("task_name", ["sql_agent", "retrieval_qa", "calc_autogen"])
+def test_each_examples_train_yaml_warm_starts_as_its_pipeline_does(task_name):
+    """By hand (`spanrl train examples/<task>/train.yaml`) or by the pipeline and bench/learning.py,
+    a task's warm start takes the same steps, batch size and learning rate."""
+    import importlib
+
+    import yaml
+
+    task = importlib.import_module(f"spanrl.examples.{task_name}.pipeline").TASK
+    block = yaml.safe_load((REPO / "examples" / task_name / "train.yaml").read_text())["warm_start"]
+    assert (block["steps"], block["batch_size"], block["learning_rate"]) == (
+        task.warm_start.steps, task.warm_start.batch_size, task.warm_start.learning_rate), task_name
