@@ -14,7 +14,9 @@ steps. Arms:
   ``identical`` instead of ``discounted``), ``grpo_all_agents`` (the checker trained too).
 
 Writes ``results.json``, one PNG per task (mean over seeds, spread shaded) into ``--output-dir``
-and, with ``--results FILE``, the table between the markers of FILE (``docs/results.md``)::
+and, with ``--results FILE``, each measured task's section (command, machine, plot, table) into the
+block between the markers of FILE (``docs/results.md``); the other tasks' sections stay, so tasks can
+be measured one run at a time::
 
     python bench/learning.py --seeds 0 1 2 --steps 10 --results docs/results.md
     python bench/learning.py --quick            # 1-2 steps of each arm: checks that everything runs
@@ -169,44 +171,60 @@ def plot(task_name: str, summary: dict[str, dict], path: Path) -> None:
     plt.close(fig)
 
 
-def table(results: dict, args: argparse.Namespace, command: str) -> str:
-    """The markdown that goes between the markers of ``--results``."""
-    lines = [BEGIN, "", f"`{command}`", "",
+def task_markers(task_name: str) -> tuple[str, str]:
+    """The markers around one task's section inside the block (a run rewrites only its tasks)."""
+    return f"<!-- bench/learning.py {task_name}: begin -->", f"<!-- bench/learning.py {task_name}: end -->"
+
+
+def task_section(task_name: str, data: dict, args: argparse.Namespace, command: str) -> str:
+    """One task's markdown: its command, machine and settings, plot and table, between its markers."""
+    summary = data["summary"]
+    warm = summary["warm"]["mean"][0]
+    warm_sft = next((seed["warm"].get("sft", "") for seed in data.get("seeds", {}).values()), "")
+    begin, end = task_markers(task_name)
+    lines = [begin, f"### {task_name}", "", f"`{command}`", "",
              f"Measured {datetime.date.today().isoformat()} on {platform.machine()} with {os.cpu_count()} CPU cores "
              f"({args.machine_note}); device {args.device}, preset {args.preset}, seeds {args.seeds}, "
-             f"{args.steps} steps x {args.tasks_per_step} tasks x {args.group_size} rollouts per arm, "
-             "warm start as each task says. Held-out accuracy is greedy, over the validation file "
-             "(failed rollouts count as wrong); mean ± spread (population std) over seeds.", ""]
-    for task_name, data in results["tasks"].items():
-        summary = data["summary"]
-        warm = summary["warm"]["mean"][0]
-        warm_sft = next((seed["warm"].get("sft", "") for seed in data.get("seeds", {}).values()), "")
-        lines += [f"### {task_name}", "", *([f"Warm start: {warm_sft}.", ""] if warm_sft else []),
-                  f"![{task_name}](results/learning-{task_name}.png)", "",
-                  "| arm | accuracy after warm start | final accuracy | change | per seed (final) | rollouts "
-                  "| wall time per seed |",
-                  "|---|---|---|---|---|---|---|"]
-        for arm, arm_data in summary.items():
-            final_mean, final_std = arm_data["mean"][-1], arm_data["std"][-1]
-            per_seed = " ".join(f"{v:.2f}" for v in arm_data["final"])
-            seconds = statistics.fmean(arm_data["seconds"]) if arm_data["seconds"] else 0.0
-            rollouts = arm_data["rollouts"][0] if arm_data["rollouts"] else 0
-            lines.append(f"| {arm} | {warm:.3f} | {final_mean:.3f} ± {final_std:.3f} | {final_mean - warm:+.3f} | "
-                         f"{per_seed} | {rollouts} | {seconds:.0f} s |")
-        lines.append("")
-    lines.append(END)
+             f"{args.steps} steps x {args.tasks_per_step} tasks x {args.group_size} rollouts per arm. Held-out "
+             "accuracy is greedy, over the validation file (failed rollouts count as wrong); mean ± spread "
+             "(population std) over seeds.", "", *([f"Warm start: {warm_sft}.", ""] if warm_sft else []),
+             f"![{task_name}](results/learning-{task_name}.png)", "",
+             "| arm | accuracy after warm start | final accuracy | change | per seed (final) | rollouts "
+             "| wall time per seed |",
+             "|---|---|---|---|---|---|---|"]
+    for arm, arm_data in summary.items():
+        final_mean, final_std = arm_data["mean"][-1], arm_data["std"][-1]
+        per_seed = " ".join(f"{v:.2f}" for v in arm_data["final"])
+        seconds = statistics.fmean(arm_data["seconds"]) if arm_data["seconds"] else 0.0
+        rollouts = arm_data["rollouts"][0] if arm_data["rollouts"] else 0
+        lines.append(f"| {arm} | {warm:.3f} | {final_mean:.3f} ± {final_std:.3f} | {final_mean - warm:+.3f} | "
+                     f"{per_seed} | {rollouts} | {seconds:.0f} s |")
+    lines += ["", end]
     return "\n".join(lines)
 
 
-def write_results(path: Path, block: str) -> None:
-    """Put ``block`` between the markers of ``path`` (appended when it has none); the rest stays."""
+def table(results: dict, args: argparse.Namespace, command: str) -> dict[str, str]:
+    """Each measured task's section (``task_section``), by task name."""
+    return {task_name: task_section(task_name, data, args, command) for task_name, data in results["tasks"].items()}
+
+
+def write_results(path: Path, sections: dict[str, str]) -> None:
+    """Put each task's section into the block between the markers of ``path``: a task measured before
+    is replaced where it stands, a new one goes at the block's end; other tasks' sections and the rest
+    of the file stay. The block is appended when the file has none."""
     text = path.read_text(encoding="utf-8") if path.exists() else "# Results\n"
-    if BEGIN in text and END in text:
-        head, rest = text.split(BEGIN, 1)
-        text = head + block + rest.split(END, 1)[1]
-    else:
-        text = text.rstrip("\n") + "\n\n" + block + "\n"
-    path.write_text(text, encoding="utf-8")
+    if not (BEGIN in text and END in text):
+        text = text.rstrip("\n") + f"\n\n{BEGIN}\n\n{END}\n"
+    head, rest = text.split(BEGIN, 1)
+    block, tail = rest.split(END, 1)
+    for task_name, section in sections.items():
+        begin, end = task_markers(task_name)
+        if begin in block and end in block:
+            before, after = block.split(begin, 1)
+            block = before + section + after.split(end, 1)[1]
+        else:
+            block = block.rstrip("\n") + "\n\n" + section + "\n\n"
+    path.write_text(head + BEGIN + block + END + tail, encoding="utf-8")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -264,15 +282,15 @@ def main(argv: list[str] | None = None) -> int:
         results["tasks"][task_name] = {"seeds": per_seed, "summary": summary}
         plot(task_name, summary, out / f"learning-{task_name}.png")
         (out / "results.json").write_text(json.dumps(results, indent=2, default=str) + "\n")
-    block = table(results, args, command)
-    print(block)
+    sections = table(results, args, command)
+    print("\n\n".join(sections.values()))
     if args.results:
         results_path = Path(args.results)
         figures = results_path.parent / "results"
         figures.mkdir(parents=True, exist_ok=True)
         for task_name in results["tasks"]:
             (figures / f"learning-{task_name}.png").write_bytes((out / f"learning-{task_name}.png").read_bytes())
-        write_results(results_path, block)
+        write_results(results_path, sections)
     print(f"results: {out / 'results.json'}")
     return 0
 

@@ -47,20 +47,38 @@ def test_the_sql_ablations_change_one_thing_each(bench):
     assert bench.arm_run("grpo_all_agents", base, "sql_agent").agents == ()
 
 
-def test_the_table_replaces_only_the_block_between_the_markers(bench, tmp_path):
+def test_the_results_file_takes_each_measured_task_and_keeps_the_others(bench, tmp_path):
     args = bench.parse_args(["--quick", "--tasks", "retrieval_qa"])
     seeds = _seeds()
     seeds[0]["warm"]["sft"] = "800 SFT steps of 64"
-    block = bench.table({"tasks": {"retrieval_qa": {"summary": bench.summarise(seeds), "seeds": seeds}}}, args,
-                        "python x")
-    assert "| grpo | 0.300 | 0.700 ± 0.100 | +0.400 | 0.60 0.80 | 64 | 20 s |" in block
-    assert "Warm start: 800 SFT steps of 64." in block  # each task says how its warm start was built
+    sections = bench.table({"tasks": {"retrieval_qa": {"summary": bench.summarise(seeds), "seeds": seeds}}}, args,
+                           "python x")
+    section = sections["retrieval_qa"]
+    assert "| grpo | 0.300 | 0.700 ± 0.100 | +0.400 | 0.60 0.80 | 64 | 20 s |" in section
+    assert "Warm start: 800 SFT steps of 64." in section  # each task says how its warm start was built
+    assert "`python x`" in section  # and which command measured it
+    sql_begin, sql_end = bench.task_markers("sql_agent")
+    qa_begin, qa_end = bench.task_markers("retrieval_qa")
     results = tmp_path / "results.md"
-    results.write_text(f"# Results\n\nbefore\n\n{bench.BEGIN}\nold table\n{bench.END}\n\nafter: the log\n")
-    bench.write_results(results, block)
+    results.write_text(f"# Results\n\nbefore\n\n{bench.BEGIN}\n{sql_begin}\nthe SQL table\n{sql_end}\n\n"
+                       f"{qa_begin}\nold QA table\n{qa_end}\n{bench.END}\n\nafter: the log\n")
+    bench.write_results(results, sections)
     text = results.read_text()
-    assert "old table" not in text and block in text
+    assert "old QA table" not in text and section in text
+    assert "the SQL table" in text  # a task this run did not measure keeps its section
     assert text.startswith("# Results\n\nbefore\n\n") and text.endswith("\n\nafter: the log\n")
+    bench.write_results(results, {"calc_autogen": "<!-- calc -->"})  # a task new to the file goes last
+    text = results.read_text()
+    assert text.index("the SQL table") < text.index(section) < text.index("<!-- calc -->") < text.index(bench.END)
+
+
+def test_a_results_file_without_markers_gets_the_block_appended(bench, tmp_path):
+    results = tmp_path / "results.md"
+    results.write_text("# Results\n\nthe log\n")
+    bench.write_results(results, {"sql_agent": "SQL section"})
+    text = results.read_text()
+    assert text.startswith("# Results\n\nthe log\n") and text.index(bench.BEGIN) < text.index("SQL section")
+    assert text.rstrip().endswith(bench.END)
 
 
 def test_trainer_settings_given_as_json_reach_the_trainer(bench, tmp_path):
