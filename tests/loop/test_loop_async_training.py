@@ -120,9 +120,9 @@ def run_demo(out, model: str, *extra: str) -> list[dict]:
 
 # two short demos from the same warm model
 @pytest.mark.timeout(1800)
-def test_async_demo_with_staleness_one_reaches_the_sync_reward(tmp_path, demo_warm_model):
-    sync_rows = run_demo(tmp_path / "sync", demo_warm_model)
-    async_rows = run_demo(tmp_path / "async", demo_warm_model, "--async-training", "--max-staleness", "1")
+def test_async_demo_with_staleness_one_reaches_the_sync_reward(tmp_path, weak_calc_model):
+    sync_rows = run_demo(tmp_path / "sync", weak_calc_model)
+    async_rows = run_demo(tmp_path / "async", weak_calc_model, "--async-training", "--max-staleness", "1")
     assert [r["actor/policy_version"] for r in async_rows] == [1, 2, 3, 4, 5, 6]
     for row in async_rows:
         assert row["rollout/count"] == 32 and row["actor/transitions"] > 0

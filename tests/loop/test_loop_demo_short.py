@@ -22,10 +22,10 @@ TEST_DEVICE = os.environ.get("SPANRL_TEST_DEVICE", "cpu")
 
 
 @pytest.mark.timeout(600)
-def test_short_demo_trains_on_transitions_from_received_spans(tmp_path, demo_warm_model):
+def test_short_demo_trains_on_transitions_from_received_spans(tmp_path, weak_calc_model):
     out = tmp_path / "demo"
     result = subprocess.run(
-        [sys.executable, "-m", "spanrl", "demo", "--output-dir", str(out), "--model", demo_warm_model,
+        [sys.executable, "-m", "spanrl", "demo", "--output-dir", str(out), "--model", weak_calc_model,
          "--steps", "2", "--tasks-per-step", "4", "--group-size", "4", "--concurrency", "8",
          "--stop-at-reward", "2", "--device", TEST_DEVICE],
         capture_output=True, text=True, timeout=600,
@@ -62,7 +62,7 @@ def test_short_demo_trains_on_transitions_from_received_spans(tmp_path, demo_war
 
     # The weights changed: the final checkpoint differs from the warm start.
     checkpoints = sorted((out / "run" / "checkpoints").iterdir())
-    warm = load_file(os.path.join(demo_warm_model, "model.safetensors"))
+    warm = load_file(os.path.join(weak_calc_model, "model.safetensors"))
     final = load_file(str(checkpoints[-1] / "model.safetensors"))
     changed = [name for name in warm if not (warm[name] == final[name]).all()]
     assert changed, "GRPO steps left every weight unchanged"

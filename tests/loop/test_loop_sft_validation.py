@@ -1,7 +1,8 @@
 """SFT from rollouts (``algorithm: sft``) and validation, through real processes.
 
 ``spanrl receive``, ``spanrl train`` (embedded torch backend) and ``spanrl run`` with the
-calculator agent; the model is a tiny one given a short warm start, so its agent succeeds on
+calculator agent; the model is a tiny one given a short warm start (``weak_calc_model``,
+tests/loop/conftest.py), so its agent succeeds on
 some tasks only (a weak model). Checked: learning the calls of its rewarded rollouts raises
 the training reward; the held-out tasks are scored every ``val_every`` steps (``val_reward``
 in metrics.jsonl, TensorBoard and the plot) and their rollouts are never trained on;
@@ -25,29 +26,7 @@ from spanrl.schema.metrics import read_metrics
 
 TEST_DEVICE = os.environ.get("SPANRL_TEST_DEVICE", "cpu")
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-WARM_START_STEPS = 200  # a weak model: its agent is right on about 0.3 of the tasks (measured)
 STEPS, VAL_EVERY, VAL_TASKS = 8, 4, 16
-
-
-def weak_model(root) -> str:
-    """A tiny calculator model after a short warm start on demonstrations."""
-    import torch
-
-    from spanrl.examples.calc_agent.demonstrations import curriculum_batches, write_demonstrations
-    from spanrl.trainer_bridge.torch_backend.model_init import create_model_dir
-    from spanrl.trainer_bridge.torch_backend.trainer import TorchTrainer, TrainerConfig
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # the receiver, trainer and runner processes come next; a shared machine
-    corpus = root / "demonstrations.jsonl"
-    write_demonstrations(str(corpus), count=2000, seed=0)
-    base = create_model_dir(root / "model-init", preset="tiny", corpus_files=[str(corpus)], seed=0)
-    trainer = TorchTrainer(base, TrainerConfig(device=TEST_DEVICE, seed=0))
-    trainer.sft_steps(curriculum_batches(WARM_START_STEPS, 32, seed=0), lr=1e-3, max_steps=WARM_START_STEPS,
-                      progress=False)
-    trainer.save_checkpoint(root / "model-weak")
-    torch.set_num_threads(threads)
-    return str(root / "model-weak")
 
 
 def wait_for_text(path, text: str, process: subprocess.Popen, timeout_s: float) -> str:
@@ -62,14 +41,14 @@ def wait_for_text(path, text: str, process: subprocess.Popen, timeout_s: float) 
 
 
 @pytest.mark.timeout(900)
-def test_sft_from_rollouts_raises_the_reward_and_validation_is_scored_apart(tmp_path):
+def test_sft_from_rollouts_raises_the_reward_and_validation_is_scored_apart(tmp_path, weak_calc_model):
     import tensorboard  # noqa: F401 - report_to: [tensorboard] below; CI installs it
 
     from spanrl.examples.calc_agent.tasks import make_tasks
     from spanrl.otlp_receiver import trained_rewards
     from spanrl.otlp_receiver.store import SpanStore
 
-    model = weak_model(tmp_path)
+    model = weak_calc_model
     tasks, val_tasks = tmp_path / "tasks.jsonl", tmp_path / "val.jsonl"
     tasks.write_text("".join(json.dumps(t) + "\n" for t in make_tasks(400, seed=1)))
     val_tasks.write_text("".join(json.dumps({**t, "id": f"val-{n}"}) + "\n"
