@@ -11,7 +11,7 @@
 #   .framework-examples/openai_agents-<version>/   the sdist of the openai-agents version
 #                      .ci/requirements-ci.txt pins, unpacked (its examples/ run unmodified)
 #
-# The builds run side by side and reuse pip's cache; each writes `.spanrl-ready` last, which
+# The builds run side by side and reuse the installer's cache; each writes `.spanrl-ready` last, which
 # tests/frameworks/conftest.py waits for before it collects the framework's tests. Then:
 #
 #     bash .ci/frameworks_env.sh && .venv/bin/python -m pytest -q tests/frameworks
@@ -19,6 +19,7 @@
 # Each step prints how long it took; a failed step prints its log and fails the script.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. .ci/install.sh  # ci_install: uv when .ci/run provides it ($SPANRL_CI_UV), else pip
 READY=.spanrl-ready
 LOGS=$(mktemp -d)
 trap 'rm -rf "$LOGS"' EXIT
@@ -29,8 +30,8 @@ build() {
     local started=$SECONDS
     rm -f ".venv-$name/$READY"
     python3 -m venv ".venv-$name"
-    ".venv-$name/bin/python" -m pip install -q -U pip setuptools wheel
-    ".venv-$name/bin/python" -m pip install -q -e . "$@"
+    ci_install ".venv-$name/bin/python" -U pip setuptools wheel
+    ci_install ".venv-$name/bin/python" -e . "$@"
     touch ".venv-$name/$READY"
     echo "frameworks_env: .venv-$name built in $((SECONDS - started)) s"
 }
