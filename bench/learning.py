@@ -31,6 +31,7 @@ import datetime
 import json
 import os
 import platform
+import shlex
 import statistics
 import sys
 import time
@@ -273,7 +274,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     out = Path(args.output_dir).resolve()
     out.mkdir(parents=True, exist_ok=True)
-    command = "python bench/learning.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    command = "python bench/learning.py " + shlex.join(sys.argv[1:] if argv is None else argv)
     results: dict = {"settings": vars(args), "command": command, "tasks": {}}
     for task_name in args.tasks:
         task = load_task(task_name)
