@@ -1,12 +1,13 @@
 """Benchmark: assembly cost per span at 100 vs 100 000 spans per rollout (goal: within 1.2x, issue 25).
 
-Run: ``python bench/bench_receiver_assembly.py [--small 100] [--large 100000]``.
+Run: ``python bench/bench_receiver_assembly.py [--small 100] [--large 100000] [--ids packed|array]``.
 Writes agent-shaped rollouts (root, steps, LLM calls with token ids, wrapped duplicates,
 tools with errors, rewards, variables) into a SQLite store, then times what the receiver's
 assembler does for one ended rollout (``Assembler.assemble``): read its spans from the store,
 decode them, build the tree, dedupe, attach rewards and AIR rewards, credit assignment. The small case runs enough
 rollouts to assemble the same number of spans as the large one; prints microseconds per span
-for each and the ratio large/small.
+for each and the ratio large/small. Token ids are written packed (one string, what spanrl's
+instrumentation writes) or, with ``--ids array``, as int arrays (what another language may write).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
 
 from spanrl.instrumentation import semconv
+from spanrl.instrumentation.packed_values import pack_token_ids
 from spanrl.otlp_receiver.air import load_rules
 from spanrl.otlp_receiver.assembly import AssemblyOptions
 from spanrl.otlp_receiver.otlp_decode import SpanRow
@@ -42,8 +44,9 @@ def _kv(key, value) -> KeyValue:
     return kv
 
 
-def rollout_rows(rollout_id: str, spans: int, rng: random.Random) -> list[SpanRow]:
+def rollout_rows(rollout_id: str, spans: int, rng: random.Random, packed: bool = True) -> list[SpanRow]:
     """About ``spans`` spans: root, then steps of chain -> (LLM wrapper -> LLM call), tool."""
+    ids = pack_token_ids if packed else list
     trace_id = rng.getrandbits(128).to_bytes(16, "big")
     counter = iter(range(1, 10**9))
     identity = [_kv(semconv.ROLLOUT_ID, rollout_id), _kv(semconv.TASK_ID, "t"), _kv(semconv.ATTEMPT, 0)]
@@ -68,8 +71,8 @@ def rollout_rows(rollout_id: str, spans: int, rng: random.Random) -> list[SpanRo
         wrapper = add("ChatOpenAI", chain, t + 1, [_kv("openinference.span.kind", "LLM")])
         add("ChatCompletion", wrapper, t + 2, [
             _kv("openinference.span.kind", "LLM"),
-            _kv(semconv.LLM_PROMPT_TOKEN_IDS, [rng.randrange(32000) for _ in range(64)]),
-            _kv(semconv.llm_response_token_ids(0), [rng.randrange(32000) for _ in range(8)]),
+            _kv(semconv.LLM_PROMPT_TOKEN_IDS, ids(rng.randrange(32000) for _ in range(64))),
+            _kv(semconv.llm_response_token_ids(0), ids(rng.randrange(32000) for _ in range(8))),
         ])
         add("calculator", chain, t + 5, [_kv("openinference.span.kind", "TOOL")], error=step % 7 == 0,
             events=[0.1] if step % 3 == 0 else ())
@@ -93,6 +96,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--small", type=int, default=100)
     parser.add_argument("--large", type=int, default=100_000)
+    parser.add_argument("--ids", choices=("packed", "array"), default="packed",
+                        help="how the LLM spans carry token ids (default: packed, as spanrl's instrumentation)")
     args = parser.parse_args()
     rng = random.Random(0)
     options = AssemblyOptions(air_rules=load_rules("default"))
@@ -100,8 +105,8 @@ def main() -> None:
         store = SpanStore(os.path.join(tmp, "bench.db"), sync="normal")
         small_ids = [f"small-{i}" for i in range(max(1, args.large // args.small))]
         for rollout_id in small_ids:
-            store.write_spans(rollout_rows(rollout_id, args.small, rng))
-        store.write_spans(rollout_rows("large", args.large, rng))
+            store.write_spans(rollout_rows(rollout_id, args.small, rng, args.ids == "packed"))
+        store.write_spans(rollout_rows("large", args.large, rng, args.ids == "packed"))
         assembler = Assembler(store, ReceiverSettings(), options)
         results = {}
         for name, ids in (("small", small_ids), ("large", ["large"])):

@@ -17,7 +17,8 @@ each server-sent-event chunk for a streaming one. Response shapes are vLLM's (do
   streamed, on ``message_start``'s message and on ``message_delta``;
 - all: top-level ``policy_version`` (or the ``x-spanrl-policy-version`` header) and ``id``.
 
-Streams concatenate ``token_ids`` (and logprobs) per choice index; a choice's attributes are
+Ids and logprobs go on the span packed (``packed_values``: one base64 string each). Streams
+concatenate ``token_ids`` (and logprobs) per choice index; a choice's attributes are
 written when its ``finish_reason`` arrives (and again if more ids follow), so the cost stays
 linear in the number of tokens.
 """
@@ -25,12 +26,14 @@ linear in the number of tokens.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from opentelemetry.trace import Span
 
 from spanrl.instrumentation import semconv
+from spanrl.instrumentation.packed_values import pack_logprobs, pack_token_ids
 
 logger = logging.getLogger(__name__)
 
@@ -239,15 +242,16 @@ class LLMSpanRecorder:
         self._observe_common(response)
         prompt_ids = _message_tokens(response.get(semconv.RESPONSE_INPUT_MESSAGES), semconv.RESPONSE_INPUT_MESSAGES)
         if prompt_ids is not None:
-            self._set_once(semconv.LLM_PROMPT_TOKEN_IDS, prompt_ids)
+            self._set_token_ids(semconv.LLM_PROMPT_TOKEN_IDS, prompt_ids)
+            self._written.add(semconv.LLM_PROMPT_TOKEN_IDS)
         output_ids = _message_tokens(response.get(semconv.RESPONSE_OUTPUT_MESSAGES),
                                      semconv.RESPONSE_OUTPUT_MESSAGES)
         if output_ids is None:
             return
-        self._set(semconv.llm_response_token_ids(0), output_ids)
+        self._set_token_ids(semconv.llm_response_token_ids(0), output_ids)
         logprobs = response_logprobs(response)
         if logprobs is not None and len(logprobs) == len(output_ids):
-            self._set(semconv.llm_response_logprobs(0), logprobs)
+            self._set_logprobs(semconv.llm_response_logprobs(0), logprobs)
 
     def _observe_message(self, data: dict[str, Any]) -> None:
         """An Anthropic message, or its stream's ``message_start`` / ``message_delta`` event."""
@@ -260,7 +264,8 @@ class LLMSpanRecorder:
             self._set_prompt_ids(prompt_ids, semconv.RESPONSE_PROMPT_TOKEN_IDS)
         ids = data.get(semconv.RESPONSE_CHOICE_TOKEN_IDS)
         if ids is not None:
-            self._set(semconv.llm_response_token_ids(0), parse_token_ids(ids, semconv.RESPONSE_CHOICE_TOKEN_IDS))
+            self._set_token_ids(semconv.llm_response_token_ids(0),
+                                parse_token_ids(ids, semconv.RESPONSE_CHOICE_TOKEN_IDS))
 
     def _observe_choice(self, position: int, choice: dict[str, Any]) -> None:
         index = choice.get("index", position)
@@ -305,13 +310,14 @@ class LLMSpanRecorder:
     def _set_prompt_ids(self, value: Any, where: str) -> None:
         if semconv.LLM_PROMPT_TOKEN_IDS in self._written:
             return  # completions repeat the prompt on every choice; the first one wins
-        self._set_once(semconv.LLM_PROMPT_TOKEN_IDS, parse_token_ids(value, where))
+        self._set_token_ids(semconv.LLM_PROMPT_TOKEN_IDS, parse_token_ids(value, where))
+        self._written.add(semconv.LLM_PROMPT_TOKEN_IDS)
 
     def _write_choice(self, index: int, tokens: _ChoiceTokens) -> None:
         if tokens.has_token_ids and not tokens.broken_token_ids:
-            self._set(semconv.llm_response_token_ids(index), tuple(tokens.token_ids))
+            self._set_token_ids(semconv.llm_response_token_ids(index), tokens.token_ids)
         if tokens.has_logprobs and not tokens.broken_logprobs:
-            self._set(semconv.llm_response_logprobs(index), tuple(tokens.logprobs))
+            self._set_logprobs(semconv.llm_response_logprobs(index), tokens.logprobs)
 
     def _set_once(self, key: str, value: Any) -> None:
         self._written.add(key)
@@ -319,3 +325,14 @@ class LLMSpanRecorder:
 
     def _set(self, key: str, value: Any) -> None:
         self._pending[key] = value
+
+    # ids and logprobs go on the span packed (packed_values.py): one string each, not an array
+    # the SDK would check, and its exporter encode, element by element
+    def _set_token_ids(self, key: str, ids: Sequence[int]) -> None:
+        try:
+            self._pending[key] = pack_token_ids(ids)
+        except (OverflowError, TypeError) as exc:
+            raise MalformedTokenData(f"token ids should be ints from 0 to 2**32-1: {exc}") from None
+
+    def _set_logprobs(self, key: str, values: Sequence[float]) -> None:
+        self._pending[key] = pack_logprobs(values)

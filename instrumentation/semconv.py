@@ -22,13 +22,14 @@ ROLLOUT_IDENTITY_KEYS = (ROLLOUT_ID, TASK_ID, ATTEMPT)
 AGENT_NAME = "spanrl.agent.name"  # string
 
 # --- LLM spans: what the serving engine saw and produced ------------------------------------
-LLM_PROMPT_TOKEN_IDS = "spanrl.llm.prompt_token_ids"  # int[]
+LLM_PREFIX = "spanrl.llm."
+LLM_PROMPT_TOKEN_IDS = "spanrl.llm.prompt_token_ids"  # int[], or packed: string (packed_values.py)
 LLM_POLICY_VERSION = "spanrl.llm.policy_version"  # int
 LLM_ADAPTER = "spanrl.llm.adapter"  # string: the per-agent LoRA adapter that served the call (endpoint spans)
 LLM_RETOKENIZED = "spanrl.llm.retokenized"  # bool
 LLM_RESPONSE_PREFIX = "spanrl.llm.response."
-LLM_RESPONSE_TOKEN_IDS_SUFFIX = ".token_ids"  # int[]
-LLM_RESPONSE_LOGPROBS_SUFFIX = ".logprobs"  # double[]
+LLM_RESPONSE_TOKEN_IDS_SUFFIX = ".token_ids"  # int[], or packed: string
+LLM_RESPONSE_LOGPROBS_SUFFIX = ".logprobs"  # double[], or packed: string
 
 
 def llm_response_token_ids(choice_index: int) -> str:

@@ -44,7 +44,7 @@ from spanrl.otlp_receiver.endpoint_spans import same_call_by_response_id, token_
 from spanrl.otlp_receiver.retokenize import RetokenizeError, Retokenizer
 from spanrl.otlp_receiver.rewards import RewardPolicy, event_rewards
 from spanrl.otlp_receiver.rollout_status import rollout_status
-from spanrl.otlp_receiver.span_tree import SpanRecord, SpanTree, as_list
+from spanrl.otlp_receiver.span_tree import SpanRecord, SpanTree, logprobs_of, token_ids_of
 from spanrl.schema.rollouts import (
     COUNTER_TOKEN_ID_MISMATCHES,
     STATUS_FAILED,
@@ -320,8 +320,8 @@ def _transition_steps(
         prompt = attributes.get(semconv.LLM_PROMPT_TOKEN_IDS)
         choices = _response_choices(attributes)
         retokenized = attributes.get(semconv.LLM_RETOKENIZED) is True
-        prompt = as_list(prompt, ints=True)
-        responses = {i: as_list(attributes[semconv.llm_response_token_ids(i)], ints=True) for i in choices}
+        prompt = token_ids_of(prompt)
+        responses = {i: token_ids_of(attributes[semconv.llm_response_token_ids(i)]) for i in choices}
         if prompt is None or not responses or any(r is None for r in responses.values()):
             if retokenizer is None:
                 problems.append(
@@ -338,7 +338,7 @@ def _transition_steps(
             retokenized = True
         version = attributes.get(semconv.LLM_POLICY_VERSION)
         for choice, response_ids in responses.items():
-            logprobs = as_list(attributes.get(semconv.llm_response_logprobs(choice)))
+            logprobs = logprobs_of(attributes.get(semconv.llm_response_logprobs(choice)))
             steps.append(
                 dict(
                     rollout_id=rollout_id,

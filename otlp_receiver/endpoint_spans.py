@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from spanrl.instrumentation import semconv
-from spanrl.otlp_receiver.span_tree import SpanRecord, as_list
+from spanrl.otlp_receiver.span_tree import SpanRecord, token_ids_of
 
 
 def is_endpoint_span(record: SpanRecord) -> bool:
@@ -81,9 +81,9 @@ def _token_ids(record: SpanRecord) -> tuple[list | None, list[list | None]]:
     responses = []
     choice = 0
     while semconv.llm_response_token_ids(choice) in attributes:
-        responses.append(as_list(attributes[semconv.llm_response_token_ids(choice)], ints=True))
+        responses.append(token_ids_of(attributes[semconv.llm_response_token_ids(choice)]))
         choice += 1
-    return as_list(attributes.get(semconv.LLM_PROMPT_TOKEN_IDS), ints=True), responses
+    return token_ids_of(attributes.get(semconv.LLM_PROMPT_TOKEN_IDS)), responses
 
 
 __all__ = ["is_endpoint_span", "same_call_by_response_id", "token_id_mismatches"]

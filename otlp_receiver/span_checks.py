@@ -14,6 +14,7 @@ from google.protobuf.message import DecodeError
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, ArrayValue, KeyValueList
 
 from spanrl.instrumentation import semconv
+from spanrl.instrumentation.packed_values import PackedValueError, unpack_logprobs, unpack_token_ids
 
 # Keys copied from the resource onto a span that lacks them (one process per rollout may set
 # them through OTEL_RESOURCE_ATTRIBUTES).
@@ -114,16 +115,27 @@ def _identity_problem(key: str, value) -> str | None:
 
 def _array(key: str, value, expected: str) -> tuple[ArrayValue | None, str | None]:
     if value.WhichOneof("value") != "array_value":
-        return None, f"{key} must be an array of {expected}, got {_kind(value)}"
+        return None, f"{key} must be an array of {expected} or the packed string of them, got {_kind(value)}"
     try:
         return ArrayValue.FromString(value.array_value), None
     except DecodeError as exc:
         return None, f"{key} holds a malformed array: {exc}"
 
 
+def _packed_problem(key: str, value, unpack) -> str | None:
+    """The packed form (packed_values.py): a string of base64 whole values."""
+    try:
+        unpack(value.string_value)
+    except PackedValueError as exc:
+        return f"{key}: {exc}"
+    return None
+
+
 def _token_ids_problem(key: str, value) -> str | None:
     if value.WhichOneof("value") == "array_value" and _NON_NEGATIVE_INT_ARRAY.fullmatch(value.array_value):
         return None  # the fast path: every element is a non-negative int
+    if value.WhichOneof("value") == "string_value":
+        return _packed_problem(key, value, unpack_token_ids)
     array, problem = _array(key, value, "non-negative ints")
     if array is None:
         return problem
@@ -140,6 +152,8 @@ def _token_ids_problem(key: str, value) -> str | None:
 def _logprobs_problem(key: str, value) -> str | None:
     if value.WhichOneof("value") == "array_value" and _DOUBLE_ARRAY.fullmatch(value.array_value):
         return None
+    if value.WhichOneof("value") == "string_value":
+        return _packed_problem(key, value, unpack_logprobs)
     array, problem = _array(key, value, "doubles")
     if array is None:
         return problem

@@ -18,6 +18,7 @@ from opentelemetry.proto.common.v1.common_pb2 import ArrayValue, KeyValueList
 from opentelemetry.proto.trace.v1.trace_pb2 import Status
 
 from spanrl.instrumentation import semconv
+from spanrl.instrumentation.packed_values import unpack_logprobs, unpack_token_ids
 from spanrl.otlp_receiver.otlp_shadow import ShadowSpan
 from spanrl.otlp_receiver.span_checks import SCALAR_KINDS, any_value_to_python
 
@@ -86,12 +87,22 @@ class LazyArray:
         return f"LazyArray({self.to_list()!r})"
 
 
-def as_list(value, ints: bool = False) -> list | None:
-    """An array attribute's values, whether still lazy or already a list (None if not an array).
-
-    ``ints=True`` for arrays that ingest checked to be ints only (token ids): faster."""
+def token_ids_of(value) -> list[int] | None:
+    """A token-id attribute's ids (checked at ingest), packed (a string: packed_values.py) or an
+    array, lazy or already a list; None when absent or of another kind."""
+    if isinstance(value, str):
+        return unpack_token_ids(value)
     if isinstance(value, LazyArray):
-        return value.to_ints() if ints else value.to_list()
+        return value.to_ints()
+    return value if isinstance(value, list) else None
+
+
+def logprobs_of(value) -> list[float] | None:
+    """A logprob attribute's values, packed or an array (as ``token_ids_of``)."""
+    if isinstance(value, str):
+        return unpack_logprobs(value)
+    if isinstance(value, LazyArray):
+        return value.to_list()
     return value if isinstance(value, list) else None
 
 

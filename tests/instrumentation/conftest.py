@@ -25,6 +25,8 @@ from opentelemetry.proto.collector.logs.v1 import logs_service_pb2, logs_service
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2, metrics_service_pb2_grpc
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 
+from spanrl.instrumentation.packed_values import unpacked_attributes
+
 HERE = Path(__file__).resolve().parent
 AGENTS = HERE / "agents"
 BIN = Path(sys.executable).parent
@@ -89,7 +91,7 @@ class TraceCollector(trace_service_pb2_grpc.TraceServiceServicer):
                             "trace_id": span.trace_id.hex(),
                             "span_id": span.span_id.hex(),
                             "parent_span_id": span.parent_span_id.hex(),
-                            "attributes": decode_attributes(span.attributes),
+                            "attributes": unpacked_attributes(decode_attributes(span.attributes)),
                             "resource": resource,
                             "events": [(e.name, decode_attributes(e.attributes)) for e in span.events],
                             "status_code": span.status.code,

@@ -14,6 +14,7 @@ from opentelemetry.trace import StatusCode
 
 from spanrl.instrumentation import semconv
 from spanrl.instrumentation.openai_instrumentor import SpanrlOpenAIInstrumentor
+from spanrl.instrumentation.packed_values import unpacked_attributes
 
 PATCHED_BY_SPANRL = [
     (base_client.BaseClient, "_build_request"),
@@ -26,7 +27,7 @@ MESSAGES = [{"role": "user", "content": "hello"}]
 
 
 def llm_attributes(exporter):
-    return [dict(s.attributes) for s in exporter.get_finished_spans()
+    return [unpacked_attributes(s.attributes) for s in exporter.get_finished_spans()
             if s.attributes.get("openinference.span.kind") == "LLM"]
 
 
@@ -136,7 +137,7 @@ def _recorded(streaming, header, *bodies):
     for body in bodies:
         recorder.observe(body)
     span.end()
-    return dict(span.attributes)
+    return unpacked_attributes(span.attributes)
 
 
 def test_policy_version_prefers_the_body_and_falls_back_to_the_header():

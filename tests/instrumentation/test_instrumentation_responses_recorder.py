@@ -12,6 +12,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from spanrl.instrumentation import semconv
 from spanrl.instrumentation.llm_span_recorder import LLMSpanRecorder
+from spanrl.instrumentation.packed_values import unpacked_attributes
 
 
 def response_body(prompt=(5, 6, 7), output=(8, 9), logprobs=(-0.5, -1.25), version=3):
@@ -39,7 +40,7 @@ def record():
                 recorder.observe(payload)
         (finished,) = exporter.get_finished_spans()
         exporter.clear()
-        return {k: v for k, v in finished.attributes.items()}
+        return unpacked_attributes(finished.attributes)
 
     yield run
     provider.shutdown()

@@ -9,6 +9,7 @@ import json
 import pytest
 
 from spanrl.instrumentation import semconv
+from spanrl.instrumentation.packed_values import unpack_token_ids
 
 STATUS_ERROR = 2  # opentelemetry.proto.trace.v1.Status.STATUS_CODE_ERROR
 ROLLOUTS = {
@@ -87,7 +88,8 @@ def test_start_tracing_over_otlp_http(otlp_http_collector, vllm_recording, run_a
     assert llm[semconv.ATTEMPT].int_value == 3
     assert llm[semconv.GENAI_RESPONSE_ID].string_value == response_id
     sent = vllm_recording.sent[response_id]
-    assert [v.int_value for v in llm[semconv.LLM_PROMPT_TOKEN_IDS].array_value.values] == sent["prompt_token_ids"]
+    # the packed form on the wire (one string, not an array the SDK checks element by element)
+    assert unpack_token_ids(llm[semconv.LLM_PROMPT_TOKEN_IDS].string_value) == sent["prompt_token_ids"]
     assert all(h["authorization"] == "Bearer http-token" and h["x-team"] == "rl"
                for h in otlp_http_collector.headers)
 

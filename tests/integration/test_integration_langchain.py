@@ -21,6 +21,7 @@ from pathlib import Path
 from opentelemetry.proto.trace.v1 import trace_pb2
 
 from spanrl.instrumentation import semconv
+from spanrl.instrumentation.packed_values import unpack_token_ids
 from spanrl.otlp_receiver.store import SpanStore
 
 REPO = Path(__file__).resolve().parents[2]
@@ -93,9 +94,12 @@ def stored_llm_spans(store: SpanStore, rollout_id: str) -> list[trace_pb2.Span]:
     return sorted(spans, key=lambda s: s.start_time_unix_nano)
 
 
-def int_array(span: trace_pb2.Span, key: str) -> tuple[int, ...] | None:
+def token_ids(span: trace_pb2.Span, key: str) -> tuple[int, ...] | None:
+    """A token-id attribute's ids, packed (what spanrl's instrumentation writes) or an array."""
     for kv in span.attributes:
         if kv.key == key:
+            if kv.value.WhichOneof("value") == "string_value":
+                return tuple(unpack_token_ids(kv.value.string_value))
             return tuple(v.int_value for v in kv.value.array_value.values)
     return None
 
@@ -134,12 +138,12 @@ def test_langchain_agent_calls_become_one_transition_each(tmp_path, policy_serve
     # The store keeps both views of every call: LangChain's ``ChatOpenAI`` span and the OpenAI
     # SDK's span, which carries the ids. (openinference's LangChain tracer does not make its
     # span the current one, so the SDK span is not its child: pair them by time and content.)
-    sdk_spans = [s for s in llm_spans if int_array(s, semconv.LLM_PROMPT_TOKEN_IDS) is not None]
+    sdk_spans = [s for s in llm_spans if token_ids(s, semconv.LLM_PROMPT_TOKEN_IDS) is not None]
     langchain_spans = [s for s in llm_spans if s.name == "ChatOpenAI"]
     assert len(sdk_spans) == len(langchain_spans) == len(jobs) == len(llm_spans) // 2, \
         [s.name for s in llm_spans]
     for langchain_span, sdk_span, reply in zip(langchain_spans, sdk_spans, replies, strict=True):
-        assert int_array(langchain_span, semconv.LLM_PROMPT_TOKEN_IDS) is None
+        assert token_ids(langchain_span, semconv.LLM_PROMPT_TOKEN_IDS) is None
         assert langchain_span.start_time_unix_nano <= sdk_span.start_time_unix_nano
         assert sdk_span.end_time_unix_nano <= langchain_span.end_time_unix_nano
         assert string_attribute(langchain_span, OUTPUT_CONTENT) == reply

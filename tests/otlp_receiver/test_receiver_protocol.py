@@ -19,6 +19,7 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, ArrayValue, KeyVa
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span
 
 from spanrl.instrumentation import semconv
+from spanrl.instrumentation.packed_values import pack_logprobs, pack_token_ids
 from spanrl.otlp_receiver.store import SpanStore
 
 EXPORT = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
@@ -85,17 +86,25 @@ def test_bad_spans_rejected_good_spans_kept(start_receiver, grpc_export):
     no_id.span_id = b""
     bad_attempt = span(6, **{semconv.ATTEMPT: "zero"})
     good = span(7, **{semconv.LLM_PROMPT_TOKEN_IDS: [1, 2], semconv.llm_response_token_ids(0): [3]})
+    # the packed form (what spanrl's instrumentation writes): 3 bytes are no whole 4-byte id
+    bad_packed = span(8, **{semconv.LLM_PROMPT_TOKEN_IDS: "AQID", semconv.llm_response_token_ids(0): [3]})
+    bad_packed_logprobs = span(9, **{semconv.llm_response_logprobs(0): "not base64!"})
+    good_packed = span(10, **{semconv.LLM_PROMPT_TOKEN_IDS: pack_token_ids([1, 2]),
+                              semconv.llm_response_token_ids(0): pack_token_ids([3]),
+                              semconv.llm_response_logprobs(0): pack_logprobs([-0.25])})
     response = grpc_export(server)(
-        request_of(span(1), bad_types, negative, no_id, bad_attempt, good).SerializeToString()
+        request_of(span(1), bad_types, negative, no_id, bad_attempt, good, bad_packed, bad_packed_logprobs,
+                   good_packed).SerializeToString()
     )
-    assert response.partial_success.rejected_spans == 4
+    assert response.partial_success.rejected_spans == 6
     message = response.partial_success.error_message
+    assert f"{semconv.LLM_PROMPT_TOKEN_IDS}: packed token ids should be whole 4-byte values, got 3 bytes" in message
     assert f"{semconv.LLM_PROMPT_TOKEN_IDS} must be an array of non-negative ints, got string_value" in message
     assert "negative id" in message and "span_id must be 8 bytes" in message
     assert f"{semconv.ATTEMPT} must be an int" in message
     with SpanStore(server.settings.db) as store:
         assert store.span_keys() == {
-            ((1).to_bytes(16, "big"), n.to_bytes(8, "big")) for n in (1, 7)
+            ((1).to_bytes(16, "big"), n.to_bytes(8, "big")) for n in (1, 7, 10)
         }
 
 

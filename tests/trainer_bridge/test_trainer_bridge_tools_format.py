@@ -126,6 +126,7 @@ def test_the_span_recorder_makes_one_call_with_the_ids_of_a_tool_calling_reply(s
 
     from spanrl.instrumentation import semconv
     from spanrl.instrumentation.llm_span_recorder import LLMSpanRecorder
+    from spanrl.instrumentation.packed_values import unpacked_attributes
 
     provider, exporter = TracerProvider(), InMemorySpanExporter()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
@@ -144,7 +145,7 @@ def test_the_span_recorder_makes_one_call_with_the_ids_of_a_tool_calling_reply(s
     spans = exporter.get_finished_spans()
     assert len(spans) == 2
     for finished in spans:
-        attributes = finished.attributes
+        attributes = unpacked_attributes(finished.attributes)
         assert list(attributes[semconv.LLM_PROMPT_TOKEN_IDS]) == body["prompt_token_ids"]
         assert list(attributes[semconv.llm_response_token_ids(0)]) == body["choices"][0]["token_ids"]
     provider.shutdown()

@@ -1,0 +1,65 @@
+"""The packed token-id and logprob attributes (instrumentation/packed_values.py): exact round trips,
+the documented byte layout (so another language can write them), clear errors, and the
+receiver's ingest check of both forms."""
+
+from __future__ import annotations
+
+import base64
+import math
+import struct
+
+import pytest
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue
+
+from spanrl.instrumentation import semconv
+from spanrl.instrumentation.packed_values import (
+    PackedValueError,
+    pack_logprobs,
+    pack_token_ids,
+    unpack_logprobs,
+    unpack_token_ids,
+)
+from spanrl.otlp_receiver.span_checks import attribute_problem
+
+
+def test_token_ids_round_trip_over_the_whole_id_range_and_the_empty_list():
+    ids = [0, 1, 127, 128, 151_642, 2**31, 2**32 - 1]
+    assert unpack_token_ids(pack_token_ids(ids)) == ids
+    assert pack_token_ids([]) == "" and unpack_token_ids("") == []
+
+
+def test_logprobs_round_trip_exactly():
+    values = [-0.0, -1e-300, -0.1234567890123456789, -37.5, -math.inf]
+    assert unpack_logprobs(pack_logprobs(values)) == values
+
+
+def test_the_layout_is_base64_of_little_endian_uint32_and_float64():
+    """What docs/interfaces.md tells another language to write."""
+    assert pack_token_ids([1, 258]) == base64.b64encode(struct.pack("<2I", 1, 258)).decode()
+    assert pack_logprobs([-0.5]) == base64.b64encode(struct.pack("<d", -0.5)).decode()
+
+
+@pytest.mark.parametrize("ids, error", [([-1], OverflowError), ([2**32], OverflowError), ([1.5], TypeError),
+                                        (["7"], TypeError)])
+def test_ids_that_are_not_uint32_are_refused(ids, error):
+    with pytest.raises(error):
+        pack_token_ids(ids)
+
+
+@pytest.mark.parametrize("text, words", [("AQID", "whole 4-byte values, got 3 bytes"), ("not base64!", "base64"),
+                                         ("AQ", "base64")])
+def test_malformed_packed_ids_name_what_is_wrong(text, words):
+    with pytest.raises(PackedValueError, match=words):
+        unpack_token_ids(text)
+
+
+def test_the_receiver_accepts_both_forms_and_names_a_bad_packed_value():
+    key, logprobs_key = semconv.LLM_PROMPT_TOKEN_IDS, semconv.llm_response_logprobs(0)
+    assert attribute_problem(key, AnyValue(string_value=pack_token_ids([5, 6]))) is None
+    assert attribute_problem(logprobs_key, AnyValue(string_value=pack_logprobs([-1.0]))) is None
+    assert attribute_problem(key, AnyValue(string_value="AQID")) == (
+        f"{key}: packed token ids should be whole 4-byte values, got 3 bytes")
+    assert attribute_problem(logprobs_key, AnyValue(string_value=pack_token_ids([1]))) == (
+        f"{logprobs_key}: packed logprobs should be whole 8-byte values, got 4 bytes")
+    assert "must be an array of non-negative ints or the packed string of them, got int" in attribute_problem(
+        key, AnyValue(int_value=3))
