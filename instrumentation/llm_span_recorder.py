@@ -26,19 +26,21 @@ linear in the number of tokens.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from array import array
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from opentelemetry.trace import Span
 
 from spanrl.instrumentation import semconv
-from spanrl.instrumentation.packed_values import pack_logprobs, pack_token_ids
+from spanrl.instrumentation.packed_values import TOKEN_ID_TYPECODE, pack_logprobs, pack_token_ids
 
 logger = logging.getLogger(__name__)
 
 
-_INT_TYPE_ONLY = frozenset((int,))
+# ``object`` of the bodies and chunks that carry ``choices`` (the common case, checked first)
+_CHOICE_OBJECTS = frozenset({"chat.completion", "chat.completion.chunk", "text_completion"})
 # Stream events of the Responses API whose ``response`` is the finished response object.
 _FINAL_RESPONSE_EVENTS = frozenset({"response.completed", "response.incomplete", "response.failed"})
 # Anthropic's Messages API: a message, and the stream events that carry its ids (the others,
@@ -52,16 +54,27 @@ class MalformedTokenData(ValueError):
     """A token-id or logprob field of a response is present but not the documented shape."""
 
 
-def parse_token_ids(value: Any, where: str) -> tuple[int, ...]:
-    """``value`` as a tuple of ints, or MalformedTokenData naming ``where`` it came from."""
-    if type(value) is list and _INT_TYPE_ONLY >= set(map(type, value)):
-        return tuple(value)  # the usual case, checked in C (bool is not ``int`` here)
-    if not isinstance(value, (list, tuple)):
-        raise MalformedTokenData(f"{where} should be a list of ints, got {type(value).__name__}")
-    for item in value:
-        if not isinstance(item, int) or isinstance(item, bool):
-            raise MalformedTokenData(f"{where} should hold only ints, found {item!r}")
-    return tuple(value)
+def parse_token_ids(value: Any, where: str) -> array:
+    """``value`` as an array of token ids, or MalformedTokenData naming ``where`` it came from."""
+    ids = array(TOKEN_ID_TYPECODE)
+    problem = _extend_token_ids(ids, value)
+    if problem is not None:
+        raise MalformedTokenData(f"{where} {problem}")
+    return ids
+
+
+def _extend_token_ids(ids: array, value: Any) -> str | None:
+    """Append the list ``value`` to ``ids`` (checked in C as it is copied); what is wrong with it, or None.
+
+    A JSON ``true`` / ``false`` passes as 1 / 0: no server sends one, and ruling it out would
+    cost a second pass over every id."""
+    if type(value) is not list and not isinstance(value, (list, tuple)):
+        return f"should be a list of ints, got {type(value).__name__}"
+    try:
+        ids.extend(value)
+    except (TypeError, OverflowError) as exc:
+        return f"should hold only ints from 0 to 2**32-1 ({exc})"
+    return None
 
 
 def parse_policy_version(value: Any) -> int | None:
@@ -98,17 +111,19 @@ def choice_logprobs(choice: dict[str, Any]) -> tuple[float, ...] | None:
     return tuple(result)
 
 
-def _message_tokens(messages: Any, where: str) -> tuple[int, ...] | None:
+def _message_tokens(messages: Any, where: str) -> array | None:
     """The ids of vLLM's ``input_messages`` / ``output_messages`` concatenated, None when absent."""
     if messages is None:
         return None
     if not isinstance(messages, list):
         raise MalformedTokenData(f"{where} should be a list, got {type(messages).__name__}")
-    ids: list[int] = []
+    ids = array(TOKEN_ID_TYPECODE)
     for index, message in enumerate(messages):
         tokens = message.get(semconv.RESPONSE_MESSAGE_TOKENS) if isinstance(message, dict) else None
-        ids.extend(parse_token_ids(tokens, f"{where}[{index}].{semconv.RESPONSE_MESSAGE_TOKENS}"))
-    return tuple(ids)
+        problem = _extend_token_ids(ids, tokens)
+        if problem is not None:
+            raise MalformedTokenData(f"{where}[{index}].{semconv.RESPONSE_MESSAGE_TOKENS} {problem}")
+    return ids
 
 
 def response_logprobs(response: dict[str, Any]) -> tuple[float, ...] | None:
@@ -131,7 +146,7 @@ def response_logprobs(response: dict[str, Any]) -> tuple[float, ...] | None:
 
 @dataclass
 class _ChoiceTokens:
-    token_ids: list[int] = field(default_factory=list)
+    token_ids: array = field(default_factory=lambda: array(TOKEN_ID_TYPECODE))
     logprobs: list[float] = field(default_factory=list)
     has_token_ids: bool = False
     has_logprobs: bool = False
@@ -148,17 +163,27 @@ class LLMSpanRecorder:
     logged (once per call) and the call goes on.
     """
 
-    def __init__(self, span: Span, streaming: bool, header_policy_version: Any = None) -> None:
+    __slots__ = ("_target", "_streaming", "_choices", "_pending", "_warned", "_response_id_written",
+                 "_policy_version_written", "_prompt_ids_written", "_common_written", "_header_policy_version",
+                 "_headers")
+
+    def __init__(self, span: Span, streaming: bool, header_policy_version: Any = None,
+                 headers: Mapping[str, str] | None = None) -> None:
+        """``header_policy_version``, or the ``x-spanrl-policy-version`` entry of the response's
+        ``headers`` (read only when the body has no ``policy_version``), is the fallback version."""
         # Our keys are not openinference's, so its masking proxy (which would handle them
         # one by one) is passed by: one SDK set_attributes call per flush.
         self._target = getattr(span, "__wrapped__", span)
         self._streaming = streaming
         self._choices: dict[int, _ChoiceTokens] = {}
-        self._written: set[str] = set()
         self._pending: dict[str, Any] = {}
         self._warned = False
+        self._response_id_written = False
         self._policy_version_written = False
-        self._header_policy_version = parse_policy_version(header_policy_version)
+        self._prompt_ids_written = False
+        self._common_written = False  # response id and policy version: nothing more to look for
+        self._header_policy_version = header_policy_version
+        self._headers = headers
 
     @property
     def streaming(self) -> bool:
@@ -174,11 +199,10 @@ class LLMSpanRecorder:
                 self._warned = True
                 logger.warning("spanrl: could not record token ids of an LLM call: %s", exc)
         finally:
-            self._flush()
+            if self._pending:
+                self._flush()
 
     def _flush(self) -> None:
-        if not self._pending:
-            return
         pending, self._pending = self._pending, {}
         try:
             if self._target.is_recording():
@@ -187,6 +211,9 @@ class LLMSpanRecorder:
             logger.warning("spanrl: could not set token-id attributes: %s", exc)
 
     def _observe(self, data: dict[str, Any]) -> None:
+        if data.get("object") in _CHOICE_OBJECTS:  # chat and completions bodies and chunks
+            self._observe_choices(data)
+            return
         if isinstance(data.get("event"), str) and isinstance(data.get("data"), dict):
             data = data["data"]  # the SDK's {"event", "data"} form of a server-sent event
         event_type = data.get("type")
@@ -202,7 +229,12 @@ class LLMSpanRecorder:
             return
         if event_type in _OTHER_MESSAGE_EVENTS:
             return
-        self._observe_common(data)
+        self._observe_choices(data)
+
+    def _observe_choices(self, data: dict[str, Any]) -> None:
+        """A chat or completions body, or one chunk of its stream."""
+        if not self._common_written:
+            self._observe_common(data)
         problems: list[MalformedTokenData] = []
         prompt_ids = data.get(semconv.RESPONSE_PROMPT_TOKEN_IDS)
         if prompt_ids is not None:
@@ -211,7 +243,7 @@ class LLMSpanRecorder:
             except MalformedTokenData as exc:
                 problems.append(exc)
         choices = data.get("choices")
-        if isinstance(choices, list):
+        if type(choices) is list:
             # every choice is read even when another one is malformed: skipping a stream
             # chunk would silently shorten that choice's concatenated ids
             for position, choice in enumerate(choices):
@@ -226,16 +258,24 @@ class LLMSpanRecorder:
     def _observe_common(self, data: dict[str, Any]) -> None:
         """The response id and the policy version, from any body."""
         response_id = data.get("id")
-        if isinstance(response_id, str) and semconv.GENAI_RESPONSE_ID not in self._written:
-            self._set_once(semconv.GENAI_RESPONSE_ID, response_id)
+        if isinstance(response_id, str) and not self._response_id_written:
+            self._response_id_written = True
+            self._set(semconv.GENAI_RESPONSE_ID, response_id)
         if not self._policy_version_written:
             # the body's value wins over the header's, which is the fallback
             version = parse_policy_version(data.get(semconv.RESPONSE_POLICY_VERSION))
             if version is None:
-                version = self._header_policy_version
+                version = self._fallback_policy_version()
             if version is not None:
                 self._policy_version_written = True
                 self._set(semconv.LLM_POLICY_VERSION, version)
+        self._common_written = self._policy_version_written and self._response_id_written
+
+    def _fallback_policy_version(self) -> int | None:
+        value = self._header_policy_version
+        if value is None and self._headers is not None:
+            value = self._headers.get(semconv.POLICY_VERSION_HEADER)
+        return parse_policy_version(value)
 
     def _observe_response(self, response: dict[str, Any]) -> None:
         """A whole Responses API response object: one reply, written as choice 0."""
@@ -243,7 +283,7 @@ class LLMSpanRecorder:
         prompt_ids = _message_tokens(response.get(semconv.RESPONSE_INPUT_MESSAGES), semconv.RESPONSE_INPUT_MESSAGES)
         if prompt_ids is not None:
             self._set_token_ids(semconv.LLM_PROMPT_TOKEN_IDS, prompt_ids)
-            self._written.add(semconv.LLM_PROMPT_TOKEN_IDS)
+            self._prompt_ids_written = True
         output_ids = _message_tokens(response.get(semconv.RESPONSE_OUTPUT_MESSAGES),
                                      semconv.RESPONSE_OUTPUT_MESSAGES)
         if output_ids is None:
@@ -284,12 +324,12 @@ class LLMSpanRecorder:
         got_new = False
         raw_ids = choice.get(semconv.RESPONSE_CHOICE_TOKEN_IDS)
         if raw_ids is not None:
-            try:
-                where = f"choices[{index}].{semconv.RESPONSE_CHOICE_TOKEN_IDS}"
-                tokens.token_ids.extend(parse_token_ids(raw_ids, where))
+            wrong = _extend_token_ids(tokens.token_ids, raw_ids)
+            if wrong is None:
                 tokens.has_token_ids = got_new = True
-            except MalformedTokenData as exc:
-                tokens.broken_token_ids, problem = True, exc
+            else:
+                tokens.broken_token_ids = True
+                problem = MalformedTokenData(f"choices[{index}].{semconv.RESPONSE_CHOICE_TOKEN_IDS} {wrong}")
         if choice.get("logprobs") is not None:
             try:
                 logprobs = choice_logprobs(choice)
@@ -308,20 +348,16 @@ class LLMSpanRecorder:
             raise problem
 
     def _set_prompt_ids(self, value: Any, where: str) -> None:
-        if semconv.LLM_PROMPT_TOKEN_IDS in self._written:
+        if self._prompt_ids_written:
             return  # completions repeat the prompt on every choice; the first one wins
         self._set_token_ids(semconv.LLM_PROMPT_TOKEN_IDS, parse_token_ids(value, where))
-        self._written.add(semconv.LLM_PROMPT_TOKEN_IDS)
+        self._prompt_ids_written = True
 
     def _write_choice(self, index: int, tokens: _ChoiceTokens) -> None:
         if tokens.has_token_ids and not tokens.broken_token_ids:
             self._set_token_ids(semconv.llm_response_token_ids(index), tokens.token_ids)
         if tokens.has_logprobs and not tokens.broken_logprobs:
             self._set_logprobs(semconv.llm_response_logprobs(index), tokens.logprobs)
-
-    def _set_once(self, key: str, value: Any) -> None:
-        self._written.add(key)
-        self._set(key, value)
 
     def _set(self, key: str, value: Any) -> None:
         self._pending[key] = value

@@ -23,7 +23,8 @@ from typing import Any
 
 from spanrl.instrumentation import semconv
 
-_UINT32 = next(code for code in "IL" if array(code).itemsize == 4)  # "I" on every common platform
+# the array typecode of unsigned 32-bit ints: "I" on every common platform
+TOKEN_ID_TYPECODE = next(code for code in "IL" if array(code).itemsize == 4)
 _SWAP = sys.byteorder == "big"  # the wire is little-endian
 
 
@@ -32,18 +33,19 @@ class PackedValueError(ValueError):
 
 
 def pack_token_ids(ids: Iterable[int]) -> str:
-    """``ids`` packed; OverflowError for an id outside 0..2**32-1, TypeError for a non-int."""
-    return _encode(array(_UINT32, ids))
+    """``ids`` packed (an ``array`` of ``TOKEN_ID_TYPECODE`` is used as it is); OverflowError for
+    an id outside 0..2**32-1, TypeError for a non-int."""
+    return _encode(ids if type(ids) is array and ids.typecode == TOKEN_ID_TYPECODE else array(TOKEN_ID_TYPECODE, ids))
 
 
 def pack_logprobs(values: Iterable[float]) -> str:
-    """``values`` packed as doubles; TypeError for a non-number."""
-    return _encode(array("d", values))
+    """``values`` packed as doubles (an ``array("d")`` is used as it is); TypeError for a non-number."""
+    return _encode(values if type(values) is array and values.typecode == "d" else array("d", values))
 
 
 def unpack_token_ids(text: str) -> list[int]:
     """The ids of a packed token-id attribute; PackedValueError naming what is wrong."""
-    return _decode(text, _UINT32, "token ids").tolist()
+    return _decode(text, TOKEN_ID_TYPECODE, "token ids").tolist()
 
 
 def unpack_logprobs(text: str) -> list[float]:
@@ -52,7 +54,8 @@ def unpack_logprobs(text: str) -> list[float]:
 
 
 def _encode(values: array) -> str:
-    if _SWAP:
+    if _SWAP:  # on a copy: the caller's array stays as it was
+        values = array(values.typecode, values)
         values.byteswap()
     return base64.b64encode(values.tobytes()).decode("ascii")
 

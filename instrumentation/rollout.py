@@ -87,6 +87,16 @@ def current_identity(ctx: context_api.Context | None = None) -> RolloutIdentity 
     return RolloutIdentity(rollout_id, task_id, attempt)
 
 
+def current_rollout_id(ctx: context_api.Context | None = None) -> str | None:
+    """``current_identity(ctx).rollout_id`` without building the identity (every LLM call asks)."""
+    identity = context_api.get_value(_IDENTITY_KEY, ctx)
+    if isinstance(identity, RolloutIdentity):
+        return identity.rollout_id
+    entries = baggage.get_all(ctx)
+    rollout_id = entries.get(semconv.ROLLOUT_ID)
+    return rollout_id if isinstance(rollout_id, str) and isinstance(entries.get(semconv.TASK_ID), str) else None
+
+
 def current_agent_name(ctx: context_api.Context | None = None) -> str | None:
     """The name given by the innermost ``agent(name)`` around the current code, or None."""
     name = context_api.get_value(_AGENT_NAME_KEY, ctx)

@@ -28,6 +28,7 @@ sync or async, streaming or not, with or without ``with_raw_response``:
 
 from __future__ import annotations
 
+import functools
 import logging
 import weakref
 from collections.abc import Callable, Collection
@@ -41,6 +42,7 @@ from wrapt import wrap_function_wrapper
 
 from spanrl.instrumentation import semconv
 from spanrl.instrumentation.llm_span_recorder import LLMSpanRecorder
+from spanrl.instrumentation.rollout import current_rollout_id
 from spanrl.instrumentation.settings import InstrumentationSettings
 
 logger = logging.getLogger(__name__)
@@ -177,25 +179,24 @@ def _token_id_flag(options: Any, calls: SdkCalls) -> str | None:
     """The request field asking for token ids when ``options`` is a call we record, else None."""
     method = getattr(options, "method", "")
     url = getattr(options, "url", "")
-    if not (isinstance(method, str) and method.lower() == "post" and isinstance(url, str)):
+    if not (isinstance(method, str) and isinstance(url, str) and method.lower() == "post"):
         return None
+    return _route_flag(url, calls.token_id_flags)
+
+
+@functools.lru_cache(maxsize=1024)  # an agent calls a handful of routes, each many times
+def _route_flag(url: str, token_id_flags: tuple[tuple[str, str], ...]) -> str | None:
     path = url.rstrip("/")
-    for route, flag in calls.token_id_flags:
+    for route, flag in token_id_flags:
         if path.endswith(route):
             return flag
     return None
 
 
-def _wants_token_ids(options: Any, calls: SdkCalls) -> bool:
-    return _token_id_flag(options, calls) is not None
-
-
 def _build_request_wrapper(request_token_ids: bool, calls: SdkCalls) -> Callable[..., Any]:
     def wrapper(wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
         try:
-            if request_token_ids:
-                args, kwargs = _with_return_token_ids(instance, args, kwargs, calls)
-            args, kwargs = _with_rollout_header(instance, args, kwargs, calls)
+            args, kwargs = _with_spanrl_fields(instance, args, kwargs, calls, request_token_ids)
         except Exception:  # noqa: BLE001 - never break the agent
             logger.exception("spanrl: could not add spanrl's fields to the request")
         return wrapped(*args, **kwargs)
@@ -203,86 +204,111 @@ def _build_request_wrapper(request_token_ids: bool, calls: SdkCalls) -> Callable
     return wrapper
 
 
+def _with_spanrl_fields(instance: Any, args: tuple, kwargs: dict, calls: SdkCalls,
+                        request_token_ids: bool) -> tuple[tuple, dict]:
+    """The ``_build_request`` arguments of a call we record, with the route's token-id flag
+    (``return_token_ids`` or ``enable_response_messages``) true in the JSON body and, inside a
+    rollout, the ``x-spanrl-rollout-id`` header (the verl gateway keeps a rollout's calls on one
+    vLLM replica). Other calls, and hosts that refuse unknown fields, are left as they are."""
+    options = args[0] if args else kwargs.get("options")
+    flag = _token_id_flag(options, calls)
+    if options is None or flag is None or _host_of(instance) in calls.strict_hosts:
+        return args, kwargs
+    extra_json = _extra_json_with_flag(options, flag) if request_token_ids else None
+    headers = _headers_with_rollout_id(options)
+    if extra_json is None and headers is None:
+        return args, kwargs
+    # A copy: the SDK reuses its options for retries and for openinference's input capture.
+    options = options.model_copy()
+    if extra_json is not None:
+        options.extra_json = extra_json
+    if headers is not None:
+        options.headers = headers
+    if args:
+        return (options, *args[1:]), kwargs
+    return args, {**kwargs, "options": options}
+
+
+# (a client's base URL, its host): httpx computes ``URL.host`` on each read, and an agent mostly
+# calls through one client. The URL object is immutable; a client given a new one misses the cache.
+_last_base_url_host: tuple[Any, Any] = (None, None)
+
+
+def _host_of(client: Any) -> Any:
+    """The host of ``client.base_url`` (None when it has none)."""
+    global _last_base_url_host
+    base_url = getattr(client, "base_url", None)
+    cached_url, host = _last_base_url_host
+    if base_url is not cached_url or base_url is None:
+        host = getattr(base_url, "host", None)
+        _last_base_url_host = (base_url, host)
+    return host
+
+
+def _extra_json_with_flag(options: Any, flag: str) -> dict | None:
+    """The request's ``extra_json`` with ``flag: true`` added, or None when the body is not a JSON
+    object or the agent set the flag itself."""
+    if options.json_data is not None and not isinstance(options.json_data, dict):
+        return None  # not a JSON object body; leave it alone
+    json_data = options.json_data or {}
+    extra_json = options.extra_json if isinstance(options.extra_json, dict) else {}
+    if flag in json_data or flag in extra_json:
+        return None  # the agent decided itself
+    return {**extra_json, flag: True}
+
+
+def _headers_with_rollout_id(options: Any) -> dict | None:
+    """The request's headers with the rollout header added, or None outside a rollout or when
+    the agent sent one itself."""
+    rollout_id = _current_rollout_id()
+    if rollout_id is None:
+        return None
+    headers = options.headers if isinstance(options.headers, dict) else {}
+    if any(k.lower() == semconv.ROLLOUT_ID_HEADER for k in headers):
+        return None
+    return {**headers, semconv.ROLLOUT_ID_HEADER: rollout_id}
+
+
 def _current_rollout_id() -> str | None:
     """The rollout this call belongs to: ``rollout()`` / W3C baggage, else the process's
     resource attribute (what ``spanrl run`` gives each agent process)."""
-    from .rollout import current_identity
-
-    identity = current_identity()
-    if identity is not None:
-        return identity.rollout_id
-    resource = getattr(trace_api.get_current_span(), "resource", None)
-    value = getattr(resource, "attributes", {}).get(semconv.ROLLOUT_ID) if resource is not None else None
-    return value if isinstance(value, str) and value else None
-
-
-def _with_rollout_header(instance: Any, args: tuple, kwargs: dict, calls: SdkCalls) -> tuple[tuple, dict]:
-    """The ``_build_request`` arguments with the ``x-spanrl-rollout-id`` header on LLM calls made
-    inside a rollout (the verl gateway keeps a rollout's calls on one vLLM replica)."""
-    options = args[0] if args else kwargs.get("options")
-    if options is None or _token_id_flag(options, calls) is None:
-        return args, kwargs
-    if getattr(getattr(instance, "base_url", None), "host", None) in calls.strict_hosts:
-        return args, kwargs
-    rollout_id = _current_rollout_id()
-    headers = options.headers if isinstance(options.headers, dict) else {}
-    if rollout_id is None or any(k.lower() == semconv.ROLLOUT_ID_HEADER for k in headers):
-        return args, kwargs
-    options = options.model_copy()
-    options.headers = {**headers, semconv.ROLLOUT_ID_HEADER: rollout_id}
-    if args:
-        return (options, *args[1:]), kwargs
-    return args, {**kwargs, "options": options}
-
-
-def _with_return_token_ids(instance: Any, args: tuple, kwargs: dict, calls: SdkCalls) -> tuple[tuple, dict]:
-    """The ``_build_request`` arguments with the route's token-id flag (``return_token_ids`` or
-    ``enable_response_messages``) set to true in the JSON body."""
-    options = args[0] if args else kwargs.get("options")
-    key = _token_id_flag(options, calls) if options is not None else None
-    if options is None or key is None:
-        return args, kwargs
-    host = getattr(getattr(instance, "base_url", None), "host", None)
-    if host in calls.strict_hosts:
-        return args, kwargs
-    json_data = options.json_data if isinstance(options.json_data, dict) else {}
-    extra_json = options.extra_json if isinstance(options.extra_json, dict) else {}
-    if options.json_data is not None and not isinstance(options.json_data, dict):
-        return args, kwargs  # not a JSON object body; leave it alone
-    if key in json_data or key in extra_json:
-        return args, kwargs  # the agent decided itself
-    # A copy: the SDK reuses its options for retries and for openinference's input capture.
-    options = options.model_copy()
-    options.extra_json = {**extra_json, key: True}
-    if args:
-        return (options, *args[1:]), kwargs
-    return args, {**kwargs, "options": options}
-
-
-def _recorder_for(response: Any, options: Any, stream: bool, calls: SdkCalls) -> LLMSpanRecorder | None:
-    """A recorder for this HTTP response when it answers a chat/completions, completions or
-    responses call inside openinference's LLM span, else None."""
-    if not _wants_token_ids(options, calls):
-        return None
+    rollout_id = current_rollout_id()
+    if rollout_id is not None:
+        return rollout_id
     span = trace_api.get_current_span()
-    if not span.is_recording():
-        return None
-    scope = getattr(span, "instrumentation_scope", None)
-    if getattr(scope, "name", None) not in calls.span_scopes:
-        return None  # openinference made no span for this call (suppressed or not ours)
-    headers = getattr(response, "headers", None)
-    header_version = headers.get(semconv.POLICY_VERSION_HEADER) if headers is not None else None
-    return LLMSpanRecorder(span, streaming=bool(stream), header_policy_version=header_version)
+    return _resource_rollout_id(getattr(getattr(span, "__wrapped__", span), "resource", None))
+
+
+# (a tracer provider's resource, its rollout id): a resource is immutable and a process has one.
+_last_resource_rollout_id: tuple[Any, Any] = (None, None)
+
+
+def _resource_rollout_id(resource: Any) -> str | None:
+    global _last_resource_rollout_id
+    cached_resource, rollout_id = _last_resource_rollout_id
+    if resource is not cached_resource or resource is None:
+        value = getattr(resource, "attributes", {}).get(semconv.ROLLOUT_ID) if resource is not None else None
+        rollout_id = value if isinstance(value, str) and value else None
+        _last_resource_rollout_id = (resource, rollout_id)
+    return rollout_id
 
 
 def _register(recorders: Any, kwargs: dict, calls: SdkCalls) -> bool:
-    """Start recording this HTTP response's call when it is one we record; True when it is."""
+    """Start recording this HTTP response when it answers a call we record (a chat/completions,
+    completions or responses call inside openinference's LLM span); True when it does."""
     try:
+        if _token_id_flag(kwargs.get("options"), calls) is None:
+            return False
+        span = trace_api.get_current_span()
+        sdk_span = getattr(span, "__wrapped__", span)  # openinference's proxy, or the span itself
+        if not sdk_span.is_recording():
+            return False
+        if getattr(getattr(sdk_span, "instrumentation_scope", None), "name", None) not in calls.span_scopes:
+            return False  # openinference made no span for this call (suppressed or not ours)
         response = kwargs.get("response")
-        recorder = _recorder_for(response, kwargs.get("options"), kwargs.get("stream", False), calls)
-        if recorder is not None:
-            recorders[response] = recorder
-            return True
+        recorders[response] = LLMSpanRecorder(sdk_span, streaming=bool(kwargs.get("stream", False)),
+                                              headers=getattr(response, "headers", None))
+        return True
     except Exception:  # noqa: BLE001 - never break the agent
         logger.exception("spanrl: could not start recording an LLM call")
     return False

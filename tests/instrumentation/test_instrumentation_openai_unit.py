@@ -172,3 +172,44 @@ def test_an_error_answer_raises_as_usual_and_records_no_ids(private_tracing, vll
     assert span.status.status_code == StatusCode.ERROR  # openinference's account of the failure
     assert not any(k.startswith("spanrl.llm.") for k in span.attributes)
     assert not caplog.records
+
+
+def test_a_process_whose_resource_names_a_rollout_sends_it_in_the_header(vllm_recording):
+    """What ``spanrl run`` gives an agent process (the rollout id on its resource) reaches the
+    header; a provider with another resource gets its own id, not the first one's."""
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+
+    headers = []
+    for rollout_id in ("proc-1", "proc-2", None):
+        attributes = {"service.name": "agent"} | ({semconv.ROLLOUT_ID: rollout_id} if rollout_id else {})
+        provider = TracerProvider(resource=Resource.create(attributes))
+        instrumentor = SpanrlOpenAIInstrumentor()
+        instrumentor.instrument(tracer_provider=provider)
+        try:
+            client = openai.OpenAI(base_url=vllm_recording.base_url, api_key="k")
+            raw = client.chat.completions.with_raw_response.create(model="p", messages=MESSAGES)
+            headers.append(raw.http_request.headers.get(semconv.ROLLOUT_ID_HEADER))
+        finally:
+            instrumentor.uninstrument()
+            provider.shutdown()
+    assert headers == ["proc-1", "proc-2", None]
+
+
+def test_a_stream_choice_with_an_id_out_of_range_is_left_out_and_the_others_kept(caplog):
+    chunks = [
+        {"id": "s", "prompt_token_ids": [1, 2], "choices": [{"index": 0, "token_ids": [10]},
+                                                            {"index": 1, "token_ids": [20]}]},
+        {"id": "s", "choices": [{"index": 0, "token_ids": [-1]}, {"index": 1, "token_ids": [2**32]}]},
+        {"id": "s", "choices": [{"index": 0, "token_ids": [11], "finish_reason": "stop"}]},
+        {"id": "s", "choices": [{"index": 1, "token_ids": [21], "finish_reason": "stop"}]},
+        {"id": "s", "choices": [{"index": 2, "token_ids": [30, 31], "finish_reason": "stop"}]},
+    ]
+    with caplog.at_level(logging.WARNING, logger="spanrl"):
+        attributes = _recorded(True, None, *chunks)
+    assert attributes[semconv.LLM_PROMPT_TOKEN_IDS] == (1, 2)
+    assert semconv.llm_response_token_ids(0) not in attributes  # a shortened sequence is never written
+    assert semconv.llm_response_token_ids(1) not in attributes
+    assert attributes[semconv.llm_response_token_ids(2)] == (30, 31)
+    warnings = [r.getMessage() for r in caplog.records if r.name.startswith("spanrl")]
+    assert len(warnings) == 1 and "choices[0].token_ids should hold only ints from 0 to 2**32-1" in warnings[0]

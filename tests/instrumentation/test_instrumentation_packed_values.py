@@ -28,6 +28,19 @@ def test_token_ids_round_trip_over_the_whole_id_range_and_the_empty_list():
     assert pack_token_ids([]) == "" and unpack_token_ids("") == []
 
 
+def test_arrays_pack_as_their_values_and_are_left_as_they_were():
+    """The recorder accumulates a stream's ids in an ``array`` and packs it as it is."""
+    from array import array
+
+    from spanrl.instrumentation.packed_values import TOKEN_ID_TYPECODE
+
+    ids, logprobs = array(TOKEN_ID_TYPECODE, [5, 2**32 - 1, 0]), array("d", [-0.5, -2.25])
+    assert pack_token_ids(ids) == pack_token_ids([5, 2**32 - 1, 0])
+    assert pack_logprobs(logprobs) == pack_logprobs([-0.5, -2.25])
+    assert ids.tolist() == [5, 2**32 - 1, 0] and logprobs.tolist() == [-0.5, -2.25]
+    assert pack_token_ids(array("H", [7])) == pack_token_ids([7])  # another typecode is converted
+
+
 def test_logprobs_round_trip_exactly():
     values = [-0.0, -1e-300, -0.1234567890123456789, -37.5, -math.inf]
     assert unpack_logprobs(pack_logprobs(values)) == values
