@@ -213,3 +213,38 @@ def test_a_stream_choice_with_an_id_out_of_range_is_left_out_and_the_others_kept
     assert attributes[semconv.llm_response_token_ids(2)] == (30, 31)
     warnings = [r.getMessage() for r in caplog.records if r.name.startswith("spanrl")]
     assert len(warnings) == 1 and "choices[0].token_ids should hold only ints from 0 to 2**32-1" in warnings[0]
+
+
+def test_a_method_another_library_wrapped_first_keeps_its_wrapper(vllm_recording):
+    """spanrl puts plain functions in the SDK's methods' place; one another library had already
+    wrapped (wrapt, as OpenTelemetry instrumentors do) is called through, bound, and put back."""
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+    from wrapt import wrap_function_wrapper
+
+    original = base_client.BaseClient.__dict__["_process_response_data"]
+    seen = []
+
+    def theirs(wrapped, instance, args, kwargs):
+        seen.append(type(instance).__name__)
+        return wrapped(*args, **kwargs)
+
+    wrap_function_wrapper(base_client, "BaseClient._process_response_data", theirs)
+    wrapped_by_them = base_client.BaseClient.__dict__["_process_response_data"]
+    provider, exporter = TracerProvider(), InMemorySpanExporter()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    instrumentor = SpanrlOpenAIInstrumentor()
+    instrumentor.instrument(tracer_provider=provider)
+    try:
+        client = openai.OpenAI(base_url=vllm_recording.base_url, api_key="k")
+        response = client.chat.completions.create(model="p", messages=MESSAGES)
+    finally:
+        instrumentor.uninstrument()
+        assert base_client.BaseClient.__dict__["_process_response_data"] is wrapped_by_them
+        base_client.BaseClient._process_response_data = original
+        provider.shutdown()
+    assert seen == ["OpenAI"]
+    (attributes,) = llm_attributes(exporter)
+    sent = vllm_recording.sent[response.id]["choices"][0]["token_ids"]
+    assert attributes[semconv.llm_response_token_ids(0)] == tuple(sent)
