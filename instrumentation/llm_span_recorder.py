@@ -192,7 +192,9 @@ class LLMSpanRecorder:
     def observe(self, data: Any) -> None:
         """Read one parsed JSON object: the whole body, or one stream chunk."""
         try:
-            if isinstance(data, dict):  # parsed JSON: plain dicts and lists
+            if type(data) is dict and data.get("object") in _CHOICE_OBJECTS:
+                self._observe_choices(data)  # chat and completions bodies and chunks: the common case
+            elif isinstance(data, dict):  # parsed JSON: plain dicts and lists
                 self._observe(data)
         except Exception as exc:  # noqa: BLE001 - instrumentation must never break the agent
             if not self._warned:
@@ -211,9 +213,6 @@ class LLMSpanRecorder:
             logger.warning("spanrl: could not set token-id attributes: %s", exc)
 
     def _observe(self, data: dict[str, Any]) -> None:
-        if data.get("object") in _CHOICE_OBJECTS:  # chat and completions bodies and chunks
-            self._observe_choices(data)
-            return
         if isinstance(data.get("event"), str) and isinstance(data.get("data"), dict):
             data = data["data"]  # the SDK's {"event", "data"} form of a server-sent event
         event_type = data.get("type")
@@ -364,11 +363,8 @@ class LLMSpanRecorder:
 
     # ids and logprobs go on the span packed (packed_values.py): one string each, not an array
     # the SDK would check, and its exporter encode, element by element
-    def _set_token_ids(self, key: str, ids: Sequence[int]) -> None:
-        try:
-            self._pending[key] = pack_token_ids(ids)
-        except (OverflowError, TypeError) as exc:
-            raise MalformedTokenData(f"token ids should be ints from 0 to 2**32-1: {exc}") from None
+    def _set_token_ids(self, key: str, ids: array) -> None:
+        self._pending[key] = pack_token_ids(ids)  # checked already, as they were copied into ``ids``
 
     def _set_logprobs(self, key: str, values: Sequence[float]) -> None:
         self._pending[key] = pack_logprobs(values)
