@@ -83,6 +83,12 @@ class LoopSettings:
                   "(their advantages are 0: they teach nothing and only dilute token-mean; DAPO's group "
                   "filter, without its resampling; docs/algorithms.md)"},
     )
+    negative_advantage_scale: float = field(
+        default=1.0,
+        metadata={"help": "GRPO: multiply negative advantages by this (1 = GRPO; 0 = learn from the better rollouts "
+                  "only; between: a failed rollout's tokens, most of them shared with the successes, are pushed "
+                  "down less; docs/algorithms.md)"},
+    )
     advantage_level: str = field(
         default="rollout", metadata={"help": "'rollout' (shared per rollout) or 'transition'"}
     )
@@ -268,6 +274,8 @@ class LoopSettings:
             raise SettingError(f"val_temperature must be 0 (greedy) or more, got {self.val_temperature}")
         if self.val_only and not self.val_tasks:
             raise SettingError("--val-only scores the held-out tasks: give val_tasks (a task JSONL file)")
+        if not 0.0 <= self.negative_advantage_scale <= 1.0:
+            raise SettingError(f"negative_advantage_scale must be from 0 to 1, got {self.negative_advantage_scale}")
         if self.advantage_level not in ADVANTAGE_LEVELS:
             raise SettingError(f"advantage_level must be one of {ADVANTAGE_LEVELS}, got {self.advantage_level!r}")
         if self.loss_weighting not in LOSS_WEIGHTINGS:

@@ -39,12 +39,13 @@ def sample_advantages(samples: list[TrainingSample]) -> dict[tuple[str, int], fl
 
 
 def training_samples(scored: list[ScoredRollout], level: str, norm_adv_by_std: bool,
-                     transition_returns: bool = False,
-                     loss_weighting: str = "token") -> tuple[list[TrainingSample], set[str]]:
+                     transition_returns: bool = False, loss_weighting: str = "token",
+                     negative_advantage_scale: float = 1.0) -> tuple[list[TrainingSample], set[str]]:
     """GRPO samples of all usable transitions, with their group advantages.
 
     ``transition_returns``: score each transition by its own credit-assigned return (reward
     events with ``level="transition"``) instead of its rollout's score.
+    ``negative_advantage_scale``: negative advantages are multiplied by it (1: GRPO as is).
     ``loss_weighting="rollout"``: fold ``advantages.weigh_rollouts_equally`` into the advantages.
     Returns ``(samples, dropped_rollout_ids)``: rollouts of a group of one are dropped.
     """
@@ -69,6 +70,8 @@ def training_samples(scored: list[ScoredRollout], level: str, norm_adv_by_std: b
         returns, groups, rollout_ids, level=level,
         estimator="grpo" if norm_adv_by_std else "drgrpo",
     )
+    if negative_advantage_scale != 1.0:
+        advantages = [a * negative_advantage_scale if a < 0 else a for a in advantages]
     samples = [
         TrainingSample(
             prompt_token_ids=list(t.prompt_token_ids),

@@ -190,7 +190,8 @@ class TrainingLoop:
             return StepUpdate(samples, rejected, 0, stats)
         samples, dropped = training_samples(
             scored, settings.advantage_level, settings.norm_adv_by_std,
-            transition_returns=self.transition_returns, loss_weighting=settings.loss_weighting)
+            transition_returns=self.transition_returns, loss_weighting=settings.loss_weighting,
+            negative_advantage_scale=settings.negative_advantage_scale)
         uniform: set[str] = set()
         uniform_groups = 0
         if settings.drop_uniform_groups:

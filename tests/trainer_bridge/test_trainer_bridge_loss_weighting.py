@@ -117,3 +117,23 @@ def test_rollout_weighting_needs_token_mean_and_a_known_name(tmp_path):
         TrainSettings(**base, loss_weighting="call")
     with pytest.raises(ValueError, match="loss_weighting"):
         training_samples([scored("a", 0, 1.0, [2]), scored("b", 1, 0.0, [2])], "rollout", True, loss_weighting="x")
+
+
+def test_negative_advantages_are_scaled_and_positive_ones_kept(tmp_path):
+    rollouts = [scored("win", 0, 1.0, [2]), scored("loss-a", 1, 0.0, [3]), scored("loss-b", 2, 0.0, [1, 2])]
+    plain, _ = training_samples(rollouts, "rollout", True)
+    quarter, _ = training_samples(rollouts, "rollout", True, negative_advantage_scale=0.25)
+    only_better, _ = training_samples(rollouts, "rollout", True, negative_advantage_scale=0.0)
+    advantages = {s.rollout_id: s.advantage for s in plain}
+    assert advantages["win"] > 0 > advantages["loss-a"] == advantages["loss-b"]
+    assert {s.rollout_id: s.advantage for s in quarter} == pytest.approx(
+        {"win": advantages["win"], "loss-a": advantages["loss-a"] / 4, "loss-b": advantages["loss-b"] / 4})
+    assert [(s.rollout_id, s.advantage) for s in only_better if s.advantage != 0] == [("win", advantages["win"])]
+    weighted, _ = training_samples(rollouts, "rollout", True, loss_weighting="rollout", negative_advantage_scale=0.25)
+    assert [s.group_advantage for s in weighted] == pytest.approx([s.advantage for s in quarter])
+
+    base = dict(tasks=str(tmp_path / "tasks.jsonl"), model="model")
+    assert TrainSettings(**base).negative_advantage_scale == 1.0
+    for wrong in (-0.1, 1.5):
+        with pytest.raises(SettingError, match="negative_advantage_scale must be from 0 to 1"):
+            TrainSettings(**base, negative_advantage_scale=wrong)
