@@ -258,6 +258,28 @@ static int check_token_ids(const Field *array) {
     return 1;
 }
 
+/* The packed form (instrumentation/packed_values.py): canonical base64 (A-Z a-z 0-9 + /, a
+ * multiple of 4 characters, at most two '=' and only at the end) of whole values of value_size
+ * bytes. Python's b64decode(validate=True) accepts all of these; anything else is left to it. */
+static int check_packed(const Field *text, size_t value_size) {
+    const uint8_t *p = text->data;
+    size_t n = text->len, padding = 0;
+    if (n % 4) return 0;
+    if (n && p[n - 1] == '=') padding = (n >= 2 && p[n - 2] == '=') ? 2 : 1;
+    for (size_t i = 0; i < n - padding; i++) {
+        uint8_t b = p[i];
+        if (!((b >= 'A' && b <= 'Z') || (b >= 'a' && b <= 'z') || (b >= '0' && b <= '9') || b == '+' || b == '/'))
+            return 0;
+    }
+    return (n / 4 * 3 - padding) % value_size == 0;
+}
+
+/* A token-id or logprob attribute's value: an array the element loop checks, or the packed string. */
+static int check_id_values(const Field *only, int (*check_array)(const Field *), size_t value_size) {
+    if (only->number == 5 && only->wire == WIRE_LEN) return check_array(only);
+    return only->number == 1 && only->wire == WIRE_LEN && check_packed(only, value_size);
+}
+
 /* Every element exactly AnyValue{double_value} or AnyValue{int_value}. */
 static int check_logprobs(const Field *array) {
     Cursor c = {array->data, array->data + array->len};
@@ -304,7 +326,6 @@ static int check_attribute(const uint8_t *p, size_t n, SpanScan *out) {
     if (!read_key_value(p, n, &key, &value, &has_value)) return 0;
     if (!key_starts(&key, "spanrl.")) return !has_value || check_any_value(value.data, value.len, 2, &only);
     if (!any_value_field(&value, has_value, &only)) return 0;
-    int is_array = only.number == 5 && only.wire == WIRE_LEN;
     if (key_is(&key, "spanrl.rollout.id") || key_is(&key, "spanrl.task.id")) {
         if (only.number != 1 || only.wire != WIRE_LEN || !valid_utf8(only.data, only.len)) return 0;
         if (key.len == strlen("spanrl.rollout.id")) {
@@ -324,15 +345,15 @@ static int check_attribute(const uint8_t *p, size_t n, SpanScan *out) {
         out->present |= HAS_ATTEMPT;
         return 1;
     }
-    if (key_is(&key, "spanrl.llm.prompt_token_ids")) return is_array && check_token_ids(&only);
+    if (key_is(&key, "spanrl.llm.prompt_token_ids")) return check_id_values(&only, check_token_ids, 4);
     if (key_is(&key, "spanrl.llm.policy_version")) return only.number == 3 && only.wire == WIRE_VARINT;
     if (key_is(&key, "spanrl.llm.retokenized")) return only.number == 2 && only.wire == WIRE_VARINT;
     if (key_starts(&key, "spanrl.llm.response.")) {
         switch (response_key_kind(&key, strlen("spanrl.llm.response."))) {
         case 1:
-            return is_array && check_token_ids(&only);
+            return check_id_values(&only, check_token_ids, 4);
         case 2:
-            return is_array && check_logprobs(&only);
+            return check_id_values(&only, check_logprobs, 8);
         case -1:
             return 0;
         default:

@@ -16,6 +16,7 @@ from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span, Status
 
 from spanrl.instrumentation import semconv
+from spanrl.instrumentation.packed_values import pack_logprobs, pack_token_ids
 from spanrl.otlp_receiver import otlp_decode
 from spanrl.otlp_receiver.otlp_decode import decode_payload
 from spanrl.otlp_receiver.otlp_shadow import ShadowExportRequest
@@ -70,6 +71,16 @@ def edge_case_spans() -> list[bytes]:
          semconv.llm_response_logprobs(0): [-0.5] * 40, semconv.LLM_POLICY_VERSION: 3,
          semconv.LLM_RETOKENIZED: False, "llm.input_messages.0.message.content": "Привет, 世界 🚀" * 20},
         {**_identity(), semconv.LLM_PROMPT_TOKEN_IDS: [0, 127, 128, 16383, 16384, 2**63 - 1]},
+        {**_identity(), semconv.LLM_PROMPT_TOKEN_IDS: pack_token_ids(ids),  # what spanrl's instrumentation writes
+         semconv.llm_response_token_ids(0): pack_token_ids(ids[:40]),
+         semconv.llm_response_logprobs(0): pack_logprobs([-0.5] * 40)},
+        {**_identity(), semconv.LLM_PROMPT_TOKEN_IDS: "", semconv.llm_response_logprobs(3): ""},
+        {**_identity(), semconv.LLM_PROMPT_TOKEN_IDS: "AB=="},  # one byte: not a whole id
+        {**_identity(), semconv.LLM_PROMPT_TOKEN_IDS: "AQAAAA"},  # unpadded
+        {**_identity(), semconv.LLM_PROMPT_TOKEN_IDS: "AQ==AAAA"},  # padding inside
+        {**_identity(), semconv.LLM_PROMPT_TOKEN_IDS: "AQAA AAA"},
+        {**_identity(), semconv.llm_response_logprobs(0): pack_token_ids([7])},  # 4 bytes: not a double
+        {**_identity(), semconv.llm_response_token_ids(0): pack_logprobs([-1.0])},  # 8 bytes: two ids
         {**_identity(), semconv.LLM_PROMPT_TOKEN_IDS: [5, -1]},
         {**_identity(), semconv.LLM_PROMPT_TOKEN_IDS: ["7"]},
         {**_identity(), semconv.LLM_PROMPT_TOKEN_IDS: [1.5]},
@@ -114,7 +125,8 @@ def edge_case_spans() -> list[bytes]:
 
 def mutated_spans(seed: int, count: int) -> list[bytes]:
     rng = random.Random(seed)
-    bases = edge_case_spans()[:2] + [_span(200, {**_identity(), "k": {"a": [1, "b"]}}).SerializeToString()]
+    edge_cases = edge_case_spans()
+    bases = edge_cases[:3] + [_span(200, {**_identity(), "k": {"a": [1, "b"]}}).SerializeToString()]
     out = []
     for _ in range(count):
         data = bytearray(rng.choice(bases))
@@ -157,12 +169,13 @@ def test_scanner_agrees_with_the_exact_path_on_edge_cases():
     scanned = [otlp_decode._span_scan.scan_span(r) for r in raw]
     # the scanner did the work for the valid spans, not just handed everything to Python
     assert sum(s is not None for s in scanned) >= 8
+    assert scanned[2] is not None and scanned[3] is not None  # packed ids and logprobs, and empty ones
     assert 0 < exact.rejected < len(raw)
     first = fast.rows[0]
     assert (first.rollout_id, first.task_id, first.attempt, first.name) == ("r-1", "t-1", 0, "span 1 ✓")
     by_id = {int.from_bytes(r.span_id, "big"): r for r in fast.rows}
     assert by_id[102].rollout_id == "later"  # a repeated attribute: the last one counts, on both paths
-    assert by_id[22].attempt == -3
+    assert by_id[30].attempt == -3
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
