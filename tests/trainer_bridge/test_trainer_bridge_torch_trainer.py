@@ -207,7 +207,7 @@ def test_mismatched_old_logprobs_are_recomputed_with_one_warning(tiny_model_dir,
                               list(given[0].old_logprobs) + [0.0])
     given[5] = TrainingSample(given[5].prompt_token_ids, given[5].response_token_ids, given[5].advantage,
                               list(given[5].old_logprobs)[:-1])
-    with caplog.at_level("WARNING", logger="spanrl.trainer_bridge.torch_backend.trainer"):
+    with caplog.at_level("WARNING", logger="spanrl.trainer_bridge.torch_backend.batching"):
         stats = trainer.grpo_step(given)
     warnings = [r for r in caplog.records if "old logprobs" in r.getMessage()]
     assert len(warnings) == 1 and "sample 0" in warnings[0].getMessage() and "sample 5" in warnings[0].getMessage()

@@ -1,36 +1,60 @@
-"""Batching for the torch trainer: token sequences -> padded micro-batches -> token logprobs.
+"""Batching for the torch trainer: token sequences -> micro-batches -> token logprobs.
 
 Used by ``trainer.TorchTrainer`` (GRPO) and ``sft`` (supervised warm start). A sequence is
 ``(ids, loss_mask)``: the prompt and response ids of one transition (or one chat example) and
-a 0/1 mask of the tokens whose logprob is scored. Micro-batches are cut by a padded-token
-budget so the loss of a large batch is taken in pieces that fit in memory.
+a 0/1 mask of the tokens whose logprob is scored. A micro-batch's sequences are **packed** end
+to end in one row, so the model runs on real tokens only (``packed_attention`` keeps attention
+inside each sequence), or, for a model that cannot be packed, right-padded to its longest.
+Micro-batches are cut by a token budget (real tokens packed, ``rows * longest`` padded) so the
+loss of a large batch is taken in pieces that fit in memory. Either way the LM head runs on the
+scored positions only and the logprobs come back as ``[B, T]``: each row's scored tokens, in
+order, right-padded.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from spanrl.trainer_bridge.backend import TrainingSample
+from spanrl.trainer_bridge.torch_backend.packed_attention import (
+    PACKED_ATTENTION,
+    PACKED_MASK,
+    PackedLayout,
+    packed_layout,
+    use_packed_attention,
+    use_sdpa_attention,
+)
+
+logger = logging.getLogger(__name__)
 
 # (token ids, 0/1 mask of the tokens whose logprob is scored)
 MaskedSequence = tuple[list[int], list[int]]
 
 
 @dataclass
-class PaddedBatch:
-    """A padded micro-batch: ``input_ids [B, L]`` and response positions ``[B, T]``."""
+class TokenBatch:
+    """A micro-batch as the model takes it, and where its scored tokens are.
+
+    Packed: ``input_ids`` / ``position_ids`` are ``[1, N]`` and ``layout`` says where attention
+    looks. Padded: ``input_ids`` / ``attention_mask`` are ``[B, L]``. ``scored_positions`` are
+    flat positions in ``input_ids`` whose next token is scored (``targets``), row by row;
+    ``response_mask [B, T]`` is 1.0 on each row's first (number of its scored tokens) columns.
+    """
 
     input_ids: torch.Tensor
-    attention_mask: torch.Tensor
-    gather_index: torch.Tensor      # [B, T] position in the next-token logprob row
-    targets: torch.Tensor           # [B, T] response token ids
+    scored_positions: torch.Tensor  # [n]
+    targets: torch.Tensor           # [n]
     response_mask: torch.Tensor     # [B, T] float
     rows: list[int] = field(default_factory=list)  # indices into the caller's list
+    position_ids: torch.Tensor | None = None   # packed
+    layout: PackedLayout | None = None         # packed
+    attention_mask: torch.Tensor | None = None  # padded
 
 
 def sample_sequences(samples: Sequence[TrainingSample]) -> list[MaskedSequence]:
@@ -50,76 +74,148 @@ def sample_sequences(samples: Sequence[TrainingSample]) -> list[MaskedSequence]:
 
 def loss_token_values(sample: TrainingSample, values: Sequence[float]) -> list[float]:
     """Of ``values`` (one per response token), those of the tokens the loss is taken on, in
-    order: the columns of the sample's row in ``PaddedBatch.targets``."""
+    order: the columns of the sample's row in ``TokenBatch.response_mask``."""
     return [float(v) for v, m in zip(values, sample.loss_mask, strict=True) if m]
 
 
-def micro_batches(sequences: Sequence[MaskedSequence], token_budget: int) -> list[list[int]]:
-    """Indices grouped so ``rows * longest`` stays within ``token_budget``, shortest first."""
+def usable_old_logprobs(samples: Sequence[TrainingSample]) -> list[Sequence[float] | None]:
+    """Each sample's given old logprobs, or ``None`` (recompute) where their count does not
+    match its response: agent data from another engine must not stop training."""
+    usable: list[Sequence[float] | None] = []
+    mismatched: list[str] = []
+    for number, sample in enumerate(samples):
+        given = sample.old_logprobs
+        if given is not None and len(given) != len(sample.response_token_ids):
+            mismatched.append(f"sample {number}: {len(given)} for {len(sample.response_token_ids)} tokens")
+            given = None
+        usable.append(given)
+    if mismatched:
+        logger.warning("%d of %d samples have a different number of old logprobs than response "
+                       "tokens (%s%s): their old logprobs are recomputed with the current weights",
+                       len(mismatched), len(samples), "; ".join(mismatched[:3]),
+                       ", ..." if len(mismatched) > 3 else "")
+    return usable
+
+
+def micro_batches(sequences: Sequence[MaskedSequence], token_budget: int, packed: bool = False) -> list[list[int]]:
+    """Indices grouped shortest first so each group's cost stays within ``token_budget``: its
+    tokens when ``packed``, ``rows * longest`` when padded."""
     order = sorted(range(len(sequences)), key=lambda i: len(sequences[i][0]))
     groups: list[list[int]] = []
     current: list[int] = []
-    longest = 0
+    longest = total = 0
     for index in order:
         length = len(sequences[index][0])
-        if current and (len(current) + 1) * max(longest, length) > token_budget:
+        cost = total + length if packed else (len(current) + 1) * max(longest, length)
+        if current and cost > token_budget:
             groups.append(current)
-            current, longest = [], 0
+            current, longest, total = [], 0, 0
         current.append(index)
-        longest = max(longest, length)
+        longest, total = max(longest, length), total + length
     if current:
         groups.append(current)
     return groups
 
 
+def _scored(chosen: Sequence[MaskedSequence], row_width: int | None) -> tuple[list[int], list[int], torch.Tensor]:
+    """Flat positions (rows ``row_width`` apart, or end to end when ``None``) whose next token is
+    scored, those tokens, and the ``[B, T]`` response mask."""
+    positions: list[int] = []
+    targets: list[int] = []
+    counts: list[int] = []
+    offset = 0
+    for ids, mask in chosen:
+        scored = [t for t in range(1, len(ids)) if mask[t]]
+        positions += [offset + t - 1 for t in scored]
+        targets += [ids[t] for t in scored]
+        counts.append(len(scored))
+        offset += row_width if row_width is not None else len(ids)
+    response_mask = torch.zeros((len(chosen), max(1, *counts)), dtype=torch.float32)
+    for b, count in enumerate(counts):
+        response_mask[b, :count] = 1.0
+    return positions, targets, response_mask
+
+
+def pack_batch(sequences: Sequence[MaskedSequence], rows: list[int], device: torch.device | str) -> TokenBatch:
+    """``rows``' sequences end to end in one row, positions restarting at each."""
+    chosen = [sequences[i] for i in rows]
+    lengths = [len(ids) for ids, _ in chosen]
+    input_ids = torch.tensor([t for ids, _ in chosen for t in ids], dtype=torch.long).unsqueeze(0)
+    position_ids = torch.cat([torch.arange(n) for n in lengths]).unsqueeze(0)
+    positions, targets, response_mask = _scored(chosen, None)
+    return TokenBatch(input_ids.to(device), torch.tensor(positions, dtype=torch.long, device=device),
+                      torch.tensor(targets, dtype=torch.long, device=device), response_mask.to(device), rows,
+                      position_ids=position_ids.to(device), layout=packed_layout(lengths, device))
+
+
 def pad_batch(sequences: Sequence[MaskedSequence], rows: list[int], pad_id: int,
-              device: torch.device) -> PaddedBatch:
-    """Right-padded ``ids`` of ``rows`` with the positions of their loss tokens (mask 1)."""
+              device: torch.device | str) -> TokenBatch:
+    """``rows``' sequences right-padded with ``pad_id`` to the longest."""
     chosen = [sequences[i] for i in rows]
     width = max(len(ids) for ids, _ in chosen)
-    targets_width = max(max(1, sum(mask)) for _, mask in chosen)
-    batch = len(chosen)
-    input_ids = torch.full((batch, width), pad_id, dtype=torch.long)
-    attention = torch.zeros((batch, width), dtype=torch.long)
-    gather_index = torch.zeros((batch, targets_width), dtype=torch.long)
-    targets = torch.zeros((batch, targets_width), dtype=torch.long)
-    response_mask = torch.zeros((batch, targets_width), dtype=torch.float32)
-    for b, (ids, mask) in enumerate(chosen):
+    input_ids = torch.full((len(chosen), width), pad_id, dtype=torch.long)
+    attention = torch.zeros((len(chosen), width), dtype=torch.long)
+    for b, (ids, _) in enumerate(chosen):
         input_ids[b, : len(ids)] = torch.tensor(ids, dtype=torch.long)
         attention[b, : len(ids)] = 1
-        positions = [t for t in range(1, len(ids)) if mask[t]]
-        if positions:
-            gather_index[b, : len(positions)] = torch.tensor(positions) - 1
-            targets[b, : len(positions)] = torch.tensor([ids[t] for t in positions])
-            response_mask[b, : len(positions)] = 1.0
-    return PaddedBatch(input_ids.to(device), attention.to(device), gather_index.to(device),
-                       targets.to(device), response_mask.to(device), rows)
+    positions, targets, response_mask = _scored(chosen, width)
+    return TokenBatch(input_ids.to(device), torch.tensor(positions, dtype=torch.long, device=device),
+                      torch.tensor(targets, dtype=torch.long, device=device), response_mask.to(device), rows,
+                      attention_mask=attention.to(device))
 
 
-def token_logprobs(model: torch.nn.Module, batch: PaddedBatch,
+def token_logprobs(model: torch.nn.Module, batch: TokenBatch,
                    autocast: AbstractContextManager) -> torch.Tensor:
-    """``log p(target | prefix)`` of every loss token, ``[B, T]`` float32.
+    """``log p(target | prefix)`` of every scored token, ``[B, T]`` float32 (0 off the mask).
 
-    The LM head runs only on the positions that are scored (not on prompt tokens): the
-    decoder's hidden states are gathered first, which saves most of the head's work and
-    memory for large vocabularies.
+    The LM head runs only on the scored positions (not on prompt tokens, not on padding): the
+    decoder's hidden states are gathered first, which saves most of the head's work and memory
+    for large vocabularies.
     """
-    rows = torch.arange(batch.input_ids.shape[0], device=batch.input_ids.device).unsqueeze(1)
     decoder, head = decoder_and_head(model)
     with autocast:
-        if decoder is None or head is None:
+        if batch.layout is not None:
+            if decoder is None or head is None or model.config._attn_implementation != PACKED_ATTENTION:
+                raise ValueError("a packed batch needs a model with a separate decoder and LM head "
+                                 "switched to packed attention (enable_packing)")
+            hidden = decoder(input_ids=batch.input_ids, position_ids=batch.position_ids,
+                             attention_mask=PACKED_MASK.to(batch.input_ids.device),
+                             spanrl_layout=batch.layout).last_hidden_state
+            picked = head(hidden.flatten(0, 1).index_select(0, batch.scored_positions))
+        elif decoder is None or head is None:
             logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
-            picked = logits[rows, batch.gather_index]
+            picked = logits.flatten(0, 1).index_select(0, batch.scored_positions)
         else:
             hidden = decoder(input_ids=batch.input_ids, attention_mask=batch.attention_mask).last_hidden_state
-            picked = head(hidden[rows, batch.gather_index])  # [B, T, V]
-    return grpo_logprobs(picked, batch.targets)
+            picked = head(hidden.flatten(0, 1).index_select(0, batch.scored_positions))  # [n, V]
+    values = grpo_logprobs(picked, batch.targets)
+    return torch.zeros_like(batch.response_mask).masked_scatter(batch.response_mask.bool(), values)
+
+
+def enable_packing(model: Any, vocab_size: int, device: torch.device | str, tolerance: float = 1e-4) -> bool:
+    """Switch ``model`` to packed attention if it then gives the same logprobs packed as padded,
+    on two short random sequences; otherwise leave it as it was and return ``False``."""
+    if decoder_and_head(model) == (None, None) or not use_packed_attention(model):
+        return False
+    generator = torch.Generator().manual_seed(0)
+    sequences = [(torch.randint(0, vocab_size, (length,), generator=generator).tolist(), [0, *[1] * (length - 1)])
+                 for length in (5, 11)]
+    try:
+        with torch.no_grad():
+            packed = token_logprobs(model, pack_batch(sequences, [0, 1], device), nullcontext())
+            padded = token_logprobs(model, pad_batch(sequences, [0, 1], 0, device), nullcontext())
+        matches = bool(torch.allclose(packed, padded, atol=tolerance, rtol=0))
+    except (ValueError, TypeError, RuntimeError, KeyError):
+        matches = False
+    if not matches:
+        use_sdpa_attention(model)
+    return matches
 
 
 def grpo_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """``log_softmax(logits)[targets]`` in float32 without materialising the full softmax twice.
 
-    ``logits [B, T, V]``, ``targets [B, T]`` -> ``[B, T]``.
+    ``logits [..., V]``, ``targets [...]`` -> ``[...]``.
     """
     logits = logits.float()
     return logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
@@ -147,7 +243,7 @@ class PreparedUpdate:
 
     samples: Sequence[TrainingSample]
     sequences: list[MaskedSequence]
-    batches: list[PaddedBatch]
+    batches: list[TokenBatch]
     total_tokens: float  # response tokens of the whole batch the loss is taken on
     old: list[torch.Tensor] = field(default_factory=list)  # old logprobs (0 where recomputed in the loop)
     missing_rows: list[torch.Tensor] = field(default_factory=list)  # rows whose old logprobs are the pass's own

@@ -26,7 +26,9 @@ class TrainerConfig(AlgorithmConfig):
     """Settings of the torch trainer: the neutral algorithm config and the trainer's own knobs."""
 
     sft_learning_rate: float = setting(3e-3, "SFT warm-start learning rate (sft_steps may override it)")
-    micro_batch_tokens: int = setting(8192, "padded tokens per forward/backward pass")
+    micro_batch_tokens: int = setting(8192, "tokens per forward/backward pass (padded ones too when not packed)")
+    pack_sequences: bool = setting(True, "pack a micro-batch's sequences into one row, no padding (models "
+                                   "whose attention cannot be packed are padded whatever this says)")
     device: str = setting("auto", "auto | cpu | cuda | cuda:N")
     autocast_dtype: str | None = setting(None, "autocast dtype, e.g. bfloat16 on CUDA (weights stay float32)")
     gradient_checkpointing: bool = setting(False, "recompute activations in backward to save memory")

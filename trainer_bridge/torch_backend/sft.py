@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from spanrl.trainer_bridge.backend import TokenExample
-from spanrl.trainer_bridge.torch_backend.batching import MaskedSequence, micro_batches, pad_batch, token_logprobs
+from spanrl.trainer_bridge.torch_backend.batching import MaskedSequence
 from spanrl.trainer_bridge.torch_backend.server.chat_format import render_chat
 
 if TYPE_CHECKING:
@@ -43,9 +43,8 @@ def sft_loss(trainer: TorchTrainer, examples: Sequence[Any]) -> float:
     total_tokens = float(sum(sum(mask) for _, mask in sequences))
     loss = 0.0
     with torch.no_grad():
-        for rows in micro_batches(sequences, trainer.config.micro_batch_tokens):
-            batch = pad_batch(sequences, rows, trainer.pad_id, trainer.device)
-            logprobs = token_logprobs(trainer.model, batch, trainer.autocast())
+        for batch in trainer.token_batches(sequences):
+            logprobs = trainer.token_logprobs(batch)
             loss += float(-(logprobs * batch.response_mask).sum()) / total_tokens
     return loss
 
@@ -75,9 +74,8 @@ def sft_steps(trainer: TorchTrainer, batches: Iterable[Sequence[Any]], lr: float
         if batch_tokens == 0:
             raise ValueError(f"SFT batch {number} has no assistant tokens to learn")
         step_loss = 0.0
-        for rows in micro_batches(sequences, trainer.config.micro_batch_tokens):
-            batch = pad_batch(sequences, rows, trainer.pad_id, trainer.device)
-            logprobs = token_logprobs(trainer.model, batch, trainer.autocast())
+        for batch in trainer.token_batches(sequences):
+            logprobs = trainer.token_logprobs(batch)
             loss = -(logprobs * batch.response_mask).sum() / batch_tokens
             loss.backward()
             step_loss += float(loss.detach())

@@ -15,7 +15,6 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from spanrl.trainer_bridge.backend import TokenExample, TrainingSample
-from spanrl.trainer_bridge.torch_backend.batching import micro_batches, pad_batch, token_logprobs
 from spanrl.trainer_bridge.torch_backend.checkpoints import save_periodic_checkpoint
 from spanrl.trainer_bridge.torch_backend.sft import encode_example
 
@@ -34,9 +33,8 @@ def sft_step(trainer: TorchTrainer, samples: Sequence[TrainingSample]) -> dict[s
         raise ValueError("sft_step: the samples hold no response token to learn")
     trainer.model.train()
     loss_value = 0.0
-    for rows in micro_batches(sequences, trainer.config.micro_batch_tokens):
-        batch = pad_batch(sequences, rows, trainer.pad_id, trainer.device)
-        logprobs = token_logprobs(trainer.model, batch, trainer.autocast())
+    for batch in trainer.token_batches(sequences):
+        logprobs = trainer.token_logprobs(batch)
         loss = -(logprobs * batch.response_mask).sum() / total_tokens
         loss.backward()
         loss_value += float(loss.detach())

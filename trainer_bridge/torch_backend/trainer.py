@@ -34,13 +34,16 @@ from spanrl.trainer_bridge.backend import TrainingSample
 from spanrl.trainer_bridge.torch_backend import losses, multi_adapter, sft
 from spanrl.trainer_bridge.torch_backend.batching import (
     MaskedSequence,
-    PaddedBatch,
     PreparedUpdate,
+    TokenBatch,
+    enable_packing,
     loss_token_values,
     micro_batches,
+    pack_batch,
     pad_batch,
     sample_sequences,
     token_logprobs,
+    usable_old_logprobs,
 )
 from spanrl.trainer_bridge.torch_backend.checkpoints import (
     latest_checkpoint,
@@ -111,6 +114,14 @@ class TorchTrainer:
                           else self.new_optimizer(self.config.learning_rate))
         self.sft_optimizer: torch.optim.Optimizer | None = None
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        # packed micro-batches (no padding) when the model gives the same logprobs packed
+        self.packed = self.config.pack_sequences and enable_packing(
+            self.model, self.model.get_input_embeddings().num_embeddings, self.device)
+        if self.packed and self.reference is not None:  # the same architecture: the same answer
+            self.packed = enable_packing(self.reference, self.model.get_input_embeddings().num_embeddings, self.device)
+        if self.config.pack_sequences and not self.packed:
+            logger.info("torch trainer: %s cannot take packed sequences (its attention is not SDPA or "
+                        "differs packed); micro-batches are padded", self.model_dir)
         trainable = sum(p.numel() for p in self.model.parameters() if p.requires_grad)
         logger.info("torch trainer: %s on %s, %d trainable parameters, config %s",
                     self.model_dir, self.device, trainable, asdict(self.config))
@@ -153,21 +164,26 @@ class TorchTrainer:
             self.model.unmerge_adapter()
         return merged
 
-    def _pad(self, sequences: list[MaskedSequence], rows: list[int]) -> PaddedBatch:
-        return pad_batch(sequences, rows, self.pad_id, self.device)
+    def token_batches(self, sequences: Sequence[MaskedSequence]) -> list[TokenBatch]:
+        """``sequences`` in micro-batches as the model takes them: packed (no padding) when the
+        model allows it (``self.packed``), else padded; each within ``micro_batch_tokens``."""
+        groups = micro_batches(sequences, self.config.micro_batch_tokens, packed=self.packed)
+        if self.packed:
+            return [pack_batch(sequences, rows, self.device) for rows in groups]
+        return [pad_batch(sequences, rows, self.pad_id, self.device) for rows in groups]
 
-    def _token_logprobs(self, model: Any, batch: PaddedBatch) -> torch.Tensor:
-        return token_logprobs(model, batch, self.autocast())
+    def token_logprobs(self, batch: TokenBatch, model: Any = None) -> torch.Tensor:
+        """``[B, T]`` logprobs of ``batch``'s scored tokens under ``model`` (default: the policy)."""
+        return token_logprobs(self.model if model is None else model, batch, self.autocast())
 
     def sequence_logprobs(self, samples: Sequence[TrainingSample]) -> list[list[float]]:
         """Current policy's logprob of each response token of each sample (no gradient)."""
         sequences = sample_sequences(samples)
         out: list[list[float]] = [[] for _ in samples]
         with torch.no_grad():
-            for rows in micro_batches(sequences, self.config.micro_batch_tokens):
-                batch = self._pad(sequences, rows)
-                values = self._token_logprobs(self.model, batch)
-                for b, i in enumerate(rows):
+            for batch in self.token_batches(sequences):
+                values = self.token_logprobs(batch)
+                for b, i in enumerate(batch.rows):
                     out[i] = values[b, : samples[i].loss_token_count].float().tolist()
         return out
 
@@ -204,11 +220,11 @@ class TorchTrainer:
         advantages, the reference's logprobs with a KL penalty."""
         config = self.config
         sequences = sample_sequences(samples)
-        batches = [self._pad(sequences, rows) for rows in micro_batches(sequences, config.micro_batch_tokens)]
+        batches = self.token_batches(sequences)
         # Old logprobs: the engine's when given. Missing ones are the current policy's; with a
         # single epoch the weights do not change before the loss is taken, so they are the
         # detached logprobs of the training forward pass itself (no extra forward pass).
-        given_old = self._usable_old_logprobs(samples)
+        given_old = usable_old_logprobs(samples)
         is_cap = config.rollout_is_cap  # truncated IS: old logprobs are the current weights' then
         prepared = PreparedUpdate(samples, sequences, batches, float(sum(s.loss_token_count for s in samples)))
         self.model.eval()
@@ -217,7 +233,7 @@ class TorchTrainer:
                 lengths = [samples[i].loss_token_count for i in batch.rows]
                 missing = torch.tensor([given_old[i] is None or is_cap > 0 for i in batch.rows],
                                        device=self.device).unsqueeze(1)
-                recomputed = (self._token_logprobs(self.model, batch)
+                recomputed = (self.token_logprobs(batch)
                               if config.ppo_epochs > 1 and bool(missing.any()) else None)
                 given = torch.zeros_like(batch.response_mask)
                 adv = torch.zeros_like(batch.response_mask)
@@ -263,7 +279,7 @@ class TorchTrainer:
                           totals: dict[str, float]) -> None:
         """Forward and backward of micro-batch ``number``; its statistics added to ``totals``."""
         config, batch = self.config, prepared.batches[number]
-        logprobs = self._token_logprobs(self.model, batch)
+        logprobs = self.token_logprobs(batch)
         old_logprobs = torch.where(prepared.missing_rows[number], logprobs.detach() * batch.response_mask,
                                    prepared.old[number])
         is_weights: torch.Tensor | None = None
@@ -314,30 +330,11 @@ class TorchTrainer:
         })
         return stats
 
-    @staticmethod
-    def _usable_old_logprobs(samples: Sequence[TrainingSample]) -> list[Sequence[float] | None]:
-        """Each sample's given old logprobs, or ``None`` (recompute) where their count does not
-        match its response: agent data from another engine must not stop training."""
-        usable: list[Sequence[float] | None] = []
-        mismatched: list[str] = []
-        for number, sample in enumerate(samples):
-            given = sample.old_logprobs
-            if given is not None and len(given) != len(sample.response_token_ids):
-                mismatched.append(f"sample {number}: {len(given)} for {len(sample.response_token_ids)} tokens")
-                given = None
-            usable.append(given)
-        if mismatched:
-            logger.warning("%d of %d samples have a different number of old logprobs than response "
-                           "tokens (%s%s): their old logprobs are recomputed with the current weights",
-                           len(mismatched), len(samples), "; ".join(mismatched[:3]),
-                           ", ..." if len(mismatched) > 3 else "")
-        return usable
-
-    def _reference_logprobs(self, batch: PaddedBatch) -> torch.Tensor:
+    def _reference_logprobs(self, batch: TokenBatch) -> torch.Tensor:
         if self.reference is not None:
-            return self._token_logprobs(self.reference, batch).float()
+            return self.token_logprobs(batch, self.reference).float()
         with self.model.disable_adapter():  # LoRA: the base weights are the reference
-            return self._token_logprobs(self.model, batch).float()
+            return self.token_logprobs(batch).float()
 
     def clip_and_step(self, optimizer: torch.optim.Optimizer) -> float:
         """Clip the gradient norm, step ``optimizer`` (skipped on a non-finite norm); the norm."""

@@ -1,0 +1,127 @@
+"""Packed micro-batches: the torch trainer's sequences end to end in one row, no padding.
+
+Packing must change nothing but speed: the same logprobs, gradients and GRPO update as padded
+batches, on a model whose attention spanrl's packed attention can take; a model it cannot take
+(here a sliding window) is found out at start and trained padded.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+from contextlib import nullcontext
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from spanrl.trainer_bridge.backend import TrainingSample
+from spanrl.trainer_bridge.torch_backend.batching import (
+    micro_batches,
+    pack_batch,
+    enable_packing,
+    pad_batch,
+    token_logprobs,
+)
+from spanrl.trainer_bridge.torch_backend.config import TrainerConfig
+from spanrl.trainer_bridge.torch_backend.packed_attention import packed_layout
+from spanrl.trainer_bridge.torch_backend.trainer import TorchTrainer
+
+
+def random_sequences(seed: int, count: int, longest: int) -> list[tuple[list[int], list[int]]]:
+    """Sequences of 2..longest ids; the mask scores a random tail (a response) of each."""
+    rng = random.Random(seed)
+    sequences = []
+    for _ in range(count):
+        length = rng.randint(2, longest)
+        prompt = rng.randint(1, length - 1)
+        sequences.append(([rng.randrange(3, 300) for _ in range(length)], [0] * prompt + [1] * (length - prompt)))
+    return sequences
+
+
+def test_the_layout_puts_every_packed_token_back_where_it_was():
+    lengths = [1, 7, 3, 40, 41, 2, 90, 13, 13]
+    layout = packed_layout(lengths)
+    positions = torch.arange(sum(lengths))
+    bucketed = torch.cat([positions[bucket].reshape(-1) for bucket in layout.buckets])
+    assert torch.equal(bucketed[layout.unpack_index], positions)
+    assert len(layout.buckets) > 1  # lengths 1..90 do not share one bucket
+    starts = [sum(lengths[:i]) for i in range(len(lengths))]
+    for bucket in layout.buckets:  # each row is one sequence from its start, in order
+        for row in bucket.tolist():
+            start = row[0]
+            length = lengths[starts.index(start)]
+            assert row[:length] == list(range(start, start + length))
+
+
+def test_packed_micro_batches_keep_within_the_budget_in_real_tokens():
+    sequences = random_sequences(1, 40, 30)
+    groups = micro_batches(sequences, 64, packed=True)
+    assert sorted(i for group in groups for i in group) == list(range(40))
+    for group in groups:
+        tokens = sum(len(sequences[i][0]) for i in group)
+        assert tokens <= 64 or len(group) == 1
+    padded = micro_batches(sequences, 64)
+    assert len(groups) < len(padded)  # padding costs budget that packing does not
+
+
+def test_packed_logprobs_and_gradients_equal_padded_ones(tiny_model_dir):
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    assert enable_packing(model, 300, "cpu")
+    sequences = random_sequences(2, 12, 70)
+    rows = list(range(len(sequences)))
+    results = []
+    for batch in (pack_batch(sequences, rows, "cpu"), pad_batch(sequences, rows, 0, "cpu")):
+        model.zero_grad()
+        values = token_logprobs(model, batch, nullcontext())
+        (values * batch.response_mask * torch.linspace(0.5, 1.5, values.shape[1])).sum().backward()
+        grads = {name: p.grad.clone() for name, p in model.named_parameters()}
+        results.append((values.detach(), grads))
+    (packed, packed_grads), (padded, padded_grads) = results
+    assert packed.shape == padded.shape
+    assert torch.allclose(packed, padded, atol=1e-5)
+    assert packed.abs().sum() > 0
+    for name, grad in packed_grads.items():
+        assert torch.allclose(grad, padded_grads[name], atol=1e-5, rtol=1e-4), name
+
+
+@pytest.mark.parametrize("extra", [{}, {"gradient_checkpointing": True}, {"lora_rank": 4}],
+                         ids=["full", "gradient-checkpointing", "lora"])
+def test_a_grpo_step_packed_equals_one_padded(tiny_model_dir, extra):
+    rng = random.Random(3)
+    samples = []
+    for ids, _ in random_sequences(3, 16, 60):
+        split = max(1, len(ids) * 2 // 3)  # two thirds prompt, the rest response
+        samples.append(TrainingSample(ids[:split], ids[split:], rng.uniform(-1, 1)))
+    trainers = [TorchTrainer(tiny_model_dir, TrainerConfig(learning_rate=1e-3, pack_sequences=pack, **extra))
+                for pack in (True, False)]
+    assert [t.packed for t in trainers] == [True, False]
+    stats = [t.grpo_step(samples) for t in trainers]
+    assert stats[0]["loss"] == pytest.approx(stats[1]["loss"], rel=1e-5, abs=1e-7)
+    assert stats[0]["grad_norm"] == pytest.approx(stats[1]["grad_norm"], rel=1e-4)
+    packed_weights, padded_weights = (t.model.state_dict() for t in trainers)
+    for name, value in packed_weights.items():  # Adam's first step is ~lr * sign(grad): 1e-3 where it differs
+        assert torch.allclose(value, padded_weights[name], atol=1e-4), name
+    packed_logprobs, padded_logprobs = (t.sequence_logprobs(samples[:4]) for t in trainers)
+    for packed_row, padded_row in zip(packed_logprobs, padded_logprobs, strict=True):
+        assert packed_row == pytest.approx(padded_row, abs=1e-4)
+
+
+def test_a_model_with_a_sliding_window_is_trained_padded(tiny_model_dir, tmp_path):
+    windowed = tmp_path / "windowed"
+    shutil.copytree(tiny_model_dir, windowed)
+    config = json.loads((windowed / "config.json").read_text())
+    layers = config["num_hidden_layers"]
+    config.update(use_sliding_window=True, sliding_window=4, max_window_layers=0,
+                  layer_types=["sliding_attention"] * layers)
+    (windowed / "config.json").write_text(json.dumps(config))
+    model = AutoModelForCausalLM.from_pretrained(windowed, dtype=torch.float32)
+    assert not enable_packing(model, 300, "cpu")
+    trainer = TorchTrainer(windowed, TrainerConfig(learning_rate=1e-3))
+    assert not trainer.packed
+    sequences = random_sequences(4, 4, 20)
+    samples = [TrainingSample(ids[:2], ids[2:], 1.0) for ids, _ in sequences if len(ids) > 3]
+    stats = trainer.grpo_step(samples)
+    assert stats["micro_batches"] >= 1 and torch.isfinite(torch.tensor(stats["loss"]))
+    assert stats["grad_norm"] > 0
