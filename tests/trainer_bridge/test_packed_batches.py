@@ -18,9 +18,9 @@ from transformers import AutoModelForCausalLM
 
 from spanrl.trainer_bridge.backend import TrainingSample
 from spanrl.trainer_bridge.torch_backend.batching import (
+    enable_packing,
     micro_batches,
     pack_batch,
-    enable_packing,
     pad_batch,
     token_logprobs,
 )
