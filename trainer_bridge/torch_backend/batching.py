@@ -164,7 +164,7 @@ def pad_batch(sequences: Sequence[MaskedSequence], rows: list[int], pad_id: int,
                       attention_mask=attention.to(device))
 
 
-def token_logprobs(model: torch.nn.Module, batch: TokenBatch,
+def token_logprobs(model: Any, batch: TokenBatch,
                    autocast: AbstractContextManager) -> torch.Tensor:
     """``log p(target | prefix)`` of every scored token, ``[B, T]`` float32 (0 off the mask).
 
