@@ -125,3 +125,22 @@ def test_a_model_with_a_sliding_window_is_trained_padded(tiny_model_dir, tmp_pat
     stats = trainer.grpo_step(samples)
     assert stats["micro_batches"] >= 1 and torch.isfinite(torch.tensor(stats["loss"]))
     assert stats["grad_norm"] > 0
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+def test_other_families_with_grouped_query_attention_pack_the_same(family):
+    """Llama builds its causal mask itself (no precomputed masks); both use fewer key/value heads."""
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
+
+    families = {"llama": (LlamaConfig, LlamaForCausalLM), "qwen3": (Qwen3Config, Qwen3ForCausalLM)}
+    config_class, model_class = families[family]
+    torch.manual_seed(0)
+    model = model_class(config_class(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                     num_attention_heads=4, num_key_value_heads=2)).eval()
+    assert enable_packing(model, 300, "cpu")
+    sequences = random_sequences(5, 9, 60)
+    rows = list(range(len(sequences)))
+    with torch.no_grad():
+        packed = token_logprobs(model, pack_batch(sequences, rows, "cpu"), nullcontext())
+        padded = token_logprobs(model, pad_batch(sequences, rows, 0, "cpu"), nullcontext())
+    assert torch.allclose(packed, padded, atol=1e-5)
