@@ -29,7 +29,7 @@ import torch
 
 PACKED_ATTENTION = "spanrl_packed"
 # A bucket closes when its next sequence would be this much longer than its shortest: attention
-# then pays at most ~2x its real work on padding, while the number of buckets stays small.
+# (quadratic in width) then does at most 2.25x a sequence's own work, and buckets stay few.
 BUCKET_GROWTH = 1.5
 # Given as a packed pass's attention mask: transformers takes a 4D mask as ready and builds none
 # (it would build an N x N one from the packed positions), and the packed attention ignores it.

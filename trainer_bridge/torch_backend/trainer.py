@@ -115,10 +115,10 @@ class TorchTrainer:
         self.sft_optimizer: torch.optim.Optimizer | None = None
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         # packed micro-batches (no padding) when the model gives the same logprobs packed
-        self.packed = self.config.pack_sequences and enable_packing(
-            self.model, self.model.get_input_embeddings().num_embeddings, self.device)
+        vocab_size = self.model.get_input_embeddings().num_embeddings
+        self.packed = self.config.pack_sequences and enable_packing(self.model, vocab_size, self.device)
         if self.packed and self.reference is not None:  # the same architecture: the same answer
-            self.packed = enable_packing(self.reference, self.model.get_input_embeddings().num_embeddings, self.device)
+            self.packed = enable_packing(self.reference, vocab_size, self.device)
         if self.config.pack_sequences and not self.packed:
             logger.info("torch trainer: %s cannot take packed sequences (its attention is not SDPA or "
                         "differs packed); micro-batches are padded", self.model_dir)
