@@ -8,7 +8,13 @@ whole cache. For each preset and prompt length this creates a model, runs one re
 time per decoded token, and the process's peak resident memory (``ru_maxrss``) growth over the
 run at that length. One process per measurement, so peaks do not carry over.
 
+``--rows N`` decodes N rows at once (one request with ``n=N``: the engine's batch, as concurrent
+agents fill it); ``--compare-cache`` measures each length again with transformers' own
+``DynamicLayer`` cache, which copies the whole cache at every decode step, instead of the
+engine's growing layers (``engine/growing_cache.py``), and prints the ratio of decode times.
+
     python bench/bench_context_length.py [--presets tiny small --lengths 256 1024 2048 4000 --max-tokens 32]
+    python bench/bench_context_length.py --presets small --lengths 256 1024 --rows 16 --compare-cache
 """
 
 from __future__ import annotations
@@ -23,12 +29,17 @@ import time
 from pathlib import Path
 
 
-def measure(model_dir: str, length: int, max_tokens: int, repeat: int) -> dict:
-    """In this process: prefill seconds, seconds per decoded token, peak RSS growth (MiB)."""
+def measure(model_dir: str, length: int, max_tokens: int, repeat: int, rows: int = 1,
+            dynamic_cache: bool = False) -> dict:
+    """In this process: prefill seconds, seconds per decode step (``rows`` rows, one token each),
+    peak RSS growth (MiB)."""
     import torch
 
+    from spanrl.trainer_bridge.torch_backend.engine import kv_cache
     from spanrl.trainer_bridge.torch_backend.engine.policy_engine import PolicyEngine, SamplingParams
 
+    if dynamic_cache:  # the baseline: leave transformers' DynamicLayers in place
+        kv_cache.growing_layers = lambda cache: None
     torch.set_num_threads(1)
     engine = PolicyEngine.from_pretrained(model_dir, device="cpu", dtype="float32").start()
     engine.eos_ids = set()  # decode exactly max_tokens
@@ -39,10 +50,10 @@ def measure(model_dir: str, length: int, max_tokens: int, repeat: int) -> dict:
         prefill, per_token = [], []
         for _ in range(repeat):
             started = time.perf_counter()
-            engine.generate(prompt, SamplingParams(max_tokens=1))
+            engine.generate(prompt, SamplingParams(max_tokens=1, n=rows))
             prefill.append(time.perf_counter() - started)
             started = time.perf_counter()
-            engine.generate(prompt, SamplingParams(max_tokens=max_tokens))
+            engine.generate(prompt, SamplingParams(max_tokens=max_tokens, n=rows))
             per_token.append((time.perf_counter() - started - prefill[-1]) / (max_tokens - 1))
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     finally:
@@ -56,10 +67,15 @@ def main() -> None:
     parser.add_argument("--lengths", nargs="+", type=int, default=[256, 1024, 2048, 4000])
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--rows", type=int, default=1, help="rows decoded together (one request, n=ROWS)")
+    parser.add_argument("--compare-cache", action="store_true",
+                        help="also measure with transformers' DynamicLayer cache and print the ratio")
     parser.add_argument("--one", nargs=2, metavar=("MODEL_DIR", "LENGTH"), help=argparse.SUPPRESS)
+    parser.add_argument("--dynamic-cache", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
-        print(json.dumps(measure(args.one[0], int(args.one[1]), args.max_tokens, args.repeat)))
+        print(json.dumps(measure(args.one[0], int(args.one[1]), args.max_tokens, args.repeat, args.rows,
+                                 args.dynamic_cache)))
         return
     with tempfile.TemporaryDirectory() as scratch:
         for preset in args.presets:
@@ -67,13 +83,23 @@ def main() -> None:
             subprocess.run([sys.executable, "-m", "spanrl", "--log-level", "WARNING", "model", "init", model_dir,
                             "--preset", preset], check=True, stdout=subprocess.DEVNULL)
             for length in args.lengths:
-                done = subprocess.run([sys.executable, __file__, "--one", model_dir, str(length),
-                                       "--max-tokens", str(args.max_tokens), "--repeat", str(args.repeat)],
-                                      check=True, capture_output=True, text=True)
-                row = json.loads(done.stdout.strip().splitlines()[-1])
-                print(f"{preset:6s} prompt {length:5d} tokens: prefill {1000 * row['prefill_s']:7.1f} ms, "
-                      f"decode {1000 * row['decode_s_per_token']:6.2f} ms/token, "
-                      f"peak memory +{row['peak_growth_mib']:6.1f} MiB", flush=True)
+                row = _measure_in_child(model_dir, length, args, dynamic_cache=False)
+                line = (f"{preset:6s} prompt {length:5d} tokens, {args.rows} row(s): prefill "
+                        f"{1000 * row['prefill_s']:7.1f} ms, decode {1000 * row['decode_s_per_token']:6.2f} ms/step, "
+                        f"peak memory +{row['peak_growth_mib']:6.1f} MiB")
+                if args.compare_cache:
+                    baseline = _measure_in_child(model_dir, length, args, dynamic_cache=True)
+                    line += (f"; DynamicLayer cache {1000 * baseline['decode_s_per_token']:6.2f} ms/step "
+                             f"(x{baseline['decode_s_per_token'] / row['decode_s_per_token']:.2f} slower)")
+                print(line, flush=True)
+
+
+def _measure_in_child(model_dir: str, length: int, args: argparse.Namespace, dynamic_cache: bool) -> dict:
+    command = [sys.executable, __file__, "--one", model_dir, str(length), "--max-tokens", str(args.max_tokens),
+               "--repeat", str(args.repeat), "--rows", str(args.rows)]
+    done = subprocess.run(command + (["--dynamic-cache"] if dynamic_cache else []),
+                          check=True, capture_output=True, text=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 if __name__ == "__main__":

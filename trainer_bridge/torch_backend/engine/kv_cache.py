@@ -3,8 +3,9 @@
 Used by ``scheduler.py`` (which prefills rows, decodes them step by step and lets rows join and
 leave between steps). A ``Row`` is one sequence being decoded (one choice of one request); a
 ``RunningBatch`` holds the rows decoding together with their KV cache, left-padded, and merges
-or drops rows with the cache surgery that continuous batching needs. ``AttentionMasks`` builds
-the 4D masks the engine hands the model where its attention takes one.
+or drops rows with the cache surgery that continuous batching needs; its full-attention layers
+are ``growing_cache.GrowingLayer``s, which a decode step extends in place. ``AttentionMasks``
+builds the 4D masks the engine hands the model where its attention takes one.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any
 
 import torch
 
+from spanrl.trainer_bridge.torch_backend.engine.growing_cache import GrowingLayer, growing_layers
 from spanrl.trainer_bridge.torch_backend.engine.requests import ChoiceResult, GenerationRequest
 from spanrl.trainer_bridge.torch_backend.engine.sampling import BatchSampling
 
@@ -57,6 +59,7 @@ class RunningBatch:
     def __init__(self, rows: list[Row], cache: Any, attention: torch.Tensor, positions: torch.Tensor):
         self.rows = rows
         self.cache = cache  # a transformers DynamicCache, tensors [rows, heads, columns, head_dim]
+        growing_layers(cache)
         self.joinable = cache_is_joinable(cache)
         self.attention = attention  # [rows, columns]
         self.positions = positions  # [rows]: position id of each row's next input token
@@ -93,13 +96,19 @@ class RunningBatch:
         if first:
             self.attention = self.attention[:, first:]
             for layer in self.cache.layers:
-                layer.keys, layer.values = layer.keys[:, :, first:], layer.values[:, :, first:]
+                if isinstance(layer, GrowingLayer):
+                    layer.drop_leading_columns(first)
+                else:
+                    layer.keys, layer.values = layer.keys[:, :, first:], layer.values[:, :, first:]
 
     def merge(self, other: RunningBatch) -> RunningBatch:
         """This batch followed by ``other``'s rows, both left-padded to the wider one's columns."""
         mine, theirs = self.attention.shape[1], other.attention.shape[1]
         width = max(mine, theirs)
         for layer, joining in zip(self.cache.layers, other.cache.layers, strict=True):
+            if isinstance(layer, GrowingLayer):
+                layer.merge_rows(joining.keys, joining.values)
+                continue
             layer.keys = torch.cat([left_pad(layer.keys, width, 2), left_pad(joining.keys, width, 2)])
             layer.values = torch.cat([left_pad(layer.values, width, 2), left_pad(joining.values, width, 2)])
         self.attention = torch.cat([left_pad(self.attention, width, 1), left_pad(other.attention, width, 1)])
