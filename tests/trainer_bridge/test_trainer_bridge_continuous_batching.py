@@ -224,3 +224,19 @@ def test_the_engines_own_attention_masks_equal_the_models_own(tiny_model_dir, fo
         assert torch.allclose(torch.tensor(mine.logprobs), torch.tensor(reference.logprobs), atol=1e-5)
         expected = forward_logprobs(model, prompt, mine.token_ids)
         assert torch.allclose(torch.tensor(mine.logprobs), expected, atol=1e-4)
+
+
+def test_a_prefill_without_padding_leaves_the_causal_mask_to_the_model(tiny_model_dir):
+    """Prompts of one length need no mask (sdpa's causal kernel then never holds the scores);
+    left padding does."""
+    from transformers import AutoModelForCausalLM
+
+    from spanrl.trainer_bridge.torch_backend.engine.kv_cache import AttentionMasks, left_padded_prompts
+
+    masks = AttentionMasks(AutoModelForCausalLM.from_pretrained(tiny_model_dir, attn_implementation="sdpa"))
+    _, same_length, _ = left_padded_prompts([[5, 6, 7], [8, 9, 10]], 0, torch.device("cpu"))
+    assert masks.prefill(same_length) is None
+    _, padded, _ = left_padded_prompts([[5, 6, 7], [8]], 0, torch.device("cpu"))
+    mask = masks.prefill(padded)
+    assert mask is not None and mask.shape == (2, 1, 3, 3)
+    assert not mask[1, 0, 2, 0] and mask[1, 0, 2, 2] and mask[0, 0, 2, 0]
