@@ -53,16 +53,24 @@ def wait_ready(url: str, process: subprocess.Popen, timeout: float = 120.0) -> N
     raise RuntimeError("spanrl serve did not come up")
 
 
-def messages(number: int) -> list[dict]:
-    return [{"role": "user", "content": f"What is {number % 90 + 10} + {number % 7 + 2}?"}]
+# what a long agent prompt adds before the question (history, tool results), repeated as needed
+FILLER = "the tool said the total was 42 and the next step is to check it again ".split()
 
 
-async def _ask(client, kind: str, model: str, number: int, max_tokens: int) -> int:
+def messages(number: int, filler_words: int = 0) -> list[dict]:
+    """A short question; ``filler_words`` words of earlier context before it make the prompt long."""
+    history = " ".join(FILLER[i % len(FILLER)] for i in range(filler_words))
+    question = f"What is {number % 90 + 10} + {number % 7 + 2}?"
+    return [{"role": "user", "content": f"{history}\n{question}" if history else question}]
+
+
+async def _ask(client, kind: str, model: str, number: int, max_tokens: int, filler_words: int = 0) -> int:
     """One chat request; returns its completion tokens."""
+    asked = messages(number, filler_words)
     if kind == "openai":
-        reply = await client.chat.completions.create(model=model, messages=messages(number), max_tokens=max_tokens)
+        reply = await client.chat.completions.create(model=model, messages=asked, max_tokens=max_tokens)
         return reply.usage.completion_tokens
-    response = await client.post("/chat/completions", json={"model": model, "messages": messages(number),
+    response = await client.post("/chat/completions", json={"model": model, "messages": asked,
                                                             "max_tokens": max_tokens})
     response.raise_for_status()
     return response.json()["usage"]["completion_tokens"]
@@ -119,9 +127,10 @@ def run_beside(base_url: str, model: str, count: int, max_tokens: int, clients: 
 
 
 def run_clients(base_url: str, model: str, count: int, max_tokens: int, clients: int,
-                kind: str) -> tuple[float, int, float]:
-    """``count`` requests from ``clients`` concurrent callers (1: one at a time). Returns
-    (seconds, completion tokens, this process's CPU seconds); clients are made before the clock starts."""
+                kind: str, filler_words: int = 0) -> tuple[float, int, float]:
+    """``count`` requests from ``clients`` concurrent callers (1: one at a time), each prompt
+    ``filler_words`` words longer than a bare question. Returns (seconds, completion tokens, this
+    process's CPU seconds); clients are made before the clock starts."""
 
     async def main() -> tuple[float, int, float]:
         tokens = 0
@@ -134,7 +143,7 @@ def run_clients(base_url: str, model: str, count: int, max_tokens: int, clients:
             nonlocal tokens
             while not queue.empty():
                 number = queue.get_nowait()
-                got = await _ask(client, kind, model, number, max_tokens)
+                got = await _ask(client, kind, model, number, max_tokens, filler_words)
                 tokens += got  # not `tokens += await ...`: that reads tokens before awaiting
 
         try:

@@ -9,7 +9,8 @@ Creates one model (``spanrl model init --preset``), then serves it twice, one se
 OpenAI server (float32, eager, the CPU settings ``tests/verl_backend/vllm_server.py`` uses). Each
 gets the same chat requests from real ``openai`` clients (``bench_policy_batching.run_clients``):
 one at a time, then ``--concurrency`` concurrent clients; generated tokens/s counted from each
-reply's ``usage``. Rounds alternate the two modes ``--repeat`` times after a warm-up; prints
+reply's ``usage``; ``--filler-words N`` puts N words of earlier context before each question,
+as an agent's prompt carries its history. Rounds alternate the two modes ``--repeat`` times after a warm-up; prints
 min/median/max tokens/s of each server and mode, and spanrl / vLLM of the medians (goal: >= 1.2x
 at 16 clients, no worse at 1; issue 25).
 """
@@ -58,7 +59,8 @@ def measure_server(command: list[str], port: int, env: dict[str, str], args: arg
         for _ in range(args.repeat):
             for label, clients in ((f"{args.concurrency} clients", args.concurrency), ("1 client", 1)):
                 count = args.requests if clients > 1 else max(args.requests // 4, 8)
-                seconds, tokens, _ = run_clients(f"{url}/v1", "bench", count, args.max_tokens, clients, "openai")
+                seconds, tokens, _ = run_clients(f"{url}/v1", "bench", count, args.max_tokens, clients, "openai",
+                                                 args.filler_words)
                 rounds[label].append(tokens / seconds)
         return rounds
     finally:
@@ -78,6 +80,8 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--threads", type=int, default=1, help="spanrl serve's torch threads (0: one per core)")
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--filler-words", type=int, default=0,
+                        help="words of earlier context before each question (an agent's long prompt)")
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory() as scratch:
@@ -91,7 +95,8 @@ def main() -> None:
             results[name] = measure_server(command(model_dir, port, argument), port, env, args,
                                            Path(scratch) / f"{name}.log")
     print(f"preset {args.preset}, {args.requests} chat requests a round at {args.concurrency} clients, "
-          f"max_tokens {args.max_tokens}, spanrl threads {args.threads or 'default'}, {args.repeat} rounds")
+          f"max_tokens {args.max_tokens}, spanrl threads {args.threads or 'default'}, {args.repeat} rounds, "
+          f"{args.filler_words} filler words before each question")
     for label in results["spanrl"]:
         medians = {}
         for name, rounds in results.items():

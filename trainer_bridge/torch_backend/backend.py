@@ -111,6 +111,7 @@ def start_backend(run: BackendRun) -> TorchBackend:
         serving_dir, device=engine_config.device, dtype=engine_config.dtype,
         model_name=endpoint.model_name, version=trainer.policy_version,
         max_batch_size=engine_config.max_batch_size, batch_wait_s=engine_config.batch_wait_ms / 1000.0,
+        prefix_cache_mb=engine_config.prefix_cache_mb,
     )
     if trainer.config.adapters:  # every adapter served at once beside the base (engine/multi_lora.py)
         engine.attach_adapters(adapter_weights(trainer.model),

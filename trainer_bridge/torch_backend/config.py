@@ -59,6 +59,11 @@ class TrainerConfig(AlgorithmConfig):
         return parse_adapters(self.adapters)
 
 
+DEFAULT_PREFIX_CACHE_MB = 256.0
+PREFIX_CACHE_HELP = ("MiB of recent prompts' KV cache kept so that a prompt starting like one of them is prefilled "
+                     "only from where they part (an agent's next turn, a GRPO group's rollouts); 0 = off")
+
+
 @dataclass
 class EngineConfig:
     """Settings of the embedded policy engine (generation with continuous batching)."""
@@ -68,6 +73,7 @@ class EngineConfig:
     max_batch_size: int = setting(64, "most sequences decoded together in one batch")
     batch_wait_ms: float = setting(20.0, "newcomers join a running batch after waiting this long at most")
     threads: int = setting(0, "torch intra-op threads of the process; 0 = torch's default")
+    prefix_cache_mb: float = setting(DEFAULT_PREFIX_CACHE_MB, PREFIX_CACHE_HELP)
 
 
 @dataclass(frozen=True)

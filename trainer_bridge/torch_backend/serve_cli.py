@@ -20,6 +20,7 @@ from spanrl.errors import UserError
 from spanrl.settings_loader import CommandSettings, setting
 from spanrl.startup_checks import ensure_model_dir, ensure_port_free
 from spanrl.trainer_bridge.model_names import ANY_NAME
+from spanrl.trainer_bridge.torch_backend.config import DEFAULT_PREFIX_CACHE_MB, PREFIX_CACHE_HELP
 
 
 @dataclass(frozen=True)
@@ -50,6 +51,7 @@ class ServeSettings:
         "deprecated_env": "OTEL_SPANRL_SERVE_MODEL_NAME"})  # the name before 0.2; read with a warning
     policy_version: int = setting(0, "initial policy version")
     threads: int = setting(0, "torch CPU threads; 0 = torch's choice (1 is steadier on a busy machine)")
+    prefix_cache_mb: float = setting(DEFAULT_PREFIX_CACHE_MB, PREFIX_CACHE_HELP)
     batch_wait_ms: float = setting(
         20.0, "while a batch decodes, newcomers gather until they are a quarter of it, but join after "
         "waiting this long at most")
@@ -160,7 +162,7 @@ def _start_engine(settings: ServeSettings, adapters: tuple) -> Any:
         settings.model_dir, device=settings.device, dtype=settings.dtype,
         model_name=own_name, version=settings.policy_version,
         max_batch_size=settings.max_batch_size, batch_wait_s=settings.batch_wait_ms / 1000.0,
-        max_queued_requests=settings.max_queued_requests,
+        max_queued_requests=settings.max_queued_requests, prefix_cache_mb=settings.prefix_cache_mb,
     )
     if adapters:  # the base and every adapter at once, as the training run served them
         from spanrl.trainer_bridge.torch_backend.adapter_checkpoint import load_adapter_weights

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from spanrl.trainer_bridge.torch_backend.config import DEFAULT_PREFIX_CACHE_MB
 from spanrl.trainer_bridge.torch_backend.devices import resolve_device, resolve_dtype
 from spanrl.trainer_bridge.torch_backend.engine.detokenize import Detokenizer, end_of_sequence_ids
 from spanrl.trainer_bridge.torch_backend.engine.grammar import Grammars
@@ -57,7 +58,7 @@ class PolicyEngine:
 
     def __init__(self, model: Any, tokenizer: Any, model_name: str = "policy", version: int = 0,
                  max_batch_size: int = 64, max_n: int = 64, batch_wait_s: float = 0.02,
-                 max_queued_requests: int = 1024):
+                 max_queued_requests: int = 1024, prefix_cache_mb: float = DEFAULT_PREFIX_CACHE_MB):
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.model_name = model_name
@@ -72,7 +73,8 @@ class PolicyEngine:
             model, self._detokenizer, Sampler(self.device), self._masks,
             pad_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0,
             version=version, max_batch_size=max_batch_size, batch_wait_s=batch_wait_s,
-            grammars=Grammars(tokenizer, self._detokenizer), max_queued=max_queued_requests)
+            grammars=Grammars(tokenizer, self._detokenizer), max_queued=max_queued_requests,
+            prefix_cache_bytes=int(prefix_cache_mb * 2**20))
         self.stats: EngineStats = self._scheduler.stats
         self._directory_load = threading.Lock()  # one HTTP weight load at a time: its version check holds
 
@@ -81,8 +83,9 @@ class PolicyEngine:
     @classmethod
     def from_pretrained(cls, model_dir: str | Path, device: str | None = None,
                         dtype: str | None = None, model_name: str | None = None,
-                        version: int = 0, max_batch_size: int = 64,
-                        batch_wait_s: float = 0.02, max_queued_requests: int = 1024) -> PolicyEngine:
+                        version: int = 0, max_batch_size: int = 64, batch_wait_s: float = 0.02,
+                        max_queued_requests: int = 1024,
+                        prefix_cache_mb: float = DEFAULT_PREFIX_CACHE_MB) -> PolicyEngine:
         """Load a Hugging Face model directory; ``device``/``dtype`` as ``devices.py`` reads them."""
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -92,7 +95,8 @@ class PolicyEngine:
         tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
         name = model_name or Path(str(model_dir)).resolve().name
         return cls(model, tokenizer, model_name=name, version=version, max_batch_size=max_batch_size,
-                   batch_wait_s=batch_wait_s, max_queued_requests=max_queued_requests)
+                   batch_wait_s=batch_wait_s, max_queued_requests=max_queued_requests,
+                   prefix_cache_mb=prefix_cache_mb)
 
     @classmethod
     def from_config(cls, model_dir: str | Path, config: EngineConfig, model_name: str | None = None,
@@ -103,7 +107,8 @@ class PolicyEngine:
             torch.set_num_threads(config.threads)
         return cls.from_pretrained(model_dir, device=config.device, dtype=config.dtype, model_name=model_name,
                                    version=version, max_batch_size=config.max_batch_size,
-                                   batch_wait_s=config.batch_wait_ms / 1000.0)
+                                   batch_wait_s=config.batch_wait_ms / 1000.0,
+                                   prefix_cache_mb=config.prefix_cache_mb)
 
     # ------------------------------------------------------------------ lifecycle
 

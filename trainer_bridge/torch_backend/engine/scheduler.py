@@ -3,7 +3,8 @@
 Owned by ``policy_engine.PolicyEngine``, which queues requests and weight swaps here. One
 thread owns the model and batches continuously: requests that arrive while rows are decoding
 join the running batch at the next step (one prefill pass for the newcomers, whose KV cache is
-then merged into the batch's, see ``kv_cache.py``), and finished rows leave it at once. One
+then merged into the batch's, see ``kv_cache.py``; a prompt that starts like a recent one is
+prefilled only from where they part, ``prefix_cache.py``), and finished rows leave it at once. One
 forward pass per step decodes a token for every row (``sampling.py``), whose text and stop
 conditions ``detokenize.py`` follows; each token goes to its request as it is sampled, so
 streaming works inside a batch. Rows whose request constrains its output (a grammar) sample
@@ -36,6 +37,13 @@ from spanrl.trainer_bridge.torch_backend.engine.kv_cache import (
     left_padded_prompts,
 )
 from spanrl.trainer_bridge.torch_backend.engine.multi_lora import AdapterSwap, ServedAdapters
+from spanrl.trainer_bridge.torch_backend.engine.prefix_cache import (
+    PrefixCache,
+    PrefixHit,
+    group_by_prefix,
+    prefix_inputs,
+    store_prompts,
+)
 from spanrl.trainer_bridge.torch_backend.engine.requests import (
     EngineError,
     EngineOverloadedError,
@@ -66,7 +74,7 @@ class Scheduler:
 
     def __init__(self, model: Any, detokenizer: Detokenizer, sampler: Sampler, masks: AttentionMasks, *,
                  pad_id: int, version: int, max_batch_size: int, batch_wait_s: float, grammars: Grammars,
-                 max_queued: int = 1024):
+                 max_queued: int = 1024, prefix_cache_bytes: int = 0):
         self.model = model
         self.grammars = grammars
         self.detokenizer = detokenizer
@@ -85,6 +93,8 @@ class Scheduler:
         self.stats = EngineStats()
         self._swaps = SwapSlot()  # the pending weight swap (weight_swaps.py)
         self.adapters: ServedAdapters | None = None  # per-agent LoRA adapters (multi_lora.py)
+        # recent prompts' KV caches (prefix_cache.py); emptied whenever weights change
+        self.prefix_cache = PrefixCache(prefix_cache_bytes) if prefix_cache_bytes > 0 else None
         self._queue: queue.Queue[GenerationRequest | object | None] = queue.Queue()
         self._waiting: list[Row] = []
         self.thread: threading.Thread | None = None
@@ -140,6 +150,8 @@ class Scheduler:
         if swap is None:
             return
         try:
+            if self.prefix_cache is not None:
+                self.prefix_cache.clear()  # cached keys and values are the old weights'
             load_swap(swap, self.model, self.adapters)
             self.version = swap.version
             logger.info("policy weights swapped in: version %d", swap.version)
@@ -283,27 +295,43 @@ class Scheduler:
         return live
 
     def _prefill(self, rows: list[Row]) -> RunningBatch | None:
-        """One forward pass over the new rows' left-padded prompts; samples their first token.
-        None when they all finished at once, or when the pass failed (their requests get the
-        error; the running batch is not touched)."""
+        """Forward passes over the new rows' prompts (``_prefill_pass``: one for the rows whose
+        prompts start with no cached prefix, one per request whose prompt does); samples their
+        first token. None when they all finished at once, or when a pass failed (their requests
+        get the error; the running batch is not touched)."""
         version = self.version
         self.stats.batches += 1
         for request in requests_of(rows):
             request.begin(version)
         try:
-            prompts = [r.request.prompt_ids for r in rows]
-            input_ids, attention, positions = left_padded_prompts(prompts, self.pad_id, self.device)
-            self._route(rows)
-            output = self.model(input_ids=input_ids, attention_mask=self.masks.prefill(attention),
-                                position_ids=positions, use_cache=True, logits_to_keep=1)
-            batch = RunningBatch(rows, output.past_key_values, attention,
-                                 torch.tensor([len(p) for p in prompts], dtype=torch.long, device=self.device))
-            self._sample_step(batch, output.logits[:, -1, :])
+            batch = None
+            for group, hit in group_by_prefix(rows, self.prefix_cache):
+                part = self._prefill_pass(group, hit)
+                batch = part if batch is None else batch.merge(part)
         except Exception as exc:  # never let one bad request kill the server
             logger.exception("generation failed")
             fail_rows(rows, exc)
             return None
-        return batch.without_finished()
+        return batch.without_finished() if batch is not None else None
+
+    def _prefill_pass(self, rows: list[Row], hit: PrefixHit | None) -> RunningBatch:
+        """One forward pass over ``rows``' left-padded prompts, or over what follows ``hit``, the
+        cached prefix of their (one request's) prompt; stores the prompts' cache, samples."""
+        prompts = [r.request.prompt_ids for r in rows]
+        self._route(rows)
+        if hit is None:
+            input_ids, attention, positions = left_padded_prompts(prompts, self.pad_id, self.device)
+            output = self.model(input_ids=input_ids, attention_mask=self.masks.prefill(attention),
+                                position_ids=positions, use_cache=True, logits_to_keep=1)
+        else:
+            input_ids, positions, attention, cache = prefix_inputs(prompts[0], len(rows), hit, self.device)
+            output = self.model(input_ids=input_ids, position_ids=positions, past_key_values=cache,
+                                use_cache=True, logits_to_keep=1)
+        batch = RunningBatch(rows, output.past_key_values, attention,
+                             torch.tensor([len(p) for p in prompts], dtype=torch.long, device=self.device))
+        store_prompts(self.prefix_cache, batch)
+        self._sample_step(batch, output.logits[:, -1, :])
+        return batch
 
     def _decode_step(self, batch: RunningBatch) -> RunningBatch | None:
         """One forward pass for every running row (its last sampled token), one new token each."""

@@ -1,0 +1,92 @@
+"""The engine's prefix cache (``engine/prefix_cache.py``): a prompt that starts like a recent one
+is prefilled only from where they part, with the log-probs a forward pass gives; never across
+adapters or weight versions; bounded in memory."""
+
+from __future__ import annotations
+
+import torch
+
+from spanrl.trainer_bridge.torch_backend.engine.policy_engine import PolicyEngine, SamplingParams
+from spanrl.trainer_bridge.torch_backend.engine.prefix_cache import BLOCK, PrefixCache
+
+GREEDY = dict(temperature=0.0)
+
+
+def _layers(tokens: int, fill: float = 0.0) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    return [(torch.full((1, 2, tokens, 4), fill), torch.full((1, 2, tokens, 4), fill + 1)) for _ in range(2)]
+
+
+def test_the_longest_stored_prefix_is_found_in_whole_blocks_and_short_of_the_prompt():
+    cache = PrefixCache(max_bytes=10**8)
+    stored = list(range(3 * BLOCK + 5))
+    cache.store(stored, None, _layers(len(stored), fill=7.0))
+    assert cache.longest(list(range(BLOCK - 1)), None) is None  # less than a block in common
+    hit = cache.longest(stored[:2 * BLOCK + 3] + [999, 998], None)
+    assert hit is not None and hit.length == 2 * BLOCK
+    assert all(keys.shape[2] == 2 * BLOCK and float(keys[0, 0, 0, 0]) == 7.0 for keys, _ in hit.layers)
+    assert cache.longest(stored, None).length == 3 * BLOCK  # its own prompt: one token left to compute
+    assert cache.longest(stored[:3 * BLOCK], None).length == 2 * BLOCK  # never the whole prompt
+    assert cache.longest(stored, "solver") is None  # another adapter's prompts are another cache
+    assert cache.longest([5] + stored[1:], None) is None  # a difference in the first block
+    cache.clear()
+    assert cache.longest(stored, None) is None and cache.bytes == 0
+
+
+def test_the_least_recently_used_prompts_go_first_beyond_the_memory_bound():
+    one_prompt = sum(k.nbytes + v.nbytes for k, v in _layers(2 * BLOCK))
+    cache = PrefixCache(max_bytes=2 * one_prompt)
+    prompts = [[number] * (2 * BLOCK) for number in range(3)]
+    cache.store(prompts[0], None, _layers(2 * BLOCK))
+    cache.store(prompts[1], None, _layers(2 * BLOCK))
+    assert cache.longest(prompts[0], None) is not None  # now the more recently used
+    cache.store(prompts[2], None, _layers(2 * BLOCK))
+    assert len(cache) == 2 and cache.bytes <= cache.max_bytes
+    assert cache.longest(prompts[1], None) is None
+    assert cache.longest(prompts[0], None) is not None and cache.longest(prompts[2], None) is not None
+
+
+def _chat(engine, turns: int) -> list[int]:
+    messages = [{"role": "system", "content": "You add numbers and answer with ANSWER n. " * 3}]
+    for turn in range(turns):
+        messages += [{"role": "user", "content": f"What is {turn} + {turn + 5}?"},
+                     {"role": "assistant", "content": f"ANSWER {2 * turn + 5}"}]
+    return engine.encode_chat(messages + [{"role": "user", "content": "And 12 + 30?"}])
+
+
+def test_a_longer_prompt_reuses_a_cached_one_and_gets_a_forward_passes_logprobs(engine, forward_logprobs):
+    cache = engine._scheduler.prefix_cache
+    assert cache is not None
+    first, second = _chat(engine, 1), _chat(engine, 3)  # the second: the first's history, then more
+    shared = next(i for i, (a, b) in enumerate(zip(first, second, strict=False)) if a != b)
+    assert shared > 2 * BLOCK
+    params = SamplingParams(max_tokens=8, logprobs=True, n=3, temperature=1.0, seed=3)
+    engine.generate(first, params)
+    hits, reused = cache.hits, cache.tokens_reused
+    result = engine.generate(second, params)
+    assert cache.hits == hits + 1 and shared - BLOCK < cache.tokens_reused - reused <= shared
+    for choice in result.choices:  # the n choices share the cached prefix
+        expected = forward_logprobs(engine.model, second, choice.token_ids)
+        assert torch.allclose(torch.tensor(choice.logprobs), expected, atol=1e-4)
+
+
+def test_new_weights_empty_the_cache_so_no_prompt_is_continued_from_old_keys(tiny_model_dir, forward_logprobs):
+    engine = PolicyEngine.from_pretrained(tiny_model_dir, dtype="float32").start()
+    try:
+        prompt = _chat(engine, 2)
+        params = SamplingParams(max_tokens=6, logprobs=True, **GREEDY)
+        engine.generate(prompt, params)
+        cache = engine._scheduler.prefix_cache
+        assert len(cache) == 1
+        changed = {name: value + 0.05 * torch.randn_like(value) for name, value in engine.model.state_dict().items()}
+        engine.swap_weights(changed, 1)
+        assert len(cache) == 0
+        choice = engine.generate(prompt, params).choices[0]
+        expected = forward_logprobs(engine.model, prompt, choice.token_ids)
+        assert torch.allclose(torch.tensor(choice.logprobs), expected, atol=1e-4)
+    finally:
+        engine.stop()
+
+
+def test_a_zero_budget_turns_the_cache_off(tiny_model_dir):
+    engine = PolicyEngine.from_pretrained(tiny_model_dir, dtype="float32", prefix_cache_mb=0)
+    assert engine._scheduler.prefix_cache is None
