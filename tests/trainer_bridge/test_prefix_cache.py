@@ -90,3 +90,33 @@ def test_new_weights_empty_the_cache_so_no_prompt_is_continued_from_old_keys(tin
 def test_a_zero_budget_turns_the_cache_off(tiny_model_dir):
     engine = PolicyEngine.from_pretrained(tiny_model_dir, dtype="float32", prefix_cache_mb=0)
     assert engine._scheduler.prefix_cache is None
+
+
+def test_choices_and_requests_that_share_a_prompt_share_one_prefill_row(tiny_model_dir, forward_logprobs):
+    engine = PolicyEngine.from_pretrained(tiny_model_dir, dtype="float32", prefix_cache_mb=0).start()
+    passes: list[tuple[int, ...]] = []
+    handle = engine.model.register_forward_pre_hook(
+        lambda module, args, kwargs: passes.append(tuple(kwargs["input_ids"].shape)), with_kwargs=True)
+    try:
+        prompt, other = _chat(engine, 1), _chat(engine, 2)
+        sampled = SamplingParams(max_tokens=4, n=4, logprobs=True, temperature=1.0, seed=5)
+        result = engine.generate(prompt, sampled)
+        assert passes[0] == (1, len(prompt))  # four choices, one prefill row
+        joiners: list = []
+
+        def two_more(event) -> None:  # on the engine thread: both join at the same next step
+            if event.choice == 0 and not joiners:
+                joiners.extend(engine.submit(other, SamplingParams(max_tokens=3, logprobs=True, **GREEDY))
+                               for _ in range(2))
+
+        passes.clear()
+        engine.submit(prompt, SamplingParams(max_tokens=6, **GREEDY), on_token=two_more).wait(60)
+        replies = [job.wait(60).choices[0] for job in joiners]
+        assert (1, len(other)) in passes and (2, len(other)) not in passes
+        assert replies[0].token_ids == replies[1].token_ids
+    finally:
+        handle.remove()
+        engine.stop()
+    for asked, choice in [*((prompt, c) for c in result.choices), *((other, r) for r in replies)]:
+        expected = forward_logprobs(engine.model, asked, choice.token_ids)
+        assert torch.allclose(torch.tensor(choice.logprobs), expected, atol=1e-4)

@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 import torch
 from transformers.cache_utils import DynamicCache
 
+from spanrl.trainer_bridge.torch_backend.engine.kv_cache import AttentionMasks, left_padded_prompts
+
 BLOCK = 16  # tokens per hashed block: a hit reuses whole blocks only
 
 
@@ -92,13 +94,18 @@ class PrefixCache:
         blocks = len(prompt) // BLOCK
         if self.max_bytes <= 0 or blocks == 0:
             return
+        hashes = block_hashes(prompt, blocks)
+        same = self._index.get((adapter, hashes[-1]))
+        if same is not None and self._entries[same].tokens == tuple(prompt):  # kept already
+            self._entries.move_to_end(same)
+            return
         copies = [(keys.clone(), values.clone()) for keys, values in layers]
         nbytes = sum(keys.nbytes + values.nbytes for keys, values in copies)
         if nbytes > self.max_bytes:
             return
         entry_id, self._next_id = self._next_id, self._next_id + 1
         entry = CachedPrompt(tuple(prompt), copies, nbytes)
-        for chained in block_hashes(prompt, blocks):
+        for chained in hashes:
             entry.index_keys.append((adapter, chained))
             self._index[(adapter, chained)] = entry_id  # the newest entry answers for a shared prefix
         self._entries[entry_id] = entry
@@ -138,19 +145,39 @@ def group_by_prefix(rows: list, cache: PrefixCache | None) -> list[tuple[list, P
     return ([(plain, None)] if plain else []) + groups
 
 
-def prefix_inputs(prompt: list[int], rows: int, hit: PrefixHit,
-                  device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, DynamicCache]:
-    """A prefill pass of ``rows`` copies of ``prompt`` after its cached prefix: the remaining ids
-    and their positions ``[rows, remaining]``, the whole prompt's attention ``[rows, len(prompt)]``
-    and a cache holding the prefix (copied: the pass extends it)."""
-    remaining = prompt[hit.length:]
-    input_ids = torch.tensor([remaining], dtype=torch.long, device=device).expand(rows, -1)
-    positions = torch.arange(hit.length, len(prompt), device=device).unsqueeze(0).expand(rows, -1)
-    attention = torch.ones((rows, len(prompt)), dtype=torch.long, device=device)
+def distinct_prompts(rows: list) -> tuple[list, list[int]]:
+    """One row per distinct (adapter, prompt) of ``rows``, and for each row the index of its
+    representative: a request's choices, and the requests of a GRPO group arriving together,
+    share one prefill row (its keys, values and logits are then copied to the others)."""
+    representatives: list = []
+    seen: dict[tuple[object, tuple[int, ...]], int] = {}
+    index = []
+    for row in rows:
+        key = (row.request.params.adapter, tuple(row.request.prompt_ids))
+        if key not in seen:
+            seen[key] = len(representatives)
+            representatives.append(row)
+        index.append(seen[key])
+    return representatives, index
+
+
+def prefill_inputs(prompts: list[list[int]], hit: PrefixHit | None, pad_id: int, masks: AttentionMasks,
+                   device: torch.device) -> tuple[dict, torch.Tensor]:
+    """The model's inputs for a prefill pass, and the pass's attention ``[rows, columns]``:
+    ``prompts`` left-padded, or (with ``hit``) one prompt from where its cached prefix ends, with
+    a cache holding the prefix (copied: the pass extends it)."""
+    if hit is None:
+        input_ids, attention, positions = left_padded_prompts(prompts, pad_id, device)
+        inputs = {"input_ids": input_ids, "attention_mask": masks.prefill(attention), "position_ids": positions}
+        return inputs, attention
+    prompt = prompts[0]
     cache = DynamicCache()
     for index, (keys, values) in enumerate(hit.layers):
-        cache.update(keys.expand(rows, -1, -1, -1), values.expand(rows, -1, -1, -1), index)  # copies them
-    return input_ids, positions, attention, cache
+        cache.update(keys, values, index)  # copies them (a DynamicLayer concatenates)
+    inputs = {"input_ids": torch.tensor([prompt[hit.length:]], dtype=torch.long, device=device),
+              "position_ids": torch.arange(hit.length, len(prompt), device=device).unsqueeze(0),
+              "past_key_values": cache}
+    return inputs, torch.ones((1, len(prompt)), dtype=torch.long, device=device)
 
 
 def store_prompts(cache: PrefixCache | None, batch) -> None:

@@ -30,18 +30,14 @@ import torch
 
 from spanrl.trainer_bridge.torch_backend.engine.detokenize import Detokenizer
 from spanrl.trainer_bridge.torch_backend.engine.grammar import Grammars, advance
-from spanrl.trainer_bridge.torch_backend.engine.kv_cache import (
-    AttentionMasks,
-    Row,
-    RunningBatch,
-    left_padded_prompts,
-)
+from spanrl.trainer_bridge.torch_backend.engine.kv_cache import AttentionMasks, Row, RunningBatch
 from spanrl.trainer_bridge.torch_backend.engine.multi_lora import AdapterSwap, ServedAdapters
 from spanrl.trainer_bridge.torch_backend.engine.prefix_cache import (
     PrefixCache,
     PrefixHit,
+    distinct_prompts,
     group_by_prefix,
-    prefix_inputs,
+    prefill_inputs,
     store_prompts,
 )
 from spanrl.trainer_bridge.torch_backend.engine.requests import (
@@ -315,22 +311,23 @@ class Scheduler:
         return batch.without_finished() if batch is not None else None
 
     def _prefill_pass(self, rows: list[Row], hit: PrefixHit | None) -> RunningBatch:
-        """One forward pass over ``rows``' left-padded prompts, or over what follows ``hit``, the
-        cached prefix of their (one request's) prompt; stores the prompts' cache, samples."""
-        prompts = [r.request.prompt_ids for r in rows]
-        self._route(rows)
-        if hit is None:
-            input_ids, attention, positions = left_padded_prompts(prompts, self.pad_id, self.device)
-            output = self.model(input_ids=input_ids, attention_mask=self.masks.prefill(attention),
-                                position_ids=positions, use_cache=True, logits_to_keep=1)
-        else:
-            input_ids, positions, attention, cache = prefix_inputs(prompts[0], len(rows), hit, self.device)
-            output = self.model(input_ids=input_ids, position_ids=positions, past_key_values=cache,
-                                use_cache=True, logits_to_keep=1)
-        batch = RunningBatch(rows, output.past_key_values, attention,
-                             torch.tensor([len(p) for p in prompts], dtype=torch.long, device=self.device))
+        """One forward pass over ``rows``' distinct left-padded prompts, or over what follows
+        ``hit``, the cached prefix of their (one request's) prompt; rows sharing a prompt get
+        copies of its row. Stores the prompts' cache, samples."""
+        distinct, index = distinct_prompts(rows) if hit is None else (rows[:1], [0] * len(rows))
+        self._route(distinct)
+        inputs, attention = prefill_inputs([r.request.prompt_ids for r in distinct], hit, self.pad_id, self.masks,
+                                           self.device)
+        output = self.model(**inputs, use_cache=True, logits_to_keep=1)
+        cache, logits = output.past_key_values, output.logits[:, -1, :]
+        if len(distinct) < len(rows):
+            copies = torch.tensor(index, dtype=torch.long, device=self.device)
+            cache.batch_select_indices(copies)
+            attention, logits = attention.index_select(0, copies), logits.index_select(0, copies)
+        lengths = torch.tensor([len(r.request.prompt_ids) for r in rows], dtype=torch.long, device=self.device)
+        batch = RunningBatch(rows, cache, attention, lengths)
         store_prompts(self.prefix_cache, batch)
-        self._sample_step(batch, output.logits[:, -1, :])
+        self._sample_step(batch, logits)
         return batch
 
     def _decode_step(self, batch: RunningBatch) -> RunningBatch | None:
