@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 from spanrl.trainer_bridge.torch_backend.engine.policy_engine import PolicyEngine, SamplingParams
-from spanrl.trainer_bridge.torch_backend.engine.prefix_cache import BLOCK, PrefixCache
+from spanrl.trainer_bridge.torch_backend.engine.prefix_cache import BLOCK, MIN_REUSED_TOKENS, PrefixCache
 
 GREEDY = dict(temperature=0.0)
 
@@ -17,7 +17,7 @@ def _layers(tokens: int, fill: float = 0.0) -> list[tuple[torch.Tensor, torch.Te
 
 
 def test_the_longest_stored_prefix_is_found_in_whole_blocks_and_short_of_the_prompt():
-    cache = PrefixCache(max_bytes=10**8)
+    cache = PrefixCache(max_bytes=10**8, min_reused_tokens=BLOCK)
     stored = list(range(3 * BLOCK + 5))
     cache.store(stored, None, _layers(len(stored), fill=7.0))
     assert cache.longest(list(range(BLOCK - 1)), None) is None  # less than a block in common
@@ -28,13 +28,18 @@ def test_the_longest_stored_prefix_is_found_in_whole_blocks_and_short_of_the_pro
     assert cache.longest(stored[:3 * BLOCK], None).length == 2 * BLOCK  # never the whole prompt
     assert cache.longest(stored, "solver") is None  # another adapter's prompts are another cache
     assert cache.longest([5] + stored[1:], None) is None  # a difference in the first block
+    assert PrefixCache(10**8, min_reused_tokens=3 * BLOCK).longest(stored, None) is None  # empty
+    at_least_three = PrefixCache(10**8, min_reused_tokens=3 * BLOCK)
+    at_least_three.store(stored, None, _layers(len(stored)))
+    assert at_least_three.longest(stored[:2 * BLOCK + 3] + [999], None) is None  # too little to reuse
+    assert at_least_three.longest(stored, None).length == 3 * BLOCK
     cache.clear()
     assert cache.longest(stored, None) is None and cache.bytes == 0
 
 
 def test_the_least_recently_used_prompts_go_first_beyond_the_memory_bound():
     one_prompt = sum(k.nbytes + v.nbytes for k, v in _layers(2 * BLOCK))
-    cache = PrefixCache(max_bytes=2 * one_prompt)
+    cache = PrefixCache(max_bytes=2 * one_prompt, min_reused_tokens=BLOCK)
     prompts = [[number] * (2 * BLOCK) for number in range(3)]
     cache.store(prompts[0], None, _layers(2 * BLOCK))
     cache.store(prompts[1], None, _layers(2 * BLOCK))
@@ -46,7 +51,7 @@ def test_the_least_recently_used_prompts_go_first_beyond_the_memory_bound():
 
 
 def _chat(engine, turns: int) -> list[int]:
-    messages = [{"role": "system", "content": "You add numbers and answer with ANSWER n. " * 3}]
+    messages = [{"role": "system", "content": "You add numbers and answer with ANSWER n. " * 6}]
     for turn in range(turns):
         messages += [{"role": "user", "content": f"What is {turn} + {turn + 5}?"},
                      {"role": "assistant", "content": f"ANSWER {2 * turn + 5}"}]
@@ -58,7 +63,7 @@ def test_a_longer_prompt_reuses_a_cached_one_and_gets_a_forward_passes_logprobs(
     assert cache is not None
     first, second = _chat(engine, 1), _chat(engine, 3)  # the second: the first's history, then more
     shared = next(i for i, (a, b) in enumerate(zip(first, second, strict=False)) if a != b)
-    assert shared > 2 * BLOCK
+    assert shared > MIN_REUSED_TOKENS + BLOCK
     params = SamplingParams(max_tokens=8, logprobs=True, n=3, temperature=1.0, seed=3)
     engine.generate(first, params)
     hits, reused = cache.hits, cache.tokens_reused

@@ -9,8 +9,8 @@ prompts (16 clients, ~870-token prompts sharing their first ~850: vLLM, which ca
 
 After each prefill pass the scheduler ``store``s every prompt's keys and values; ``longest``
 finds the longest stored prefix of a new prompt, in whole blocks of ``BLOCK`` tokens (a chain of
-block hashes, checked token by token on a hit), and at least one token short of the prompt, whose
-last position must be computed for its logits. Entries are per LoRA adapter (None: the base
+block hashes, checked token by token on a hit), at least ``MIN_REUSED_TOKENS`` long and at least
+one token short of the prompt, whose last position must be computed for its logits. Entries are per LoRA adapter (None: the base
 model) and are dropped least recently used first beyond ``max_bytes``; ``clear`` drops them all,
 which the scheduler does whenever weights change (a cached key or value is a function of them).
 """
@@ -26,6 +26,9 @@ from transformers.cache_utils import DynamicCache
 from spanrl.trainer_bridge.torch_backend.engine.kv_cache import AttentionMasks, left_padded_prompts
 
 BLOCK = 16  # tokens per hashed block: a hit reuses whole blocks only
+# a hit gets a prefill pass of its own, which costs the forward pass's fixed overhead: below this
+# many reused tokens the prompt is prefilled with the others instead
+MIN_REUSED_TOKENS = 4 * BLOCK
 
 
 @dataclass
@@ -58,8 +61,9 @@ def block_hashes(tokens: list[int] | tuple[int, ...], blocks: int) -> list[int]:
 class PrefixCache:
     """Recent prompts' KV caches, looked up by their longest shared block-aligned prefix."""
 
-    def __init__(self, max_bytes: int):
+    def __init__(self, max_bytes: int, min_reused_tokens: int = MIN_REUSED_TOKENS):
         self.max_bytes = max_bytes
+        self.min_blocks = max(1, -(-min_reused_tokens // BLOCK))
         self.bytes = 0
         self.hits = self.misses = self.tokens_reused = 0
         self._entries: OrderedDict[int, CachedPrompt] = OrderedDict()
@@ -70,11 +74,14 @@ class PrefixCache:
         return len(self._entries)
 
     def longest(self, prompt: list[int], adapter: object) -> PrefixHit | None:
-        """The longest stored prefix of ``prompt`` (at least one block, at most its length - 1)."""
+        """The longest stored prefix of ``prompt`` (at least ``min_blocks`` blocks, at most its
+        length - 1)."""
         if self.max_bytes <= 0 or not self._entries:
             return None
         usable_blocks = (len(prompt) - 1) // BLOCK
         for blocks, chained in reversed(list(enumerate(block_hashes(prompt, usable_blocks), start=1))):
+            if blocks < self.min_blocks:
+                break
             entry_id = self._index.get((adapter, chained))
             if entry_id is None:
                 continue
