@@ -10,9 +10,10 @@ prompts (16 clients, ~870-token prompts sharing their first ~850: vLLM, which ca
 After each prefill pass the scheduler ``store``s every prompt's keys and values; ``longest``
 finds the longest stored prefix of a new prompt, in whole blocks of ``BLOCK`` tokens (a chain of
 block hashes, checked token by token on a hit), at least ``MIN_REUSED_TOKENS`` long and at least
-one token short of the prompt, whose last position must be computed for its logits. Entries are per LoRA adapter (None: the base
-model) and are dropped least recently used first beyond ``max_bytes``; ``clear`` drops them all,
-which the scheduler does whenever weights change (a cached key or value is a function of them).
+one token short of the prompt, whose last position must be computed for its logits. Entries are
+per LoRA adapter (None: the base model) and are dropped least recently used first beyond
+``max_bytes``; ``clear`` drops them all, which the scheduler does whenever weights change (a
+cached key or value is a function of them).
 """
 
 from __future__ import annotations
