@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from transformers.cache_utils import DynamicCache
@@ -176,15 +177,16 @@ def prefill_inputs(prompts: list[list[int]], hit: PrefixHit | None, pad_id: int,
     a cache holding the prefix (copied: the pass extends it)."""
     if hit is None:
         input_ids, attention, positions = left_padded_prompts(prompts, pad_id, device)
-        inputs = {"input_ids": input_ids, "attention_mask": masks.prefill(attention), "position_ids": positions}
-        return inputs, attention
+        plain: dict[str, Any] = {"input_ids": input_ids, "attention_mask": masks.prefill(attention),
+                                 "position_ids": positions}
+        return plain, attention
     prompt = prompts[0]
     cache = DynamicCache()
     for index, (keys, values) in enumerate(hit.layers):
         cache.update(keys, values, index)  # copies them (a DynamicLayer concatenates)
-    inputs = {"input_ids": torch.tensor([prompt[hit.length:]], dtype=torch.long, device=device),
-              "position_ids": torch.arange(hit.length, len(prompt), device=device).unsqueeze(0),
-              "past_key_values": cache}
+    inputs: dict[str, Any] = {"input_ids": torch.tensor([prompt[hit.length:]], dtype=torch.long, device=device),
+                              "position_ids": torch.arange(hit.length, len(prompt), device=device).unsqueeze(0),
+                              "past_key_values": cache}
     return inputs, torch.ones((1, len(prompt)), dtype=torch.long, device=device)
 
 
