@@ -5,12 +5,18 @@ calls exactly as ``agent.py`` makes them (same prompts, the ``run_sql`` tool as 
 sends it, results as ``try_query`` words them):
 
 - writer: the gold query directly; or a ``run_sql`` try of it, its rows, then the query; or a try of a
-  broken query (a wrong column or table, SQLite's error), then the gold query; and, like the
-  calculator demo's near-misses, a share of final queries that are wrong (broken, or a wrong value);
+  broken query (a wrong column or table, SQLite's error), then the gold query. Like the other
+  examples' demonstrators, a share of the writer's answers to the harder questions are *hasty*: the
+  query of a simpler question (the named person where a look-up of their department or salary is
+  needed, or only the first of two conditions). That share is 0 in the first quarter of the warm
+  start's batches (``example_data.weaker_share``), so the model first learns the protocol and the
+  full queries;
 - checker: ``OK`` for the gold query's rows, ``WRONG`` for an error or a wrong query's rows;
-- rewriter: the gold query for a broken or wrong one (with a share of near-misses too).
+- rewriter: the gold query for a broken or wrong one.
 
-So the warm model writes SQL often right and sometimes wrong, and RL has something to compare.
+So the warm model often answers the harder questions hastily, and RL has something to compare: an
+earlier demonstrator whose mistakes were misspelt names and swapped operators left the warm start
+either with little to gain or nearly solved (docs/results.md, 2026-11-29).
 ``python -m spanrl.examples.sql_agent.demonstrations --out demos.jsonl --tokenizer-text tools.txt`` writes
 a file for ``spanrl sft`` / ``warm_start: demonstrations:`` and, with the second file, the tokenizer's
 corpus for ``spanrl model init --corpus``.
@@ -22,9 +28,10 @@ import argparse
 import functools
 import json
 import random
+import re
 from collections.abc import Iterator
 
-from spanrl.examples.example_data import write_tool_call_text
+from spanrl.examples.example_data import weaker_share, write_tool_call_text
 
 from .agent import CHECKER_PROMPT, REWRITER_PROMPT, WRITER_PROMPT, describe, run_sql
 from .agent import result_text as _result_text
@@ -40,6 +47,8 @@ BREAKAGES = (
 # a query that runs but answers something else
 SWAPS = ((" > ", " < "), (" < ", " > "), ("MAX(", "MIN("), ("MIN(", "MAX("), ("COUNT(*)", "name"),
          ("AVG(", "SUM("), (" DESC", ""))
+HASTY_SHARE = 0.6  # of the harder questions' writer answers, after the first quarter of the warm start
+SUBQUERY = re.compile(r"\(SELECT \w+ FROM \w+ WHERE name = '(\w+)'\)")
 
 
 @functools.cache
@@ -66,20 +75,28 @@ def wrong_query(sql: str, rng: random.Random) -> str:
     return sql.replace(old, new, 1)
 
 
+def hasty_query(sql: str) -> str | None:
+    """The query a hasty writer gives for ``sql``'s question: the named entity itself where a look-up
+    is needed, or only the first of two conditions. It runs, and answers a simpler question.
+    None for a question with no such shortcut."""
+    if SUBQUERY.search(sql):
+        return SUBQUERY.sub(lambda match: f"'{match.group(1)}'", sql, count=1)
+    if " AND " in sql:
+        return sql.split(" AND ")[0]
+    return None
+
+
 def _tool_call(sql: str, number: int) -> dict:
     return {"role": "assistant", "content": "", "tool_calls": [{
         "id": f"call_{number}", "type": "function",
         "function": {"name": "run_sql", "arguments": json.dumps({"query": sql})}}]}
 
 
-def writer_example(task: dict, rng: random.Random, near_miss_share: float) -> dict:
+def writer_example(task: dict, rng: random.Random, hasty_share: float) -> dict:
     question, gold = task["question"], task["sql"]
     messages: list[dict] = [{"role": "system", "content": WRITER_PROMPT}, {"role": "user", "content": question}]
-    draw = rng.random()
-    if draw < near_miss_share:
-        final = broken_query(gold, rng) if rng.random() < 0.5 else wrong_query(gold, rng)
-    else:
-        final = gold
+    hasty = hasty_query(gold)
+    final = hasty if hasty is not None and rng.random() < hasty_share else gold
     kind = rng.random()
     if kind < 0.3:  # try the final query first, read its rows, then give it
         messages += [_tool_call(final, 0), {"role": "tool", "tool_call_id": "call_0", "content": result_text(final)}]
@@ -103,40 +120,41 @@ def checker_example(task: dict, rng: random.Random) -> dict:
                          {"role": "assistant", "content": verdict}]}
 
 
-def rewriter_example(task: dict, rng: random.Random, near_miss_share: float) -> dict:
+def rewriter_example(task: dict, rng: random.Random) -> dict:
     bad = broken_query(task["sql"], rng) if rng.random() < 0.5 else wrong_query(task["sql"], rng)
-    fixed = wrong_query(task["sql"], rng) if rng.random() < near_miss_share else task["sql"]
     return {"messages": [{"role": "system", "content": REWRITER_PROMPT},
                          {"role": "user", "content": _described(task, bad)},
-                         {"role": "assistant", "content": fixed}]}
+                         {"role": "assistant", "content": task["sql"]}]}
 
 
-def demonstration(task: dict, rng: random.Random, near_miss_share: float = 0.3) -> dict:
+def demonstration(task: dict, rng: random.Random, hasty_share: float = HASTY_SHARE) -> dict:
     """One chat example: a writer call (half the time), a checker call or a rewriter call."""
     draw = rng.random()
     if draw < 0.5:
-        return writer_example(task, rng, near_miss_share)
+        return writer_example(task, rng, hasty_share)
     if draw < 0.75:
         return checker_example(task, rng)
-    return rewriter_example(task, rng, near_miss_share)
+    return rewriter_example(task, rng)
 
 
 def demonstration_batches(steps: int, batch_size: int, seed: int = 0,
-                          near_miss_share: float = 0.3) -> Iterator[list[dict]]:
-    """``steps`` batches of fresh demonstrations on the training questions (never validation's)."""
+                          hasty_share: float = HASTY_SHARE) -> Iterator[list[dict]]:
+    """``steps`` batches of fresh demonstrations on the training questions (never validation's); the
+    first batches show no hasty writer (``example_data.weaker_share``)."""
     train, _ = make_tasks(seed=0)
     rng = random.Random(seed)
-    for _ in range(steps):
-        yield [demonstration(rng.choice(train), rng, near_miss_share) for _ in range(batch_size)]
+    for step in range(steps):
+        share = weaker_share(step, steps, hasty_share)
+        yield [demonstration(rng.choice(train), rng, share) for _ in range(batch_size)]
 
 
-def write_demonstrations(path: str, count: int = 2000, seed: int = 0, near_miss_share: float = 0.3) -> None:
+def write_demonstrations(path: str, count: int = 2000, seed: int = 0, hasty_share: float = HASTY_SHARE) -> None:
     """``count`` demonstrations as chat JSONL (``{"messages": [...], "tools": [...]}`` a line)."""
     train, _ = make_tasks(seed=0)
     rng = random.Random(seed)
     with open(path, "w", encoding="utf-8") as f:
         for _ in range(count):
-            f.write(json.dumps(demonstration(rng.choice(train), rng, near_miss_share)) + "\n")
+            f.write(json.dumps(demonstration(rng.choice(train), rng, hasty_share)) + "\n")
 
 
 def write_tokenizer_corpus(path: str, demonstrations_file: str) -> None:
@@ -150,10 +168,11 @@ def main() -> None:
     parser.add_argument("--out", required=True)
     parser.add_argument("--count", type=int, default=2000)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--near-miss-share", type=float, default=0.3)
+    parser.add_argument("--hasty-share", type=float, default=HASTY_SHARE,
+                        help="the share of hasty writer answers to the harder questions")
     parser.add_argument("--tokenizer-text", help="also write the tool-call text lines for `spanrl model init --corpus`")
     args = parser.parse_args()
-    write_demonstrations(args.out, args.count, args.seed, args.near_miss_share)
+    write_demonstrations(args.out, args.count, args.seed, args.hasty_share)
     if args.tokenizer_text:
         write_tokenizer_corpus(args.tokenizer_text, args.out)
 

@@ -137,6 +137,29 @@ def test_demonstrations_break_queries_for_real_and_judge_them_right():
     assert demonstrations.tool_schema()["function"]["name"] == "run_sql"
 
 
+def test_hasty_writer_answers_a_simpler_question_with_a_query_that_runs():
+    """The demonstrator's weaker writer: for every harder question its query runs and answers
+    something else; the simple questions have no hasty form; the first quarter of the warm start
+    shows no hasty answer at all."""
+    train, _ = make_tasks(0)
+    hasty = {task["sql"]: demonstrations.hasty_query(task["sql"]) for task in train}
+    harder = [sql for sql in hasty if " AND " in sql or "(SELECT" in sql]
+    assert len(harder) > 10 and {sql for sql, query in hasty.items() if query is not None} == set(harder)
+    same_answer = 0
+    for sql in harder:
+        assert len(hasty[sql]) < len(sql)
+        same_answer += database.run_query(hasty[sql]) == database.run_query(sql)  # raises if it did not run
+    assert same_answer < len(harder) / 5  # 22 of 220: a shortcut that happens to give the same rows
+
+    def final_answers(batches):
+        return [e["messages"][-1]["content"] for batch in batches for e in batch if "tools" in e]
+
+    golds = {task["sql"] for task in train}
+    batches = list(demonstrations.demonstration_batches(8, 64, seed=0, hasty_share=1.0))
+    assert all(answer in golds for answer in final_answers(batches[:2]))
+    assert any(answer not in golds for answer in final_answers(batches[2:]))
+
+
 def test_each_node_asks_for_its_own_model_name_when_told(monkeypatch):
     """SQL_AGENT_MODEL_PER_NODE=1: the writer, checker and rewriter ask for models named after them
     (what `adapters:` routes by); unset, every node asks for OPENAI_MODEL."""
