@@ -125,3 +125,51 @@ def test_choices_and_requests_that_share_a_prompt_share_one_prefill_row(tiny_mod
     for asked, choice in [*((prompt, c) for c in result.choices), *((other, r) for r in replies)]:
         expected = forward_logprobs(engine.model, asked, choice.token_ids)
         assert torch.allclose(torch.tensor(choice.logprobs), expected, atol=1e-4)
+
+
+def _chat_asking(engine, turns: int, question: str) -> list[int]:
+    messages = [{"role": "system", "content": "You add numbers and answer with ANSWER n. " * 6}]
+    for turn in range(turns):
+        messages += [{"role": "user", "content": f"What is {turn} + {turn + 5}?"},
+                     {"role": "assistant", "content": f"ANSWER {2 * turn + 5}"}]
+    return engine.encode_chat(messages + [{"role": "user", "content": question}])
+
+
+def test_prompts_arriving_together_are_prefilled_after_their_cached_prefixes_in_one_pass(engine, forward_logprobs):
+    """Three prompts with cached prefixes of different lengths, and uncached parts of different
+    lengths (the longest longer than the shortest prompt, which then has no cached column in the
+    pass), join a running batch at one step: one forward pass computes what follows their prefixes,
+    and every choice gets a forward pass's log-probs."""
+    cache = engine._scheduler.prefix_cache
+    engine.generate(_chat_asking(engine, 1, "And 12 + 30?"), SamplingParams(max_tokens=2, **GREEDY))
+    engine.generate(_chat_asking(engine, 4, "And 12 + 30?"), SamplingParams(max_tokens=2, **GREEDY))
+    prompts = [_chat_asking(engine, 1, "And 1 + 2?"), _chat_asking(engine, 4, "And 7 + 70?"),
+               _chat_asking(engine, 12, "And 3 + 4?")]
+    passes: list[tuple[tuple[int, ...], bool]] = []
+    handle = engine.model.register_forward_pre_hook(
+        lambda module, args, kwargs: passes.append((tuple(kwargs["input_ids"].shape),
+                                                    kwargs.get("past_key_values") is not None)), with_kwargs=True)
+    jobs: list = []
+
+    def join_together(event) -> None:  # on the engine thread: all three join at the next step
+        if event.choice == 0 and not jobs:
+            jobs.extend(engine.submit(prompt, SamplingParams(max_tokens=5, logprobs=True, n=1 + (i == 1),
+                                                             temperature=1.0, seed=i))
+                        for i, prompt in enumerate(prompts))
+
+    hits = cache.hits
+    try:
+        engine.submit(engine.encode_chat([{"role": "user", "content": "Hi"}]), SamplingParams(max_tokens=6, **GREEDY),
+                      on_token=join_together).wait(60)
+        results = [job.wait(60) for job in jobs]
+    finally:
+        handle.remove()
+    assert cache.hits == hits + 3
+    prefills = [shape for shape, with_cache in passes if with_cache and shape[1] > 1]
+    assert len(prefills) == 1 and prefills[0][0] == 3  # one pass, one row per distinct prompt
+    uncached = prefills[0][1]
+    assert uncached < len(prompts[2]) - MIN_REUSED_TOKENS and uncached > len(prompts[0])
+    for prompt, result in zip(prompts, results, strict=True):
+        for choice in result.choices:
+            expected = forward_logprobs(engine.model, prompt, choice.token_ids)
+            assert torch.allclose(torch.tensor(choice.logprobs), expected, atol=1e-4)

@@ -44,6 +44,23 @@ class GrowingLayer(DynamicLayer):
         self._start, self._end = 0, keys.shape[-2]
         self._refresh_views()
 
+    @classmethod
+    def left_padded(cls, rows: list[tuple[torch.Tensor, torch.Tensor]], columns: int, room: int) -> GrowingLayer:
+        """A layer of ``rows``' keys and values (``[1, heads, tokens, head_dim]`` each, at most
+        ``columns`` tokens) in its rows' last columns, zeros before them (masked columns), in
+        buffers with ``room`` spare columns: one copy of each, where ``__init__`` and a first
+        ``update`` would make two."""
+        keys, values = rows[0]
+        shape = (len(rows), keys.shape[1], columns + room, keys.shape[-1])
+        layer = cls(keys.new_zeros(shape), values.new_zeros(shape))
+        for index, (row_keys, row_values) in enumerate(rows):
+            tokens = row_keys.shape[-2]
+            layer._key_buffer[index, :, columns - tokens:columns] = row_keys[0]
+            layer._value_buffer[index, :, columns - tokens:columns] = row_values[0]
+        layer._end = columns
+        layer._refresh_views()
+        return layer
+
     def _adopt(self, keys: torch.Tensor, values: torch.Tensor, room: int) -> None:
         """Copy ``keys`` / ``values`` into new buffers with ``room`` spare columns after them."""
         used = keys.shape[-2]

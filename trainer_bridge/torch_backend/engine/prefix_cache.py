@@ -7,7 +7,8 @@ instructions and question. Prefilling those tokens again is most of the engine's
 prompts (16 clients, ~870-token prompts sharing their first ~850: vLLM, which caches prefixes, was
 ~5x faster than the engine without this cache).
 
-After each prefill pass the scheduler ``store``s every prompt's keys and values; ``longest``
+After each prefill pass the scheduler ``store``s every prompt's keys and values (``prefill.py``
+builds the passes); ``longest``
 finds the longest stored prefix of a new prompt, in whole blocks of ``BLOCK`` tokens (a chain of
 block hashes, checked token by token on a hit), at least ``MIN_REUSED_TOKENS`` long and at least
 one token short of the prompt, whose last position must be computed for its logits. Entries are
@@ -20,16 +21,12 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
-from transformers.cache_utils import DynamicCache
-
-from spanrl.trainer_bridge.torch_backend.engine.kv_cache import AttentionMasks, left_padded_prompts
 
 BLOCK = 16  # tokens per hashed block: a hit reuses whole blocks only
-# a hit gets a prefill pass of its own, which costs the forward pass's fixed overhead: below this
-# many reused tokens the prompt is prefilled with the others instead
+# prompts with a cached prefix are prefilled in a pass apart from the others, which costs a forward
+# pass's fixed overhead: below this many reused tokens a prompt is prefilled with the others instead
 MIN_REUSED_TOKENS = 4 * BLOCK
 
 
@@ -133,73 +130,3 @@ class PrefixCache:
         self._entries.clear()
         self._index.clear()
         self.bytes = 0
-
-
-def group_by_prefix(rows: list, cache: PrefixCache | None) -> list[tuple[list, PrefixHit | None]]:
-    """The prefill passes for ``rows`` (a request's choices are contiguous, from choice 0): one
-    per request whose prompt starts with a stored prefix, and one for all the others."""
-    if cache is None:
-        return [(rows, None)]
-    plain: list = []
-    groups: list[tuple[list, PrefixHit | None]] = []
-    for row in rows:
-        if row.choice != 0:
-            continue
-        request_rows = [r for r in rows if r.request is row.request]
-        hit = cache.longest(row.request.prompt_ids, row.request.params.adapter)
-        if hit is None:
-            plain.extend(request_rows)
-        else:
-            groups.append((request_rows, hit))
-    return ([(plain, None)] if plain else []) + groups
-
-
-def distinct_prompts(rows: list) -> tuple[list, list[int]]:
-    """One row per distinct (adapter, prompt) of ``rows``, and for each row the index of its
-    representative: a request's choices, and the requests of a GRPO group arriving together,
-    share one prefill row (its keys, values and logits are then copied to the others)."""
-    representatives: list = []
-    seen: dict[tuple[object, tuple[int, ...]], int] = {}
-    index = []
-    for row in rows:
-        key = (row.request.params.adapter, tuple(row.request.prompt_ids))
-        if key not in seen:
-            seen[key] = len(representatives)
-            representatives.append(row)
-        index.append(seen[key])
-    return representatives, index
-
-
-def prefill_inputs(prompts: list[list[int]], hit: PrefixHit | None, pad_id: int, masks: AttentionMasks,
-                   device: torch.device) -> tuple[dict, torch.Tensor]:
-    """The model's inputs for a prefill pass, and the pass's attention ``[rows, columns]``:
-    ``prompts`` left-padded, or (with ``hit``) one prompt from where its cached prefix ends, with
-    a cache holding the prefix (copied: the pass extends it)."""
-    if hit is None:
-        input_ids, attention, positions = left_padded_prompts(prompts, pad_id, device)
-        plain: dict[str, Any] = {"input_ids": input_ids, "attention_mask": masks.prefill(attention),
-                                 "position_ids": positions}
-        return plain, attention
-    prompt = prompts[0]
-    cache = DynamicCache()
-    for index, (keys, values) in enumerate(hit.layers):
-        cache.update(keys, values, index)  # copies them (a DynamicLayer concatenates)
-    inputs: dict[str, Any] = {"input_ids": torch.tensor([prompt[hit.length:]], dtype=torch.long, device=device),
-                              "position_ids": torch.arange(hit.length, len(prompt), device=device).unsqueeze(0),
-                              "past_key_values": cache}
-    return inputs, torch.ones((1, len(prompt)), dtype=torch.long, device=device)
-
-
-def store_prompts(cache: PrefixCache | None, batch) -> None:
-    """Keep each request's prompt keys and values from a prefill pass's batch (left-padded:
-    a prompt is the last columns of its row)."""
-    if cache is None or not batch.joinable:
-        return
-    width = batch.attention.shape[1]
-    for index, row in enumerate(batch.rows):
-        if row.choice != 0:
-            continue
-        start = width - len(row.request.prompt_ids)
-        layers = [(layer.keys[index:index + 1, :, start:], layer.values[index:index + 1, :, start:])
-                  for layer in batch.cache.layers]
-        cache.store(row.request.prompt_ids, row.request.params.adapter, layers)

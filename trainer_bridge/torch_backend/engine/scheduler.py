@@ -4,7 +4,7 @@ Owned by ``policy_engine.PolicyEngine``, which queues requests and weight swaps 
 thread owns the model and batches continuously: requests that arrive while rows are decoding
 join the running batch at the next step (one prefill pass for the newcomers, whose KV cache is
 then merged into the batch's, see ``kv_cache.py``; a prompt that starts like a recent one is
-prefilled only from where they part, ``prefix_cache.py``), and finished rows leave it at once. One
+prefilled only from where they part, ``prefix_cache.py`` and ``prefill.py``), and finished rows leave it at once. One
 forward pass per step decodes a token for every row (``sampling.py``), whose text and stop
 conditions ``detokenize.py`` follows; each token goes to its request as it is sampled, so
 streaming works inside a batch. Rows whose request constrains its output (a grammar) sample
@@ -32,14 +32,13 @@ from spanrl.trainer_bridge.torch_backend.engine.detokenize import Detokenizer
 from spanrl.trainer_bridge.torch_backend.engine.grammar import Grammars, advance
 from spanrl.trainer_bridge.torch_backend.engine.kv_cache import AttentionMasks, Row, RunningBatch
 from spanrl.trainer_bridge.torch_backend.engine.multi_lora import AdapterSwap, ServedAdapters
-from spanrl.trainer_bridge.torch_backend.engine.prefix_cache import (
-    PrefixCache,
-    PrefixHit,
+from spanrl.trainer_bridge.torch_backend.engine.prefill import (
     distinct_prompts,
     group_by_prefix,
     prefill_inputs,
     store_prompts,
 )
+from spanrl.trainer_bridge.torch_backend.engine.prefix_cache import PrefixCache, PrefixHit
 from spanrl.trainer_bridge.torch_backend.engine.requests import (
     EngineError,
     EngineOverloadedError,
@@ -292,17 +291,17 @@ class Scheduler:
 
     def _prefill(self, rows: list[Row]) -> RunningBatch | None:
         """Forward passes over the new rows' prompts (``_prefill_pass``: one for the rows whose
-        prompts start with no cached prefix, one per request whose prompt does); samples their
-        first token. None when they all finished at once, or when a pass failed (their requests
-        get the error; the running batch is not touched)."""
+        prompts start with no cached prefix, one for those whose prompts do); samples their first
+        token. None when they all finished at once, or when a pass failed (their requests get the
+        error; the running batch is not touched)."""
         version = self.version
         self.stats.batches += 1
         for request in requests_of(rows):
             request.begin(version)
         try:
             batch = None
-            for group, hit in group_by_prefix(rows, self.prefix_cache):
-                part = self._prefill_pass(group, hit)
+            for group, hits in group_by_prefix(rows, self.prefix_cache):
+                part = self._prefill_pass(group, hits)
                 batch = part if batch is None else batch.merge(part)
         except Exception as exc:  # never let one bad request kill the server
             logger.exception("generation failed")
@@ -310,14 +309,15 @@ class Scheduler:
             return None
         return batch.without_finished() if batch is not None else None
 
-    def _prefill_pass(self, rows: list[Row], hit: PrefixHit | None) -> RunningBatch:
-        """One forward pass over ``rows``' distinct left-padded prompts, or over what follows
-        ``hit``, the cached prefix of their (one request's) prompt; rows sharing a prompt get
-        copies of its row. Stores the prompts' cache, samples."""
-        distinct, index = distinct_prompts(rows) if hit is None else (rows[:1], [0] * len(rows))
+    def _prefill_pass(self, rows: list[Row], hits: dict[int, PrefixHit] | None) -> RunningBatch:
+        """One forward pass over ``rows``' distinct prompts, left-padded, or (``hits``: each
+        request's cached prefix) over what follows their cached prefixes; rows sharing a prompt
+        get copies of its row. Stores the prompts' cache, samples."""
+        distinct, index = distinct_prompts(rows)
         self._route(distinct)
-        inputs, attention = prefill_inputs([r.request.prompt_ids for r in distinct], hit, self.pad_id, self.masks,
-                                           self.device)
+        prefixes = None if hits is None else [hits[id(row.request)] for row in distinct]
+        inputs, attention = prefill_inputs([r.request.prompt_ids for r in distinct], prefixes, self.pad_id,
+                                           self.masks, self.device)
         output = self.model(**inputs, use_cache=True, logits_to_keep=1)
         cache, logits = output.past_key_values, output.logits[:, -1, :]
         if len(distinct) < len(rows):
