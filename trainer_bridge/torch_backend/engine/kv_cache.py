@@ -18,6 +18,7 @@ import torch
 from spanrl.trainer_bridge.torch_backend.engine.growing_cache import GrowingLayer, growing_layers
 from spanrl.trainer_bridge.torch_backend.engine.requests import ChoiceResult, GenerationRequest
 from spanrl.trainer_bridge.torch_backend.engine.sampling import BatchSampling
+from spanrl.trainer_bridge.torch_backend.engine.shared_prefix import ATTENTION, shared_length
 
 
 @dataclass
@@ -53,7 +54,8 @@ class RunningBatch:
     steps; columns that are padding for every row are cut off, so the cache stays as wide as
     its longest row, not as long as the batch has been running. ``joinable`` is False for a
     cache this class cannot re-pack (sliding-window layers): such a batch takes no new rows.
-    ``sampling`` holds the rows' sampling tensors, rebuilt only when rows join or leave.
+    ``sampling`` holds the rows' sampling tensors, rebuilt only when rows join or leave;
+    ``shared_length`` how many prompt tokens all rows start with (``shared_prefix.py``), likewise.
     """
 
     def __init__(self, rows: list[Row], cache: Any, attention: torch.Tensor, positions: torch.Tensor):
@@ -65,6 +67,7 @@ class RunningBatch:
         self.positions = positions  # [rows]: position id of each row's next input token
         self.next_ids = torch.empty(0, dtype=torch.long)  # [rows]: each row's last sampled token, once sampled
         self.sampling = BatchSampling.for_rows(rows, attention.device)
+        self.shared_length = shared_length(rows)
         self.prefetched_masks: Any = None  # the constrained rows' next masks (grammar.PrefetchedMasks)
 
     def append_column(self) -> torch.Tensor:
@@ -88,6 +91,7 @@ class RunningBatch:
         if self.joinable:
             self._cut_unused_columns()
         self.sampling = BatchSampling.for_rows(self.rows, self.attention.device)
+        self.shared_length = shared_length(self.rows)
         return self
 
     def _cut_unused_columns(self) -> None:
@@ -116,6 +120,7 @@ class RunningBatch:
         self.next_ids = torch.cat([self.next_ids, other.next_ids])
         self.rows = self.rows + other.rows
         self.sampling = BatchSampling.for_rows(self.rows, self.attention.device)
+        self.shared_length = shared_length(self.rows)
         return self
 
 
@@ -166,7 +171,7 @@ class AttentionMasks:
 
     def __init__(self, model: Any):
         attention_kind = getattr(model.config, "_attn_implementation", None)
-        self.own = attention_kind in ("sdpa", "eager")
+        self.own = attention_kind in ("sdpa", "eager", ATTENTION)
         self.additive = attention_kind == "eager"
         self.dtype = next(model.parameters()).dtype
 

@@ -41,6 +41,7 @@ from spanrl.trainer_bridge.torch_backend.engine.requests import (
 )
 from spanrl.trainer_bridge.torch_backend.engine.sampling import Sampler
 from spanrl.trainer_bridge.torch_backend.engine.scheduler import Scheduler
+from spanrl.trainer_bridge.torch_backend.engine.shared_prefix import use_shared_prefix_attention
 from spanrl.trainer_bridge.torch_backend.engine.weight_swaps import PendingSwap
 from spanrl.trainer_bridge.torch_backend.server.chat_format import encode_chat, encode_text
 
@@ -58,8 +59,11 @@ class PolicyEngine:
 
     def __init__(self, model: Any, tokenizer: Any, model_name: str = "policy", version: int = 0,
                  max_batch_size: int = 64, max_n: int = 64, batch_wait_s: float = 0.02,
-                 max_queued_requests: int = 1024, prefix_cache_mb: float = DEFAULT_PREFIX_CACHE_MB):
+                 max_queued_requests: int = 1024, prefix_cache_mb: float = DEFAULT_PREFIX_CACHE_MB,
+                 shared_prefix_attention: bool = True):
         self.model = model.eval()
+        # decode steps read a prompt beginning every row shares once (engine/shared_prefix.py)
+        shared_attention = shared_prefix_attention and use_shared_prefix_attention(model)
         self.tokenizer = tokenizer
         self.model_name = model_name
         self.max_n = max_n
@@ -74,7 +78,7 @@ class PolicyEngine:
             pad_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0,
             version=version, max_batch_size=max_batch_size, batch_wait_s=batch_wait_s,
             grammars=Grammars(tokenizer, self._detokenizer), max_queued=max_queued_requests,
-            prefix_cache_bytes=int(prefix_cache_mb * 2**20))
+            prefix_cache_bytes=int(prefix_cache_mb * 2**20), shared_prefix_attention=shared_attention)
         self.stats: EngineStats = self._scheduler.stats
         self._directory_load = threading.Lock()  # one HTTP weight load at a time: its version check holds
 

@@ -54,6 +54,7 @@ from spanrl.trainer_bridge.torch_backend.engine.sampling import (
     row_top_logprobs,
     sampled_logprobs,
 )
+from spanrl.trainer_bridge.torch_backend.engine.shared_prefix import SharedPrefix
 from spanrl.trainer_bridge.torch_backend.engine.weight_swaps import ALL, PendingSwap, SwapSlot, load_swap
 
 logger = logging.getLogger(__name__)
@@ -69,8 +70,9 @@ class Scheduler:
 
     def __init__(self, model: Any, detokenizer: Detokenizer, sampler: Sampler, masks: AttentionMasks, *,
                  pad_id: int, version: int, max_batch_size: int, batch_wait_s: float, grammars: Grammars,
-                 max_queued: int = 1024, prefix_cache_bytes: int = 0):
+                 max_queued: int = 1024, prefix_cache_bytes: int = 0, shared_prefix_attention: bool = False):
         self.model = model
+        self.shared_prefix_attention = shared_prefix_attention  # the model's attention is shared_prefix.py's
         self.grammars = grammars
         self.detokenizer = detokenizer
         self.sampler = sampler
@@ -334,9 +336,12 @@ class Scheduler:
         """One forward pass for every running row (its last sampled token), one new token each."""
         attention = batch.append_column()
         self._route(batch.rows)
+        shared: dict[str, Any] = {}
+        if self.shared_prefix_attention and batch.shared_length and len(batch.rows) > 1:
+            shared["shared_prefix"] = SharedPrefix.for_step(batch.shared_length, attention)
         output = self.model(input_ids=batch.next_ids.unsqueeze(1), attention_mask=self.masks.decode(attention),
                             position_ids=batch.positions.unsqueeze(1), past_key_values=batch.cache,
-                            use_cache=True)
+                            use_cache=True, **shared)
         batch.cache = output.past_key_values
         batch.positions = batch.positions + 1
         self._sample_step(batch, output.logits[:, -1, :])

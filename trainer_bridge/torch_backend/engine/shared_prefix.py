@@ -1,0 +1,158 @@
+"""Decode-step attention that reads a prompt prefix shared by every row once, not once per row.
+
+An agent's rows share long prompt beginnings (instructions, tool schemas, a GRPO group's task). The
+running batch keeps each row's keys and values whole (``kv_cache.py``), so a decode step's
+attention reads the shared beginning once per row from memory: 16 rows over ~900 columns, ~850 of
+them shared, spend most of a step there (sdpa, ~3.5 ms a layer of a ~21 ms step, preset ``small``).
+vLLM's paged cache shares those blocks, which then stay in the CPU's caches.
+
+When every row's prompt starts with the same ``length`` tokens (same adapter; ``SharedPrefix``),
+a decode step splits each row's attention in two: over the shared keys, taken once from one row
+(a view) for all the rows' queries together, and over each row's columns after its shared part;
+the two are combined by their log-sum-exps (as flash attention combines blocks). The result
+equals attention over all the columns (1e-6). Rows are left-padded, so row ``i``'s shared part is
+its columns ``[first_i, first_i + length)``; the second part covers the columns from the smallest
+``first_i + length`` on, each row masking the shared columns it has there.
+
+``use_shared_prefix_attention`` registers the function with transformers' attention interface
+under its own name (``ATTENTION``), for a model that uses sdpa; it calls sdpa whenever the model
+call passes no ``shared_prefix`` (prefill passes, training, any other caller).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+ATTENTION = "spanrl_shared_prefix"
+MIN_SHARED_TOKENS = 64  # below this the split's own fixed cost outweighs what it saves
+
+
+@dataclass(frozen=True)
+class SharedPrefix:
+    """A decode step's shared prompt beginning: ``length`` tokens from row 0's column
+    ``first_of_row_0`` (each row's first real column); the second part's columns start at
+    ``start``, where ``rest_mask`` (``[rows, 1, 1, columns - start]``, True: attend) leaves each
+    row its own columns."""
+
+    length: int
+    first_of_row_0: int
+    start: int
+    rest_mask: torch.Tensor
+
+    @classmethod
+    def for_step(cls, length: int, attention: torch.Tensor) -> SharedPrefix:
+        """The step's split for rows left-padded in ``attention`` ``[rows, columns]`` (1 = real)."""
+        columns = attention.shape[1]
+        first = columns - attention.sum(dim=1)
+        start = int(first.min()) + length
+        column = torch.arange(start, columns, device=attention.device)
+        rest = (column.unsqueeze(0) >= (first + length).unsqueeze(1)) & attention[:, start:].bool()
+        return cls(length, int(first[0]), start, rest[:, None, None, :])
+
+
+def shared_length(rows: list) -> int:
+    """How many prompt tokens every row's request starts with (0 under ``MIN_SHARED_TOKENS``, or
+    when the rows' adapters differ: their keys differ)."""
+    first = rows[0].request
+    length = len(first.prompt_ids)
+    for row in rows[1:]:
+        request = row.request
+        if request is first:
+            continue
+        if request.params.adapter != first.params.adapter:
+            return 0
+        length = common_prefix_length(first.prompt_ids, request.prompt_ids, length)
+        if length < MIN_SHARED_TOKENS:
+            return 0
+    return length if length >= MIN_SHARED_TOKENS else 0
+
+
+def common_prefix_length(a: list[int], b: list[int], limit: int) -> int:
+    """The number of leading tokens ``a`` and ``b`` share, at most ``limit``."""
+    limit = min(limit, len(a), len(b))
+    if a[:limit] == b[:limit]:
+        return limit
+    low, high = 0, limit  # a[:low] == b[:low], a[:high] != b[:high]
+    while high - low > 1:
+        middle = (low + high) // 2
+        if a[:middle] == b[:middle]:
+            low = middle
+        else:
+            high = middle
+    return low
+
+
+def shared_prefix_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                            attention_mask: torch.Tensor | None, scaling: float | None = None,
+                            shared_prefix: SharedPrefix | None = None, **kwargs: Any) -> tuple[torch.Tensor, None]:
+    """transformers' attention function: sdpa, or the split over ``shared_prefix`` for one query
+    a row. Returns ``[rows, queries, heads, head_dim]`` as sdpa's does."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    if shared_prefix is None or query.shape[2] != 1:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, **kwargs)
+    rows, query_heads, _, head_dim = query.shape
+    kv_heads = key.shape[1]
+    groups = query_heads // kv_heads
+    scale = head_dim**-0.5 if scaling is None else scaling
+    grouped = query[:, :, 0, :].reshape(rows, kv_heads, groups, head_dim)
+    shared_out, shared_lse = _over_shared(grouped, key, value, shared_prefix, scale)
+    rest_out, rest_lse = _over_rest(grouped, key, value, shared_prefix, scale)
+    top = torch.maximum(shared_lse, rest_lse)
+    shared_weight, rest_weight = torch.exp(shared_lse - top), torch.exp(rest_lse - top)
+    combined = (shared_out * shared_weight.unsqueeze(-1) + rest_out * rest_weight.unsqueeze(-1)) / (
+        shared_weight + rest_weight).unsqueeze(-1)
+    return combined.reshape(rows, 1, query_heads, head_dim).to(query.dtype), None
+
+
+def _over_shared(grouped: torch.Tensor, key: torch.Tensor, value: torch.Tensor, shared: SharedPrefix,
+                 scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every row's queries against the shared keys of row 0 (one matrix product a head); output
+    ``[rows, kv_heads, groups, head_dim]`` and log-sum-exp ``[rows, kv_heads, groups]``."""
+    rows, kv_heads, groups, head_dim = grouped.shape
+    first = shared.first_of_row_0
+    keys = key[0, :, first:first + shared.length]  # [kv_heads, length, head_dim], a view
+    values = value[0, :, first:first + shared.length]
+    queries = grouped.permute(1, 0, 2, 3).reshape(kv_heads, rows * groups, head_dim)
+    scores = torch.matmul(queries, keys.transpose(1, 2)).float() * scale
+    lse = torch.logsumexp(scores, dim=-1)
+    out = torch.matmul(torch.softmax(scores, dim=-1).to(values.dtype), values).float()
+    back = (kv_heads, rows, groups)
+    return (out.reshape(*back, head_dim).permute(1, 0, 2, 3), lse.reshape(back).permute(1, 0, 2))
+
+
+def _over_rest(grouped: torch.Tensor, key: torch.Tensor, value: torch.Tensor, shared: SharedPrefix,
+               scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's queries against its own columns after the shared part (the step's own token
+    among them, so no row's set is empty)."""
+    keys, values = key[:, :, shared.start:], value[:, :, shared.start:]  # [rows, kv_heads, rest, head_dim]
+    scores = torch.matmul(grouped, keys.transpose(2, 3)).float() * scale  # [rows, kv_heads, groups, rest]
+    scores = scores.masked_fill(~shared.rest_mask, float("-inf"))
+    lse = torch.logsumexp(scores, dim=-1)
+    out = torch.matmul(torch.softmax(scores, dim=-1).to(values.dtype), values).float()
+    return out, lse
+
+
+def use_shared_prefix_attention(model: Any) -> bool:
+    """Register ``shared_prefix_attention`` and switch ``model`` to it when the model runs sdpa
+    through transformers' attention interface; False (the model left as it was) otherwise."""
+    config = getattr(model, "config", None)
+    if getattr(config, "_attn_implementation", None) != "sdpa":
+        return False
+    try:
+        from transformers import AttentionInterface, AttentionMaskInterface
+        from transformers.masking_utils import sdpa_mask
+
+        AttentionInterface.register(ATTENTION, shared_prefix_attention)
+        AttentionMaskInterface.register(ATTENTION, sdpa_mask)
+        model.set_attn_implementation(ATTENTION)
+    except Exception:  # an older or different transformers: plain sdpa is as correct
+        logger.warning("shared-prefix attention is unavailable; the engine uses sdpa", exc_info=True)
+        return False
+    return getattr(model.config, "_attn_implementation", None) == ATTENTION
