@@ -20,9 +20,11 @@ from spanrl.trainer_bridge.torch_backend.engine.shared_prefix import (
 )
 
 
-@pytest.mark.parametrize("groups", [1, 2])
-def test_the_split_equals_attention_over_every_column(groups):
-    """Left-padded rows whose first ``length`` real columns hold the same keys and values."""
+@pytest.mark.parametrize(("groups", "queries"), [(1, 1), (2, 1), (2, 3)])
+def test_the_split_equals_attention_over_every_column(groups, queries):
+    """Left-padded rows whose first ``length`` real columns hold the same keys and values; one
+    query a row (a decode step) or several, causal among themselves (a prefill pass after cached
+    tokens)."""
     torch.manual_seed(0)
     rows, kv_heads, head_dim, columns, length = 5, 2, 8, 40, 20
     first = torch.tensor([0, 3, 7, 1, 12])  # the last row's own columns start past others' shared ones
@@ -32,14 +34,15 @@ def test_the_split_equals_attention_over_every_column(groups):
     for row, start in enumerate(first.tolist()):
         key[row, :, start:start + length], value[row, :, start:start + length] = shared_keys, shared_values
         attention[row, start:] = 1
-    query = torch.randn(rows, kv_heads * groups, 1, head_dim)
+    query = torch.randn(rows, kv_heads * groups, queries, head_dim)
     module = SimpleNamespace(num_key_value_groups=groups, is_causal=True, training=False)
-    mask = attention.bool()[:, None, None, :]
+    causal = torch.ones(columns, columns, dtype=torch.bool).tril()[columns - queries:]
+    mask = (causal.unsqueeze(0) & attention.bool().unsqueeze(1)).unsqueeze(1)  # [rows, 1, queries, columns]
     expected, _ = shared_prefix_attention(module, query, key, value, mask)  # no split: sdpa
-    split = SharedPrefix.for_step(length, attention)
+    split = SharedPrefix.for_step(length, attention, queries)
     assert split.start == int(first.min()) + length and split.first_of_row_0 == 0
     got, _ = shared_prefix_attention(module, query, key, value, mask, shared_prefix=split)
-    assert got.shape == (rows, 1, kv_heads * groups, head_dim)
+    assert got.shape == (rows, queries, kv_heads * groups, head_dim)
     assert torch.allclose(got, expected, atol=1e-5)
     key[4, :, 0] += 100.0  # a padding column of the last row: masked in both
     got, _ = shared_prefix_attention(module, query, key, value, mask, shared_prefix=split)
@@ -86,3 +89,33 @@ def test_rows_sharing_a_long_prompt_decode_split_and_get_a_forward_passes_logpro
         for choice in result.choices:
             expected = forward_logprobs(engine.model, prompt, choice.token_ids)
             assert torch.allclose(torch.tensor(choice.logprobs), expected, atol=1e-4)
+
+
+def test_prompts_after_a_cached_beginning_are_prefilled_split_and_get_a_forward_passes_logprobs(engine,
+                                                                                                 forward_logprobs):
+    """Three prompts whose cached beginning is the same join a running batch at one step: their
+    prefill pass reads that beginning once too."""
+    engine.generate(_long_chat(engine, "What is 9 + 9?"), SamplingParams(max_tokens=2, temperature=0.0))
+    prompts = [_long_chat(engine, question) for question in ("What is 1 + 2?", "And 30 + 12?", "Sum 5 and 6.")]
+    passes: list[tuple[int, SharedPrefix | None]] = []
+    handle = engine.model.register_forward_pre_hook(
+        lambda module, args, kwargs: passes.append((kwargs["input_ids"].shape[1], kwargs.get("shared_prefix"))),
+        with_kwargs=True)
+    jobs: list = []
+
+    def join_together(event) -> None:  # on the engine thread: all three join at the next step
+        if event.choice == 0 and not jobs:
+            jobs.extend(engine.submit(prompt, SamplingParams(max_tokens=6, logprobs=True, temperature=1.0, seed=i))
+                        for i, prompt in enumerate(prompts))
+
+    try:
+        engine.submit(engine.encode_chat([{"role": "user", "content": "Hi"}]),
+                      SamplingParams(max_tokens=6, temperature=0.0), on_token=join_together).wait(60)
+        results = [job.wait(60) for job in jobs]
+    finally:
+        handle.remove()
+    split_prefills = [split for width, split in passes if width > 1 and split is not None]
+    assert len(split_prefills) == 1 and split_prefills[0].length >= MIN_SHARED_TOKENS
+    for prompt, result in zip(prompts, results, strict=True):
+        expected = forward_logprobs(engine.model, prompt, result.choices[0].token_ids)
+        assert torch.allclose(torch.tensor(result.choices[0].logprobs), expected, atol=1e-4)

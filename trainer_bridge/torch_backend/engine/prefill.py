@@ -20,6 +20,7 @@ from transformers.cache_utils import DynamicCache
 from spanrl.trainer_bridge.torch_backend.engine.growing_cache import GrowingLayer, spare_columns
 from spanrl.trainer_bridge.torch_backend.engine.kv_cache import AttentionMasks, left_padded_prompts
 from spanrl.trainer_bridge.torch_backend.engine.prefix_cache import PrefixCache, PrefixHit
+from spanrl.trainer_bridge.torch_backend.engine.shared_prefix import MIN_SHARED_TOKENS, SharedPrefix
 
 # a prefill group: its rows, and (for the pass after cached prefixes) each request's hit by id(request)
 PrefillGroup = tuple[list, dict[int, PrefixHit] | None]
@@ -64,19 +65,21 @@ def distinct_prompts(rows: list) -> tuple[list, list[int]]:
 
 
 def prefill_inputs(prompts: list[list[int]], hits: list[PrefixHit] | None, pad_id: int, masks: AttentionMasks,
-                   device: torch.device) -> tuple[dict, torch.Tensor]:
+                   device: torch.device, shared: int = 0) -> tuple[dict, torch.Tensor]:
     """The model's inputs for a prefill pass, and the pass's attention ``[rows, columns]``:
-    ``prompts`` left-padded, or (with ``hits``, one a prompt) what follows their cached prefixes."""
+    ``prompts`` left-padded, or (with ``hits``, one a prompt) what follows their cached prefixes;
+    ``shared``: how many tokens all the prompts start with, when the model's attention can read
+    them once (``shared_prefix.py``), else 0."""
     if hits is None:
         input_ids, attention, positions = left_padded_prompts(prompts, pad_id, device)
         plain: dict[str, Any] = {"input_ids": input_ids, "attention_mask": masks.prefill(attention),
                                  "position_ids": positions}
         return plain, attention
-    return inputs_after_prefixes(prompts, hits, pad_id, masks, device)
+    return inputs_after_prefixes(prompts, hits, pad_id, masks, device, shared)
 
 
 def inputs_after_prefixes(prompts: list[list[int]], hits: list[PrefixHit], pad_id: int, masks: AttentionMasks,
-                          device: torch.device) -> tuple[dict, torch.Tensor]:
+                          device: torch.device, shared: int = 0) -> tuple[dict, torch.Tensor]:
     """One pass over the tokens that follow each prompt's cached prefix. The prompts are
     left-padded as in a plain pass; the pass computes the last ``new`` columns, as many as the
     longest uncached part, and a cache of the columns before them holds the cached keys and
@@ -102,6 +105,9 @@ def inputs_after_prefixes(prompts: list[list[int]], hits: list[PrefixHit], pad_i
         cache.layers.append(GrowingLayer.left_padded(rows, past, new + spare_columns(width)))
     inputs: dict[str, Any] = {"input_ids": input_ids.to(device), "position_ids": positions, "past_key_values": cache,
                               "attention_mask": masks.prefill(attention, new)}
+    split = min(shared, *cached)  # the shared tokens every row has before the pass's first query
+    if split >= MIN_SHARED_TOKENS and len(prompts) > 1:
+        inputs["shared_prefix"] = SharedPrefix.for_step(split, attention, new)
     return inputs, attention
 
 

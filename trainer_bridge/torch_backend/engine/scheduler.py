@@ -54,7 +54,7 @@ from spanrl.trainer_bridge.torch_backend.engine.sampling import (
     row_top_logprobs,
     sampled_logprobs,
 )
-from spanrl.trainer_bridge.torch_backend.engine.shared_prefix import SharedPrefix
+from spanrl.trainer_bridge.torch_backend.engine.shared_prefix import SharedPrefix, shared_length
 from spanrl.trainer_bridge.torch_backend.engine.weight_swaps import ALL, PendingSwap, SwapSlot, load_swap
 
 logger = logging.getLogger(__name__)
@@ -318,8 +318,9 @@ class Scheduler:
         distinct, index = distinct_prompts(rows)
         self._route(distinct)
         prefixes = None if hits is None else [hits[id(row.request)] for row in distinct]
+        shared = shared_length(distinct) if self.shared_prefix_attention and hits is not None else 0
         inputs, attention = prefill_inputs([r.request.prompt_ids for r in distinct], prefixes, self.pad_id,
-                                           self.masks, self.device)
+                                           self.masks, self.device, shared)
         output = self.model(**inputs, use_cache=True, logits_to_keep=1)
         cache, logits = output.past_key_values, output.logits[:, -1, :]
         if len(distinct) < len(rows):

@@ -1,4 +1,4 @@
-"""Decode-step attention that reads a prompt prefix shared by every row once, not once per row.
+"""Attention that reads a prompt beginning shared by every row of a batch once, not once per row.
 
 An agent's rows share long prompt beginnings (instructions, tool schemas, a GRPO group's task). The
 running batch keeps each row's keys and values whole (``kv_cache.py``), so a decode step's
@@ -7,7 +7,8 @@ them shared, spend most of a step there (sdpa, ~3.5 ms a layer of a ~21 ms step,
 vLLM's paged cache shares those blocks, which then stay in the CPU's caches.
 
 When every row's prompt starts with the same ``length`` tokens (same adapter; ``SharedPrefix``),
-a decode step splits each row's attention in two: over the shared keys, taken once from one row
+a decode step, or a prefill pass over the tokens after cached ones (``prefill.py``), splits each
+row's attention in two: over the shared keys, taken once from one row
 (a view) for all the rows' queries together, and over each row's columns after its shared part;
 the two are combined by their log-sum-exps (as flash attention combines blocks). The result
 equals attention over all the columns (1e-6). Rows are left-padded, so row ``i``'s shared part is
@@ -35,10 +36,10 @@ MIN_SHARED_TOKENS = 64  # below this the split's own fixed cost outweighs what i
 
 @dataclass(frozen=True)
 class SharedPrefix:
-    """A decode step's shared prompt beginning: ``length`` tokens from row 0's column
-    ``first_of_row_0`` (each row's first real column); the second part's columns start at
-    ``start``, where ``rest_mask`` (``[rows, 1, 1, columns - start]``, True: attend) leaves each
-    row its own columns."""
+    """A forward pass's shared prompt beginning: ``length`` tokens from row 0's column
+    ``first_of_row_0`` (each row's first real column), before every query of the pass; the second
+    part's columns start at ``start``, where ``rest_mask`` (``[rows, 1, queries, columns - start]``,
+    True: attend) leaves each query its own row's columns it may see."""
 
     length: int
     first_of_row_0: int
@@ -46,14 +47,22 @@ class SharedPrefix:
     rest_mask: torch.Tensor
 
     @classmethod
-    def for_step(cls, length: int, attention: torch.Tensor) -> SharedPrefix:
-        """The step's split for rows left-padded in ``attention`` ``[rows, columns]`` (1 = real)."""
+    def for_step(cls, length: int, attention: torch.Tensor, queries: int = 1) -> SharedPrefix:
+        """The split of a pass whose queries are the last ``queries`` columns of rows left-padded
+        in ``attention`` ``[rows, columns]`` (1 = real): a decode step's one, or a prefill pass's
+        tokens after cached ones (causal among them; a padding query may see every column, as in
+        ``AttentionMasks.prefill``). ``length`` must end before the first query's column."""
         columns = attention.shape[1]
+        real = attention.bool()
         first = columns - attention.sum(dim=1)
         start = int(first.min()) + length
         column = torch.arange(start, columns, device=attention.device)
-        rest = (column.unsqueeze(0) >= (first + length).unsqueeze(1)) & attention[:, start:].bool()
-        return cls(length, int(first[0]), start, rest[:, None, None, :])
+        own = (column.unsqueeze(0) >= (first + length).unsqueeze(1)) & real[:, start:]  # [rows, rest]
+        query_column = torch.arange(columns - queries, columns, device=attention.device)
+        causal = column.unsqueeze(0) <= query_column.unsqueeze(1)  # [queries, rest]
+        padding_query = ~real[:, columns - queries:]  # [rows, queries]
+        allowed = (own.unsqueeze(1) & causal.unsqueeze(0)) | padding_query.unsqueeze(2)
+        return cls(length, int(first[0]), start, allowed.unsqueeze(1))
 
 
 def shared_length(rows: list) -> int:
@@ -91,49 +100,50 @@ def common_prefix_length(a: list[int], b: list[int], limit: int) -> int:
 def shared_prefix_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                             attention_mask: torch.Tensor | None, scaling: float | None = None,
                             shared_prefix: SharedPrefix | None = None, **kwargs: Any) -> tuple[torch.Tensor, None]:
-    """transformers' attention function: sdpa, or the split over ``shared_prefix`` for one query
-    a row. Returns ``[rows, queries, heads, head_dim]`` as sdpa's does."""
+    """transformers' attention function: sdpa, or the split over ``shared_prefix``. Returns
+    ``[rows, queries, heads, head_dim]`` as sdpa's does."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    if shared_prefix is None or query.shape[2] != 1:
+    if shared_prefix is None:
         return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, **kwargs)
-    rows, query_heads, _, head_dim = query.shape
+    rows, query_heads, queries, head_dim = query.shape
     kv_heads = key.shape[1]
     groups = query_heads // kv_heads
     scale = head_dim**-0.5 if scaling is None else scaling
-    grouped = query[:, :, 0, :].reshape(rows, kv_heads, groups, head_dim)
+    grouped = query.reshape(rows, kv_heads, groups * queries, head_dim)  # a head's groups, then its queries
     shared_out, shared_lse = _over_shared(grouped, key, value, shared_prefix, scale)
-    rest_out, rest_lse = _over_rest(grouped, key, value, shared_prefix, scale)
+    rest_out, rest_lse = _over_rest(grouped, key, value, shared_prefix, scale, groups)
     top = torch.maximum(shared_lse, rest_lse)
     shared_weight, rest_weight = torch.exp(shared_lse - top), torch.exp(rest_lse - top)
     combined = (shared_out * shared_weight.unsqueeze(-1) + rest_out * rest_weight.unsqueeze(-1)) / (
         shared_weight + rest_weight).unsqueeze(-1)
-    return combined.reshape(rows, 1, query_heads, head_dim).to(query.dtype), None
+    return combined.reshape(rows, query_heads, queries, head_dim).transpose(1, 2).to(query.dtype), None
 
 
 def _over_shared(grouped: torch.Tensor, key: torch.Tensor, value: torch.Tensor, shared: SharedPrefix,
                  scale: float) -> tuple[torch.Tensor, torch.Tensor]:
     """Every row's queries against the shared keys of row 0 (one matrix product a head); output
-    ``[rows, kv_heads, groups, head_dim]`` and log-sum-exp ``[rows, kv_heads, groups]``."""
-    rows, kv_heads, groups, head_dim = grouped.shape
+    ``[rows, kv_heads, queries, head_dim]`` and log-sum-exp ``[rows, kv_heads, queries]``."""
+    rows, kv_heads, queries, head_dim = grouped.shape
     first = shared.first_of_row_0
     keys = key[0, :, first:first + shared.length]  # [kv_heads, length, head_dim], a view
     values = value[0, :, first:first + shared.length]
-    queries = grouped.permute(1, 0, 2, 3).reshape(kv_heads, rows * groups, head_dim)
-    scores = torch.matmul(queries, keys.transpose(1, 2)).float() * scale
+    flat = grouped.permute(1, 0, 2, 3).reshape(kv_heads, rows * queries, head_dim)
+    scores = torch.matmul(flat, keys.transpose(1, 2)).float() * scale
     lse = torch.logsumexp(scores, dim=-1)
     out = torch.matmul(torch.softmax(scores, dim=-1).to(values.dtype), values).float()
-    back = (kv_heads, rows, groups)
+    back = (kv_heads, rows, queries)
     return (out.reshape(*back, head_dim).permute(1, 0, 2, 3), lse.reshape(back).permute(1, 0, 2))
 
 
 def _over_rest(grouped: torch.Tensor, key: torch.Tensor, value: torch.Tensor, shared: SharedPrefix,
-               scale: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Each row's queries against its own columns after the shared part (the step's own token
-    among them, so no row's set is empty)."""
+               scale: float, groups: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's queries against its own columns after the shared part (a query's own column
+    among them, so no query's set is empty)."""
     keys, values = key[:, :, shared.start:], value[:, :, shared.start:]  # [rows, kv_heads, rest, head_dim]
-    scores = torch.matmul(grouped, keys.transpose(2, 3)).float() * scale  # [rows, kv_heads, groups, rest]
-    scores = scores.masked_fill(~shared.rest_mask, float("-inf"))
+    scores = torch.matmul(grouped, keys.transpose(2, 3)).float() * scale  # [rows, kv_heads, queries, rest]
+    mask = shared.rest_mask if groups == 1 else shared.rest_mask.repeat(1, 1, groups, 1)
+    scores = scores.masked_fill(~mask, float("-inf"))
     lse = torch.logsumexp(scores, dim=-1)
     out = torch.matmul(torch.softmax(scores, dim=-1).to(values.dtype), values).float()
     return out, lse
