@@ -10,7 +10,8 @@ When every row's prompt starts with the same ``length`` tokens (same adapter; ``
 a decode step, or a prefill pass over the tokens after cached ones (``prefill.py``), splits each
 row's attention in two: over the shared keys, taken once from one row
 (a view) for all the rows' queries together, and over each row's columns after its shared part;
-the two are combined by their log-sum-exps (as flash attention combines blocks). The result
+the two are combined as flash attention combines blocks (each part's sums rescaled to the larger
+of their largest scores). The result
 equals attention over all the columns (1e-6). Rows are left-padded, so row ``i``'s shared part is
 its columns ``[first_i, first_i + length)``; the second part covers the columns from the smallest
 ``first_i + length`` on, each row masking the shared columns it has there.
@@ -111,42 +112,55 @@ def shared_prefix_attention(module: Any, query: torch.Tensor, key: torch.Tensor,
     groups = query_heads // kv_heads
     scale = head_dim**-0.5 if scaling is None else scaling
     grouped = query.reshape(rows, kv_heads, groups * queries, head_dim)  # a head's groups, then its queries
-    shared_out, shared_lse = _over_shared(grouped, key, value, shared_prefix, scale)
-    rest_out, rest_lse = _over_rest(grouped, key, value, shared_prefix, scale, groups)
-    top = torch.maximum(shared_lse, rest_lse)
-    shared_weight, rest_weight = torch.exp(shared_lse - top), torch.exp(rest_lse - top)
-    combined = (shared_out * shared_weight.unsqueeze(-1) + rest_out * rest_weight.unsqueeze(-1)) / (
-        shared_weight + rest_weight).unsqueeze(-1)
+    shared = _over_shared(grouped, key, value, shared_prefix, scale)
+    rest = _over_rest(grouped, key, value, shared_prefix, scale, groups)
+    top = torch.maximum(shared.top, rest.top)
+    shared_weight, rest_weight = torch.exp(shared.top - top), torch.exp(rest.top - top)
+    combined = (shared.weighted * shared_weight.unsqueeze(-1) + rest.weighted * rest_weight.unsqueeze(-1)) / (
+        shared.total * shared_weight + rest.total * rest_weight).unsqueeze(-1)
     return combined.reshape(rows, query_heads, queries, head_dim).transpose(1, 2).to(query.dtype), None
 
 
+@dataclass(frozen=True)
+class PartialAttention:
+    """One part of a query's attention, not normalised: ``weighted`` = sum of exp(score - top) x
+    value, ``total`` = sum of exp(score - top), ``top`` the part's largest score (a part's softmax
+    output is weighted / total; two parts combine by rescaling both to the larger top)."""
+
+    weighted: torch.Tensor
+    total: torch.Tensor
+    top: torch.Tensor
+
+
+def _partial(scores: torch.Tensor, values: torch.Tensor) -> PartialAttention:
+    top = scores.amax(dim=-1)
+    weights = torch.exp(scores - top.unsqueeze(-1))
+    return PartialAttention(torch.matmul(weights.to(values.dtype), values).float(), weights.sum(dim=-1), top)
+
+
 def _over_shared(grouped: torch.Tensor, key: torch.Tensor, value: torch.Tensor, shared: SharedPrefix,
-                 scale: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Every row's queries against the shared keys of row 0 (one matrix product a head); output
-    ``[rows, kv_heads, queries, head_dim]`` and log-sum-exp ``[rows, kv_heads, queries]``."""
+                 scale: float) -> PartialAttention:
+    """Every row's queries against the shared keys of row 0 (one matrix product a head), as
+    ``[rows, kv_heads, queries, ...]``."""
     rows, kv_heads, queries, head_dim = grouped.shape
     first = shared.first_of_row_0
     keys = key[0, :, first:first + shared.length]  # [kv_heads, length, head_dim], a view
     values = value[0, :, first:first + shared.length]
     flat = grouped.permute(1, 0, 2, 3).reshape(kv_heads, rows * queries, head_dim)
-    scores = torch.matmul(flat, keys.transpose(1, 2)).float() * scale
-    lse = torch.logsumexp(scores, dim=-1)
-    out = torch.matmul(torch.softmax(scores, dim=-1).to(values.dtype), values).float()
+    part = _partial(torch.matmul(flat, keys.transpose(1, 2)).float() * scale, values)
     back = (kv_heads, rows, queries)
-    return (out.reshape(*back, head_dim).permute(1, 0, 2, 3), lse.reshape(back).permute(1, 0, 2))
+    return PartialAttention(part.weighted.reshape(*back, head_dim).permute(1, 0, 2, 3),
+                            part.total.reshape(back).permute(1, 0, 2), part.top.reshape(back).permute(1, 0, 2))
 
 
 def _over_rest(grouped: torch.Tensor, key: torch.Tensor, value: torch.Tensor, shared: SharedPrefix,
-               scale: float, groups: int) -> tuple[torch.Tensor, torch.Tensor]:
+               scale: float, groups: int) -> PartialAttention:
     """Each row's queries against its own columns after the shared part (a query's own column
     among them, so no query's set is empty)."""
     keys, values = key[:, :, shared.start:], value[:, :, shared.start:]  # [rows, kv_heads, rest, head_dim]
     scores = torch.matmul(grouped, keys.transpose(2, 3)).float() * scale  # [rows, kv_heads, queries, rest]
     mask = shared.rest_mask if groups == 1 else shared.rest_mask.repeat(1, 1, groups, 1)
-    scores = scores.masked_fill(~mask, float("-inf"))
-    lse = torch.logsumexp(scores, dim=-1)
-    out = torch.matmul(torch.softmax(scores, dim=-1).to(values.dtype), values).float()
-    return out, lse
+    return _partial(scores.masked_fill(~mask, float("-inf")), values)
 
 
 def use_shared_prefix_attention(model: Any) -> bool:
