@@ -146,9 +146,11 @@ def test_prompts_arriving_together_are_prefilled_after_their_cached_prefixes_in_
     prompts = [_chat_asking(engine, 1, "And 1 + 2?"), _chat_asking(engine, 4, "And 7 + 70?"),
                _chat_asking(engine, 12, "And 3 + 4?")]
     passes: list[tuple[tuple[int, ...], bool]] = []
-    handle = engine.model.register_forward_pre_hook(
-        lambda module, args, kwargs: passes.append((tuple(kwargs["input_ids"].shape),
-                                                    kwargs.get("past_key_values") is not None)), with_kwargs=True)
+    def record(module, args, kwargs) -> None:
+        cache = kwargs.get("cache", kwargs.get("past_key_values"))  # the argument's new name, or its old one
+        passes.append((tuple(kwargs["input_ids"].shape), cache is not None))
+
+    handle = engine.model.register_forward_pre_hook(record, with_kwargs=True)
     jobs: list = []
 
     def join_together(event) -> None:  # on the engine thread: all three join at the next step

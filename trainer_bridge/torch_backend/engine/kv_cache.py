@@ -10,6 +10,7 @@ builds the 4D masks the engine hands the model where its attention takes one.
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,6 +45,17 @@ class Row:
             index=self.choice, token_ids=list(self.ids), text=self.text, finish_reason=self.finish_reason,
             logprobs=list(self.logprobs) if params.logprobs else None,
             top_logprobs=list(self.top_logprobs) if params.top_logprobs else None)
+
+
+def requests_of(rows: list[Row]) -> list[GenerationRequest]:
+    """The distinct requests of ``rows``, in order."""
+    return list({id(r.request): r.request for r in rows}.values())
+
+
+def fail_rows(rows: list[Row], error: BaseException) -> None:
+    """Fail every request with a row among ``rows``."""
+    for request in requests_of(rows):
+        request.fail(error)
 
 
 class RunningBatch:
@@ -207,3 +219,15 @@ class AttentionMasks:
             return allowed
         mask = torch.zeros(allowed.shape, dtype=self.dtype, device=allowed.device)
         return mask.masked_fill_(~allowed, torch.finfo(self.dtype).min)
+
+
+def cache_keyword(model: Any) -> str:
+    """The name of the model's KV-cache argument: ``cache`` in newer transformers (5.2x, where
+    ``past_key_values`` is deprecated, to be removed in 5.40), ``past_key_values`` before."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
+def output_cache(output: Any) -> Any:
+    """The KV cache a forward pass returned, under either name."""
+    cache = getattr(output, "cache", None)
+    return cache if cache is not None else output.past_key_values

@@ -65,17 +65,21 @@ def distinct_prompts(rows: list) -> tuple[list, list[int]]:
 
 
 def prefill_inputs(prompts: list[list[int]], hits: list[PrefixHit] | None, pad_id: int, masks: AttentionMasks,
-                   device: torch.device, shared: int = 0) -> tuple[dict, torch.Tensor]:
+                   device: torch.device, shared: int = 0,
+                   cache_argument: str = "past_key_values") -> tuple[dict, torch.Tensor]:
     """The model's inputs for a prefill pass, and the pass's attention ``[rows, columns]``:
     ``prompts`` left-padded, or (with ``hits``, one a prompt) what follows their cached prefixes;
     ``shared``: how many tokens all the prompts start with, when the model's attention can read
-    them once (``shared_prefix.py``), else 0."""
+    them once (``shared_prefix.py``), else 0; ``cache_argument``: the model's name for its cache
+    (``kv_cache.cache_keyword``)."""
     if hits is None:
         input_ids, attention, positions = left_padded_prompts(prompts, pad_id, device)
         plain: dict[str, Any] = {"input_ids": input_ids, "attention_mask": masks.prefill(attention),
                                  "position_ids": positions}
         return plain, attention
-    return inputs_after_prefixes(prompts, hits, pad_id, masks, device, shared)
+    inputs, attention = inputs_after_prefixes(prompts, hits, pad_id, masks, device, shared)
+    inputs[cache_argument] = inputs.pop("past_key_values")
+    return inputs, attention
 
 
 def inputs_after_prefixes(prompts: list[list[int]], hits: list[PrefixHit], pad_id: int, masks: AttentionMasks,

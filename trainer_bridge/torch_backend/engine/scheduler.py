@@ -30,7 +30,15 @@ import torch
 
 from spanrl.trainer_bridge.torch_backend.engine.detokenize import Detokenizer
 from spanrl.trainer_bridge.torch_backend.engine.grammar import Grammars, advance
-from spanrl.trainer_bridge.torch_backend.engine.kv_cache import AttentionMasks, Row, RunningBatch
+from spanrl.trainer_bridge.torch_backend.engine.kv_cache import (
+    AttentionMasks,
+    Row,
+    RunningBatch,
+    cache_keyword,
+    fail_rows,
+    output_cache,
+    requests_of,
+)
 from spanrl.trainer_bridge.torch_backend.engine.multi_lora import AdapterSwap, ServedAdapters
 from spanrl.trainer_bridge.torch_backend.engine.prefill import (
     distinct_prompts,
@@ -72,6 +80,7 @@ class Scheduler:
                  pad_id: int, version: int, max_batch_size: int, batch_wait_s: float, grammars: Grammars,
                  max_queued: int = 1024, prefix_cache_bytes: int = 0, shared_prefix_attention: bool = False):
         self.model = model
+        self.cache_argument = cache_keyword(model)
         self.shared_prefix_attention = shared_prefix_attention  # the model's attention is shared_prefix.py's
         self.grammars = grammars
         self.detokenizer = detokenizer
@@ -320,9 +329,9 @@ class Scheduler:
         prefixes = None if hits is None else [hits[id(row.request)] for row in distinct]
         shared = shared_length(distinct) if self.shared_prefix_attention and hits is not None else 0
         inputs, attention = prefill_inputs([r.request.prompt_ids for r in distinct], prefixes, self.pad_id,
-                                           self.masks, self.device, shared)
+                                           self.masks, self.device, shared, self.cache_argument)
         output = self.model(**inputs, use_cache=True, logits_to_keep=1)
-        cache, logits = output.past_key_values, output.logits[:, -1, :]
+        cache, logits = output_cache(output), output.logits[:, -1, :]
         if len(distinct) < len(rows):
             copies = torch.tensor(index, dtype=torch.long, device=self.device)
             cache.batch_select_indices(copies)
@@ -337,13 +346,12 @@ class Scheduler:
         """One forward pass for every running row (its last sampled token), one new token each."""
         attention = batch.append_column()
         self._route(batch.rows)
-        shared: dict[str, Any] = {}
+        extra: dict[str, Any] = {self.cache_argument: batch.cache}
         if self.shared_prefix_attention and batch.shared_length and len(batch.rows) > 1:
-            shared["shared_prefix"] = SharedPrefix.for_step(batch.shared_length, attention)
+            extra["shared_prefix"] = SharedPrefix.for_step(batch.shared_length, attention)
         output = self.model(input_ids=batch.next_ids.unsqueeze(1), attention_mask=self.masks.decode(attention),
-                            position_ids=batch.positions.unsqueeze(1), past_key_values=batch.cache,
-                            use_cache=True, **shared)
-        batch.cache = output.past_key_values
+                            position_ids=batch.positions.unsqueeze(1), use_cache=True, **extra)
+        batch.cache = output_cache(output)
         batch.positions = batch.positions + 1
         self._sample_step(batch, output.logits[:, -1, :])
         return batch.without_finished()
@@ -402,13 +410,3 @@ class Scheduler:
         row.finished = True
         row.finish_reason = reason
         row.request.finish_choice(row.choice_result())
-
-
-def requests_of(rows: list[Row]) -> list[GenerationRequest]:
-    """The distinct requests of ``rows``, in order."""
-    return list({id(r.request): r.request for r in rows}.values())
-
-
-def fail_rows(rows: list[Row], error: BaseException) -> None:
-    for request in requests_of(rows):
-        request.fail(error)
