@@ -175,3 +175,41 @@ def test_prompts_arriving_together_are_prefilled_after_their_cached_prefixes_in_
         for choice in result.choices:
             expected = forward_logprobs(engine.model, prompt, choice.token_ids)
             assert torch.allclose(torch.tensor(choice.logprobs), expected, atol=1e-4)
+
+
+def test_uncached_prompts_sharing_a_long_beginning_prefill_it_once(engine, forward_logprobs):
+    """A cold cache (as after a weight swap) and three new prompts with the same instructions: a
+    one-row pass over their shared whole blocks, kept, then one pass over what follows it."""
+    cache = engine._scheduler.prefix_cache
+    prompts = [_chat_asking(engine, 2, question) for question in ("And 1 + 2?", "And 30 + 12?", "Sum 5 and 6.")]
+    shared = next(i for i, (a, b) in enumerate(zip(prompts[0], prompts[1], strict=False)) if a != b)
+    assert shared >= MIN_REUSED_TOKENS + BLOCK
+    passes: list[tuple[tuple[int, ...], bool]] = []
+
+    def record(module, args, kwargs) -> None:
+        cached = kwargs.get("cache", kwargs.get("past_key_values"))
+        passes.append((tuple(kwargs["input_ids"].shape), cached is not None))
+
+    jobs: list = []
+
+    def join_together(event) -> None:  # on the engine thread: all three join at the next step
+        if event.choice == 0 and not jobs:
+            jobs.extend(engine.submit(prompt, SamplingParams(max_tokens=5, logprobs=True, temperature=1.0, seed=i))
+                        for i, prompt in enumerate(prompts))
+
+    assert len(cache) == 0
+    handle = engine.model.register_forward_pre_hook(record, with_kwargs=True)
+    try:
+        engine.submit(engine.encode_chat([{"role": "user", "content": "Hello"}]),
+                      SamplingParams(max_tokens=6, temperature=0.0), on_token=join_together).wait(60)
+        results = [job.wait(60) for job in jobs]
+    finally:
+        handle.remove()
+    prefills = [(shape, cached) for shape, cached in passes if shape[1] > 1]
+    beginning = shared // BLOCK * BLOCK
+    assert ((1, beginning), False) in prefills  # the shared blocks, alone
+    assert [shape[0] for shape, cached in prefills if cached] == [3]  # then the three prompts, one pass
+    assert not any(shape[0] == 3 and not cached for shape, cached in prefills)
+    for prompt, result in zip(prompts, results, strict=True):
+        expected = forward_logprobs(engine.model, prompt, result.choices[0].token_ids)
+        assert torch.allclose(torch.tensor(result.choices[0].logprobs), expected, atol=1e-4)

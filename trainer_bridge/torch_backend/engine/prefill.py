@@ -5,32 +5,57 @@ that start with no cached prefix (``prefix_cache.py``), left-padded, and one ove
 each cached prefix of the others. The second is what an agent's traffic mostly needs: 16 clients
 whose prompts share ~850 tokens of instructions and history, and whose rows end together, send 16
 new prompts that each compute ~20 new tokens; one pass for all of them costs about what one pass
-for one of them does. Rows sharing a prompt (a request's ``n`` choices, a GRPO group's first calls)
-share one row of either pass (``distinct_prompts``); after the pass ``store_prompts`` keeps every
-prompt's keys and values for later prompts.
+for one of them does. Uncached prompts that share a long beginning (a GRPO step's first calls,
+after a weight swap emptied the cache) get a one-row pass over it first, which the cache keeps,
+and then count among the others. Rows sharing a prompt (a request's ``n`` choices, a GRPO group's
+first calls) share one row of either pass (``distinct_prompts``); after the pass
+``store_prompts`` keeps every prompt's keys and values for later prompts.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
 from transformers.cache_utils import DynamicCache
 
 from spanrl.trainer_bridge.torch_backend.engine.growing_cache import GrowingLayer, spare_columns
-from spanrl.trainer_bridge.torch_backend.engine.kv_cache import AttentionMasks, left_padded_prompts
-from spanrl.trainer_bridge.torch_backend.engine.prefix_cache import PrefixCache, PrefixHit
-from spanrl.trainer_bridge.torch_backend.engine.shared_prefix import MIN_SHARED_TOKENS, SharedPrefix
+from spanrl.trainer_bridge.torch_backend.engine.kv_cache import (
+    AttentionMasks,
+    cache_is_joinable,
+    left_padded_prompts,
+    output_cache,
+)
+from spanrl.trainer_bridge.torch_backend.engine.prefix_cache import BLOCK, MIN_REUSED_TOKENS, PrefixCache, PrefixHit
+from spanrl.trainer_bridge.torch_backend.engine.shared_prefix import MIN_SHARED_TOKENS, SharedPrefix, shared_length
 
 # a prefill group: its rows, and (for the pass after cached prefixes) each request's hit by id(request)
 PrefillGroup = tuple[list, dict[int, PrefixHit] | None]
 
 
-def group_by_prefix(rows: list, cache: PrefixCache | None) -> list[PrefillGroup]:
+def group_by_prefix(rows: list, cache: PrefixCache | None,
+                    keep_beginning: Callable[[list[int], Any], bool] | None = None) -> list[PrefillGroup]:
     """The prefill passes for ``rows`` (a request's choices are contiguous, from choice 0): the
-    requests whose prompt starts with no stored prefix, then those whose prompt does."""
+    requests whose prompt starts with no stored prefix, then those whose prompt does. When the
+    former share a long beginning (a GRPO step's first calls after a weight swap emptied the
+    cache: every task's prompt starts with the same instructions), ``keep_beginning(tokens,
+    adapter)`` prefills it once and stores it, and they join the latter."""
     if cache is None:
         return [(rows, None)]
+    plain, after_prefix, hits = _look_up(rows, cache)
+    beginning = shared_beginning(plain)
+    if beginning is not None and keep_beginning is not None and keep_beginning(beginning,
+                                                                                plain[0].request.params.adapter):
+        plain, now_cached, more_hits = _look_up(plain, cache)
+        after_prefix, hits = after_prefix + now_cached, {**hits, **more_hits}
+    groups: list[PrefillGroup] = [(plain, None)] if plain else []
+    return groups + ([(after_prefix, hits)] if after_prefix else [])
+
+
+def _look_up(rows: list, cache: PrefixCache) -> tuple[list, list, dict[int, PrefixHit]]:
+    """``rows`` whose requests' prompts start with no stored prefix, those whose prompts do, and
+    the latter's hits by id(request)."""
     plain: list = []
     after_prefix: list = []
     hits: dict[int, PrefixHit] = {}
@@ -44,8 +69,29 @@ def group_by_prefix(rows: list, cache: PrefixCache | None) -> list[PrefillGroup]
         else:
             after_prefix.extend(request_rows)
             hits[id(row.request)] = hit
-    groups: list[PrefillGroup] = [(plain, None)] if plain else []
-    return groups + ([(after_prefix, hits)] if after_prefix else [])
+    return plain, after_prefix, hits
+
+
+def shared_beginning(rows: list) -> list[int] | None:
+    """The whole blocks that at least two distinct prompts of ``rows`` (one adapter) all start
+    with, short of each prompt's end, when they are enough to be reused; else None."""
+    distinct, _ = distinct_prompts(rows)
+    if len(distinct) < 2:
+        return None
+    length = min(shared_length(distinct), min(len(row.request.prompt_ids) for row in distinct) - 1)
+    length = length // BLOCK * BLOCK
+    return distinct[0].request.prompt_ids[:length] if length >= MIN_REUSED_TOKENS else None
+
+
+def prefill_and_keep(model: Any, cache: PrefixCache, tokens: list[int], adapter: object, device: torch.device) -> bool:
+    """Prefill ``tokens`` alone (the model routed to ``adapter`` already) and keep their keys and
+    values in ``cache``; False when the model's cache cannot be kept (sliding-window layers)."""
+    output = model(input_ids=torch.tensor([tokens], dtype=torch.long, device=device), use_cache=True, logits_to_keep=1)
+    kept = output_cache(output)
+    if not cache_is_joinable(kept):
+        return False
+    cache.store(tokens, adapter, [(layer.keys, layer.values) for layer in kept.layers])
+    return True
 
 
 def distinct_prompts(rows: list) -> tuple[list, list[int]]:

@@ -43,6 +43,7 @@ from spanrl.trainer_bridge.torch_backend.engine.multi_lora import AdapterSwap, S
 from spanrl.trainer_bridge.torch_backend.engine.prefill import (
     distinct_prompts,
     group_by_prefix,
+    prefill_and_keep,
     prefill_inputs,
     store_prompts,
 )
@@ -311,7 +312,7 @@ class Scheduler:
             request.begin(version)
         try:
             batch = None
-            for group, hits in group_by_prefix(rows, self.prefix_cache):
+            for group, hits in group_by_prefix(rows, self.prefix_cache, self._keep_beginning):
                 part = self._prefill_pass(group, hits)
                 batch = part if batch is None else batch.merge(part)
         except Exception as exc:  # never let one bad request kill the server
@@ -319,6 +320,12 @@ class Scheduler:
             fail_rows(rows, exc)
             return None
         return batch.without_finished() if batch is not None else None
+
+    def _keep_beginning(self, tokens: list[int], adapter: str | None) -> bool:
+        if self.adapters is not None:
+            self.adapters.set_rows([adapter])
+        return self.prefix_cache is not None and prefill_and_keep(self.model, self.prefix_cache, tokens, adapter,
+                                                                  self.device)
 
     def _prefill_pass(self, rows: list[Row], hits: dict[int, PrefixHit] | None) -> RunningBatch:
         """One forward pass over ``rows``' distinct prompts, left-padded, or (``hits``: each
