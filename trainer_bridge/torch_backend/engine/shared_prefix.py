@@ -105,7 +105,7 @@ def shared_prefix_attention(module: Any, query: torch.Tensor, key: torch.Tensor,
     ``[rows, queries, heads, head_dim]`` as sdpa's does."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    if shared_prefix is None:
+    if shared_prefix is None or kwargs.get("sliding_window") is not None:  # a window: its mask says which keys
         return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, **kwargs)
     rows, query_heads, queries, head_dim = query.shape
     kv_heads = key.shape[1]
