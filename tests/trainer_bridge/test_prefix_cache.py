@@ -9,6 +9,8 @@ import torch
 from spanrl.trainer_bridge.torch_backend.engine.policy_engine import PolicyEngine, SamplingParams
 from spanrl.trainer_bridge.torch_backend.engine.prefix_cache import BLOCK, MIN_REUSED_TOKENS, PrefixCache
 
+from .engine_steps import submit_at_one_step
+
 GREEDY = dict(temperature=0.0)
 
 
@@ -135,6 +137,13 @@ def _chat_asking(engine, turns: int, question: str) -> list[int]:
     return engine.encode_chat(messages + [{"role": "user", "content": question}])
 
 
+def _pass(kwargs: dict) -> tuple[tuple[int, ...], bool]:
+    """A forward pass's input shape, and whether it was given a cache (the argument's new name
+    in transformers, or its old one)."""
+    cache = kwargs.get("cache", kwargs.get("past_key_values"))
+    return tuple(kwargs["input_ids"].shape), cache is not None
+
+
 def test_prompts_arriving_together_are_prefilled_after_their_cached_prefixes_in_one_pass(engine, forward_logprobs):
     """Three prompts with cached prefixes of different lengths, and uncached parts of different
     lengths (the longest longer than the shortest prompt, which then has no cached column in the
@@ -146,26 +155,10 @@ def test_prompts_arriving_together_are_prefilled_after_their_cached_prefixes_in_
     prompts = [_chat_asking(engine, 1, "And 1 + 2?"), _chat_asking(engine, 4, "And 7 + 70?"),
                _chat_asking(engine, 12, "And 3 + 4?")]
     passes: list[tuple[tuple[int, ...], bool]] = []
-    def record(module, args, kwargs) -> None:
-        cache = kwargs.get("cache", kwargs.get("past_key_values"))  # the argument's new name, or its old one
-        passes.append((tuple(kwargs["input_ids"].shape), cache is not None))
-
-    handle = engine.model.register_forward_pre_hook(record, with_kwargs=True)
-    jobs: list = []
-
-    def join_together(event) -> None:  # on the engine thread: all three join at the next step
-        if event.choice == 0 and not jobs:
-            jobs.extend(engine.submit(prompt, SamplingParams(max_tokens=5, logprobs=True, n=1 + (i == 1),
-                                                             temperature=1.0, seed=i))
-                        for i, prompt in enumerate(prompts))
-
     hits = cache.hits
-    try:
-        engine.submit(engine.encode_chat([{"role": "user", "content": "Hi"}]), SamplingParams(max_tokens=6, **GREEDY),
-                      on_token=join_together).wait(60)
-        results = [job.wait(60) for job in jobs]
-    finally:
-        handle.remove()
+    results = submit_at_one_step(
+        engine, prompts, lambda i: SamplingParams(max_tokens=5, logprobs=True, n=1 + (i == 1), temperature=1.0, seed=i),
+        lambda kwargs: passes.append(_pass(kwargs)))
     assert cache.hits == hits + 3
     prefills = [shape for shape, with_cache in passes if with_cache and shape[1] > 1]
     assert len(prefills) == 1 and prefills[0][0] == 3  # one pass, one row per distinct prompt
@@ -185,26 +178,10 @@ def test_uncached_prompts_sharing_a_long_beginning_prefill_it_once(engine, forwa
     shared = next(i for i, (a, b) in enumerate(zip(prompts[0], prompts[1], strict=False)) if a != b)
     assert shared >= MIN_REUSED_TOKENS + BLOCK
     passes: list[tuple[tuple[int, ...], bool]] = []
-
-    def record(module, args, kwargs) -> None:
-        cached = kwargs.get("cache", kwargs.get("past_key_values"))
-        passes.append((tuple(kwargs["input_ids"].shape), cached is not None))
-
-    jobs: list = []
-
-    def join_together(event) -> None:  # on the engine thread: all three join at the next step
-        if event.choice == 0 and not jobs:
-            jobs.extend(engine.submit(prompt, SamplingParams(max_tokens=5, logprobs=True, temperature=1.0, seed=i))
-                        for i, prompt in enumerate(prompts))
-
     assert len(cache) == 0
-    handle = engine.model.register_forward_pre_hook(record, with_kwargs=True)
-    try:
-        engine.submit(engine.encode_chat([{"role": "user", "content": "Hello"}]),
-                      SamplingParams(max_tokens=6, temperature=0.0), on_token=join_together).wait(60)
-        results = [job.wait(60) for job in jobs]
-    finally:
-        handle.remove()
+    results = submit_at_one_step(
+        engine, prompts, lambda i: SamplingParams(max_tokens=5, logprobs=True, temperature=1.0, seed=i),
+        lambda kwargs: passes.append(_pass(kwargs)))
     prefills = [(shape, cached) for shape, cached in passes if shape[1] > 1]
     beginning = shared // BLOCK * BLOCK
     assert ((1, beginning), False) in prefills  # the shared blocks, alone

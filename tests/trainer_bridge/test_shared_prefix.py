@@ -19,6 +19,8 @@ from spanrl.trainer_bridge.torch_backend.engine.shared_prefix import (
     shared_prefix_attention,
 )
 
+from .engine_steps import submit_at_one_step
+
 
 @pytest.mark.parametrize(("groups", "queries"), [(1, 1), (2, 1), (2, 3)])
 def test_the_split_equals_attention_over_every_column(groups, queries):
@@ -98,22 +100,9 @@ def test_prompts_after_a_cached_beginning_are_prefilled_split_and_get_a_forward_
     engine.generate(_long_chat(engine, "What is 9 + 9?"), SamplingParams(max_tokens=2, temperature=0.0))
     prompts = [_long_chat(engine, question) for question in ("What is 1 + 2?", "And 30 + 12?", "Sum 5 and 6.")]
     passes: list[tuple[int, SharedPrefix | None]] = []
-    handle = engine.model.register_forward_pre_hook(
-        lambda module, args, kwargs: passes.append((kwargs["input_ids"].shape[1], kwargs.get("shared_prefix"))),
-        with_kwargs=True)
-    jobs: list = []
-
-    def join_together(event) -> None:  # on the engine thread: all three join at the next step
-        if event.choice == 0 and not jobs:
-            jobs.extend(engine.submit(prompt, SamplingParams(max_tokens=6, logprobs=True, temperature=1.0, seed=i))
-                        for i, prompt in enumerate(prompts))
-
-    try:
-        engine.submit(engine.encode_chat([{"role": "user", "content": "Hi"}]),
-                      SamplingParams(max_tokens=6, temperature=0.0), on_token=join_together).wait(60)
-        results = [job.wait(60) for job in jobs]
-    finally:
-        handle.remove()
+    results = submit_at_one_step(
+        engine, prompts, lambda i: SamplingParams(max_tokens=6, logprobs=True, temperature=1.0, seed=i),
+        lambda kwargs: passes.append((kwargs["input_ids"].shape[1], kwargs.get("shared_prefix"))))
     split_prefills = [split for width, split in passes if width > 1 and split is not None]
     assert len(split_prefills) == 1 and split_prefills[0].length >= MIN_SHARED_TOKENS
     for prompt, result in zip(prompts, results, strict=True):
