@@ -123,13 +123,12 @@ def prefill_inputs(prompts: list[list[int]], hits: list[PrefixHit] | None, pad_i
         plain: dict[str, Any] = {"input_ids": input_ids, "attention_mask": masks.prefill(attention),
                                  "position_ids": positions}
         return plain, attention
-    inputs, attention = inputs_after_prefixes(prompts, hits, pad_id, masks, device, shared)
-    inputs[cache_argument] = inputs.pop("past_key_values")
-    return inputs, attention
+    return inputs_after_prefixes(prompts, hits, pad_id, masks, device, shared, cache_argument)
 
 
 def inputs_after_prefixes(prompts: list[list[int]], hits: list[PrefixHit], pad_id: int, masks: AttentionMasks,
-                          device: torch.device, shared: int = 0) -> tuple[dict, torch.Tensor]:
+                          device: torch.device, shared: int = 0,
+                          cache_argument: str = "past_key_values") -> tuple[dict, torch.Tensor]:
     """One pass over the tokens that follow each prompt's cached prefix. The prompts are
     left-padded as in a plain pass; the pass computes the last ``new`` columns, as many as the
     longest uncached part, and a cache of the columns before them holds the cached keys and
@@ -153,7 +152,7 @@ def inputs_after_prefixes(prompts: list[list[int]], hits: list[PrefixHit], pad_i
         rows = [(hit.layers[layer][0][:, :, :tokens], hit.layers[layer][1][:, :, :tokens])
                 for hit, tokens in zip(hits, cached, strict=True)]
         cache.layers.append(GrowingLayer.left_padded(rows, past, new + spare_columns(width)))
-    inputs: dict[str, Any] = {"input_ids": input_ids.to(device), "position_ids": positions, "past_key_values": cache,
+    inputs: dict[str, Any] = {"input_ids": input_ids.to(device), "position_ids": positions, cache_argument: cache,
                               "attention_mask": masks.prefill(attention, new)}
     split = min(shared, *cached)  # the shared tokens every row has before the pass's first query
     if split >= MIN_SHARED_TOKENS and len(prompts) > 1:
