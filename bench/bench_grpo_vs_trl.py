@@ -26,21 +26,25 @@ import warnings
 from pathlib import Path
 
 
-def make_batch(tokenizer, count: int, seed: int, workload: str = "single"):
+def make_batch(tokenizer, count: int, seed: int, workload: str = "single", group_size: int = 1):
     """Chat prompts, random completions ending in <|im_end|>, +-1 advantages.
 
     ``single``: one-turn prompts of 20-130 tokens. ``agent``: the transitions of multi-turn
     agent rollouts — the k-th call of a rollout carries the k earlier turns in its prompt, so
-    prompt lengths spread from ~20 to ~600 tokens.
+    prompt lengths spread from ~20 to ~600 tokens. ``group_size`` samples in a row share their
+    first user turn (a GRPO group: one task, several rollouts): with ``single`` the whole prompt.
     """
     rng = random.Random(seed)
     vocab = len(tokenizer)
     samples = []
+    first_turn = ""
     for index in range(count):
         turns = 1 if workload == "single" else rng.randint(1, 8)
+        if index % group_size == 0:  # (drawn here, group size 1 draws the batches it always drew)
+            first_turn = " ".join(str(rng.randint(1, 999)) for _ in range(rng.randint(2, 30)))
         messages = []
-        for _ in range(turns):
-            words = " ".join(str(rng.randint(1, 999)) for _ in range(rng.randint(2, 30)))
+        for turn in range(turns):
+            words = first_turn if turn == 0 else " ".join(str(rng.randint(1, 999)) for _ in range(rng.randint(2, 30)))
             messages += [{"role": "user", "content": f"Add these: {words}"},
                          {"role": "assistant", "content": f"CALC {words[:40]}"}]
         text = tokenizer.apply_chat_template(messages[:-1], add_generation_prompt=True, tokenize=False)
@@ -50,14 +54,14 @@ def make_batch(tokenizer, count: int, seed: int, workload: str = "single"):
     return samples
 
 
-def spanrl_side(model_dir, batches, lr, device="cpu"):
+def spanrl_side(model_dir, batches, lr, device="cpu", share_prefixes=True):
     from spanrl.trainer_bridge.backend import TrainingSample
     from spanrl.trainer_bridge.torch_backend.config import TrainerConfig
     from spanrl.trainer_bridge.torch_backend.trainer import TorchTrainer
 
     # default micro-batching: length-sorted, 8192 tokens
     trainer = TorchTrainer(model_dir, TrainerConfig(learning_rate=lr, device=device, grad_clip=1.0,
-                                                    loss_agg_mode="token-mean"))
+                                                    loss_agg_mode="token-mean", share_prefixes=share_prefixes))
 
     def step(batch):
         trainer.grpo_step([TrainingSample(p, c, a) for p, c, a in batch])
@@ -129,6 +133,10 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--workload", choices=["single", "agent"], default="single",
                         help="single-turn prompts, or multi-turn agent transitions (prompts up to ~600 tokens)")
+    parser.add_argument("--group-size", type=int, default=1,
+                        help="samples in a row that share their first user turn (GRPO's group; 1: none share)")
+    parser.add_argument("--share-prefixes", choices=["on", "off"], default="on",
+                        help="spanrl packs a beginning shared by several samples once (the default) or not")
     parser.add_argument("--steps", type=int, default=5, help="timed steps per side (after one warm-up)")
     parser.add_argument("--lr", type=float, default=1e-5)
     parser.add_argument("--device", default="cpu",
@@ -150,12 +158,14 @@ def main() -> None:
         model_dir = Path(args.model_dir) if args.model_dir else create_model_dir(
             Path(scratch) / args.preset, preset=args.preset, seed=0)
         tokenizer = AutoTokenizer.from_pretrained(model_dir)
-        batches = [make_batch(tokenizer, args.batch, seed, args.workload) for seed in range(args.steps + 1)]
+        batches = [make_batch(tokenizer, args.batch, seed, args.workload, args.group_size)
+                   for seed in range(args.steps + 1)]
         tokens = sum(len(p) + len(c) for batch in batches[1:] for p, c, _ in batch)
         print(f"model {model_dir.name} ({args.preset}), {args.workload} workload, batch {args.batch}, "
+              f"groups of {args.group_size}, spanrl's shared prefixes {args.share_prefixes}, "
               f"{args.steps} timed steps, "
               f"{tokens} tokens, torch threads {torch.get_num_threads()}")
-        ours = timed(spanrl_side(model_dir, batches, args.lr, args.device), batches)
+        ours = timed(spanrl_side(model_dir, batches, args.lr, args.device, args.share_prefixes == "on"), batches)
         theirs = timed(trl_side(model_dir, batches, args.lr, str(Path(scratch) / "trl")), batches)
     print(f"spanrl TorchTrainer.grpo_step : {tokens / ours:10.0f} tokens/s ({ours / args.steps * 1000:.0f} ms/step)")
     print(f"TRL GRPOTrainer update        : {tokens / theirs:10.0f} tokens/s "

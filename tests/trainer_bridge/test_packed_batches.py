@@ -2,7 +2,9 @@
 
 Packing must change nothing but speed: the same logprobs, gradients and GRPO update as padded
 batches, on a model whose attention spanrl's packed attention can take; a model it cannot take
-(here a sliding window) is found out at start and trained padded.
+(here a sliding window) is found out at start and trained padded. Sequences that begin alike
+(a group's prompt, an agent's earlier turns) may share that beginning in the packed row: that
+too must give what running each on its own gives.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from spanrl.trainer_bridge.torch_backend.batching import (
     token_logprobs,
 )
 from spanrl.trainer_bridge.torch_backend.config import TrainerConfig
-from spanrl.trainer_bridge.torch_backend.packed_attention import packed_layout
+from spanrl.trainer_bridge.torch_backend.packed_attention import packed_layout, row_layout
 from spanrl.trainer_bridge.torch_backend.trainer import TorchTrainer
 
 
@@ -37,6 +39,26 @@ def random_sequences(seed: int, count: int, longest: int) -> list[tuple[list[int
         length = rng.randint(2, longest)
         prompt = rng.randint(1, length - 1)
         sequences.append(([rng.randrange(3, 300) for _ in range(length)], [0] * prompt + [1] * (length - prompt)))
+    return sequences
+
+
+def grouped_sequences(seed: int, groups: int, group_size: int) -> list[tuple[list[int], list[int]]]:
+    """GRPO-shaped sequences: each group's prompt then one response per member; a member's second
+    call carries its first call (prompt, response, a tool result) before a new response; and one
+    exact repeat."""
+    rng = random.Random(seed)
+    sequences = []
+    for _ in range(groups):
+        prompt = [rng.randrange(3, 300) for _ in range(rng.randint(3, 40))]
+        for _ in range(group_size):
+            first = prompt + [rng.randrange(3, 300) for _ in range(rng.randint(1, 12))]
+            sequences.append((first, [0] * len(prompt) + [1] * (len(first) - len(prompt))))
+            if rng.random() < 0.5:
+                context = first + [rng.randrange(3, 300) for _ in range(rng.randint(1, 5))]
+                second = context + [rng.randrange(3, 300) for _ in range(rng.randint(1, 9))]
+                sequences.append((second, [0] * len(context) + [1] * (len(second) - len(context))))
+    sequences.append(sequences[1])
+    rng.shuffle(sequences)
     return sequences
 
 
@@ -55,6 +77,34 @@ def test_the_layout_puts_every_packed_token_back_where_it_was():
             assert row[:length] == list(range(start, start + length))
 
 
+def test_rows_that_share_a_beginning_take_each_token_from_a_row_that_reads_it():
+    rows = [[0, 1, 2, 3], [0, 1, 4], [0, 1, 2, 5, 6, 7, 8, 9, 10], [11, 12]]
+    layout = row_layout(rows, 13)
+    bucketed = torch.cat([bucket.reshape(-1) for bucket in layout.buckets])
+    assert torch.equal(bucketed[layout.unpack_index], torch.arange(13))
+    for bucket in layout.buckets:  # each row as given, right-padded with its first position
+        for row in bucket.tolist():
+            given = next(r for r in rows if r[0] == row[0] and row[: len(r)] == r)
+            assert row[len(given):] == [given[0]] * (len(row) - len(given))
+    with pytest.raises(ValueError, match="1 of 14 packed tokens are in no row"):
+        row_layout(rows, 14)
+
+
+def test_shared_beginnings_are_packed_once_and_read_by_every_sequence():
+    sequences = grouped_sequences(6, 3, 4)
+    rows = list(range(len(sequences)))
+    shared, plain = pack_batch(sequences, rows, "cpu", share_prefixes=True), pack_batch(sequences, rows, "cpu")
+    assert plain.input_ids.shape[1] == sum(len(ids) for ids, _ in sequences)
+    assert shared.input_ids.shape[1] < plain.input_ids.shape[1] - 3 * 2 * 3  # each group's prompt, at least
+    for batch in (shared, plain):  # every scored token is predicted from the token before it
+        flat = batch.input_ids[0]
+        for (ids, mask), b in zip(sequences, rows, strict=True):
+            picked = batch.scored_positions[batch.response_mask[:b].sum().long():][: sum(mask[1:])]
+            scored = [t for t in range(1, len(ids)) if mask[t]]
+            assert flat[picked].tolist() == [ids[t - 1] for t in scored]
+            assert batch.position_ids[0, picked].tolist() == [t - 1 for t in scored]
+
+
 def test_packed_micro_batches_keep_within_the_budget_in_real_tokens():
     sequences = random_sequences(1, 40, 30)
     groups = micro_batches(sequences, 64, packed=True)
@@ -66,13 +116,25 @@ def test_packed_micro_batches_keep_within_the_budget_in_real_tokens():
     assert len(groups) < len(padded)  # padding costs budget that packing does not
 
 
-def test_packed_logprobs_and_gradients_equal_padded_ones(tiny_model_dir):
+def test_shared_micro_batches_count_a_shared_beginning_once():
+    sequences = grouped_sequences(7, 4, 6)
+    budget = 120
+    groups = micro_batches(sequences, budget, packed=True, share_prefixes=True)
+    assert sorted(i for group in groups for i in group) == list(range(len(sequences)))
+    for group in groups:
+        packed = pack_batch(sequences, group, "cpu", share_prefixes=True).input_ids.shape[1]
+        assert packed <= budget or len(group) == 1
+    assert len(groups) < len(micro_batches(sequences, budget, packed=True))
+
+
+@pytest.mark.parametrize("share", [False, True], ids=["end-to-end", "shared-beginnings"])
+def test_packed_logprobs_and_gradients_equal_padded_ones(tiny_model_dir, share):
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
     assert enable_packing(model, 300, "cpu")
-    sequences = random_sequences(2, 12, 70)
+    sequences = grouped_sequences(2, 3, 5) if share else random_sequences(2, 12, 70)
     rows = list(range(len(sequences)))
     results = []
-    for batch in (pack_batch(sequences, rows, "cpu"), pad_batch(sequences, rows, 0, "cpu")):
+    for batch in (pack_batch(sequences, rows, "cpu", share_prefixes=share), pad_batch(sequences, rows, 0, "cpu")):
         model.zero_grad()
         values = token_logprobs(model, batch, nullcontext())
         (values * batch.response_mask * torch.linspace(0.5, 1.5, values.shape[1])).sum().backward()
@@ -89,15 +151,18 @@ def test_packed_logprobs_and_gradients_equal_padded_ones(tiny_model_dir):
 @pytest.mark.parametrize("extra", [{}, {"gradient_checkpointing": True}, {"lora_rank": 4}],
                          ids=["full", "gradient-checkpointing", "lora"])
 def test_a_grpo_step_packed_equals_one_padded(tiny_model_dir, extra):
+    """Packed with shared beginnings (the default) against padded, on groups' calls."""
     rng = random.Random(3)
     samples = []
-    for ids, _ in random_sequences(3, 16, 60):
-        split = max(1, len(ids) * 2 // 3)  # two thirds prompt, the rest response
+    for ids, mask in grouped_sequences(3, 3, 5):
+        split = mask.index(1)
         samples.append(TrainingSample(ids[:split], ids[split:], rng.uniform(-1, 1)))
     trainers = [TorchTrainer(tiny_model_dir, TrainerConfig(learning_rate=1e-3, pack_sequences=pack, **extra))
                 for pack in (True, False)]
     assert [t.packed for t in trainers] == [True, False]
+    assert trainers[0].config.share_prefixes
     stats = [t.grpo_step(samples) for t in trainers]
+    assert stats[0]["model_tokens"] < stats[0]["tokens"] <= stats[1]["model_tokens"]
     assert stats[0]["loss"] == pytest.approx(stats[1]["loss"], rel=1e-5, abs=1e-7)
     assert stats[0]["grad_norm"] == pytest.approx(stats[1]["grad_norm"], rel=1e-4)
     packed_weights, padded_weights = (t.model.state_dict() for t in trainers)

@@ -5,6 +5,9 @@ Used by ``trainer.TorchTrainer`` (GRPO) and ``sft`` (supervised warm start). A s
 a 0/1 mask of the tokens whose logprob is scored. A micro-batch's sequences are **packed** end
 to end in one row, so the model runs on real tokens only (``packed_attention`` keeps attention
 inside each sequence), or, for a model that cannot be packed, right-padded to its longest.
+Packed sequences that begin alike (a GRPO group's shared prompt, an agent's later call that
+carries its earlier turns) can **share** that beginning: it is packed and run once, and each of
+them reads it, which gives the same logprobs and gradients as running each on its own.
 Micro-batches are cut by a token budget (real tokens packed, ``rows * longest`` padded) so the
 loss of a large batch is taken in pieces that fit in memory. Either way the LM head runs on the
 scored positions only and the logprobs come back as ``[B, T]``: each row's scored tokens, in
@@ -26,7 +29,7 @@ from spanrl.trainer_bridge.torch_backend.packed_attention import (
     PACKED_ATTENTION,
     PACKED_MASK,
     PackedLayout,
-    packed_layout,
+    row_layout,
     use_packed_attention,
     use_sdpa_attention,
 )
@@ -97,55 +100,101 @@ def usable_old_logprobs(samples: Sequence[TrainingSample]) -> list[Sequence[floa
     return usable
 
 
-def micro_batches(sequences: Sequence[MaskedSequence], token_budget: int, packed: bool = False) -> list[list[int]]:
-    """Indices grouped shortest first so each group's cost stays within ``token_budget``: its
-    tokens when ``packed``, ``rows * longest`` when padded."""
-    order = sorted(range(len(sequences)), key=lambda i: len(sequences[i][0]))
+def micro_batches(sequences: Sequence[MaskedSequence], token_budget: int, packed: bool = False,
+                  share_prefixes: bool = False) -> list[list[int]]:
+    """Indices grouped so each group's cost stays within ``token_budget``: its tokens when
+    ``packed``, ``rows * longest`` when padded (shortest first). With ``share_prefixes`` (packed
+    only) sequences go in sorted order, so those that begin alike are neighbours, and a beginning
+    shared with the group's previous sequence costs nothing again."""
+    share = packed and share_prefixes
+    if share:
+        order = sorted(range(len(sequences)), key=lambda i: sequences[i][0])
+    else:
+        order = sorted(range(len(sequences)), key=lambda i: len(sequences[i][0]))
     groups: list[list[int]] = []
     current: list[int] = []
     longest = total = 0
+    previous: list[int] = []
     for index in order:
-        length = len(sequences[index][0])
-        cost = total + length if packed else (len(current) + 1) * max(longest, length)
+        ids = sequences[index][0]
+        length = len(ids)
+        new = length - common_length(previous, ids) if share and current else length
+        cost = total + new if packed else (len(current) + 1) * max(longest, length)
         if current and cost > token_budget:
             groups.append(current)
-            current, longest, total = [], 0, 0
+            current, longest, total, new = [], 0, 0, length
         current.append(index)
-        longest, total = max(longest, length), total + length
+        longest, total, previous = max(longest, length), total + new, ids
     if current:
         groups.append(current)
     return groups
 
 
-def _scored(chosen: Sequence[MaskedSequence], row_width: int | None) -> tuple[list[int], list[int], torch.Tensor]:
-    """Flat positions (rows ``row_width`` apart, or end to end when ``None``) whose next token is
-    scored, those tokens, and the ``[B, T]`` response mask."""
+def common_length(first: Sequence[int], second: Sequence[int]) -> int:
+    """How many tokens ``first`` and ``second`` have in common from the start."""
+    for index, (a, b) in enumerate(zip(first, second, strict=False)):
+        if a != b:
+            return index
+    return min(len(first), len(second))
+
+
+def _scored(chosen: Sequence[MaskedSequence], paths: Sequence[Sequence[int]],
+            ) -> tuple[list[int], list[int], torch.Tensor]:
+    """Flat positions whose next token is scored (``paths[b][t]``: where token ``t`` of sequence
+    ``b`` is in the input), those tokens, and the ``[B, T]`` response mask."""
     positions: list[int] = []
     targets: list[int] = []
     counts: list[int] = []
-    offset = 0
-    for ids, mask in chosen:
+    for (ids, mask), path in zip(chosen, paths, strict=True):
         scored = [t for t in range(1, len(ids)) if mask[t]]
-        positions += [offset + t - 1 for t in scored]
+        positions += [path[t - 1] for t in scored]
         targets += [ids[t] for t in scored]
         counts.append(len(scored))
-        offset += row_width if row_width is not None else len(ids)
     response_mask = torch.zeros((len(chosen), max(1, *counts)), dtype=torch.float32)
     for b, count in enumerate(counts):
         response_mask[b, :count] = 1.0
     return positions, targets, response_mask
 
 
-def pack_batch(sequences: Sequence[MaskedSequence], rows: list[int], device: torch.device | str) -> TokenBatch:
-    """``rows``' sequences end to end in one row, positions restarting at each."""
+def _packed_paths(chosen: Sequence[MaskedSequence], share_prefixes: bool,
+                  ) -> tuple[list[list[int]], list[int], list[int], list[list[int]]]:
+    """Where each sequence's tokens go in one packed row: each sequence's path (packed position of
+    each of its tokens), the packed ids and their position ids, and the rows attention reads (the
+    paths that brought new tokens). With ``share_prefixes`` sequences are taken in sorted order
+    and each one's beginning in common with the one before reuses that one's positions."""
+    order = sorted(range(len(chosen)), key=lambda b: chosen[b][0]) if share_prefixes else range(len(chosen))
+    paths: list[list[int]] = [[] for _ in chosen]
+    packed_ids: list[int] = []
+    position_ids: list[int] = []
+    reading_rows: list[list[int]] = []
+    previous_ids: list[int] = []
+    previous_path: list[int] = []
+    for b in order:
+        ids = chosen[b][0]
+        shared = common_length(previous_ids, ids) if share_prefixes else 0
+        start = len(packed_ids)
+        path = previous_path[:shared] + list(range(start, start + len(ids) - shared))
+        packed_ids += ids[shared:]
+        position_ids += range(shared, len(ids))
+        if len(ids) > shared:  # a repeat of the one before brings nothing to attend over
+            reading_rows.append(path)
+        paths[b], previous_ids, previous_path = path, ids, path
+    return paths, packed_ids, position_ids, reading_rows
+
+
+def pack_batch(sequences: Sequence[MaskedSequence], rows: list[int], device: torch.device | str,
+               share_prefixes: bool = False) -> TokenBatch:
+    """``rows``' sequences in one row, no padding, positions restarting at each. With
+    ``share_prefixes`` a beginning that sequences have in common (a GRPO group's prompt, an
+    agent's earlier turns) is packed once and read by each of them (``packed_attention``)."""
     chosen = [sequences[i] for i in rows]
-    lengths = [len(ids) for ids, _ in chosen]
-    input_ids = torch.tensor([t for ids, _ in chosen for t in ids], dtype=torch.long).unsqueeze(0)
-    position_ids = torch.cat([torch.arange(n) for n in lengths]).unsqueeze(0)
-    positions, targets, response_mask = _scored(chosen, None)
-    return TokenBatch(input_ids.to(device), torch.tensor(positions, dtype=torch.long, device=device),
+    paths, packed_ids, position_ids, reading_rows = _packed_paths(chosen, share_prefixes)
+    positions, targets, response_mask = _scored(chosen, paths)
+    return TokenBatch(torch.tensor([packed_ids], dtype=torch.long, device=device),
+                      torch.tensor(positions, dtype=torch.long, device=device),
                       torch.tensor(targets, dtype=torch.long, device=device), response_mask.to(device), rows,
-                      position_ids=position_ids.to(device), layout=packed_layout(lengths, device))
+                      position_ids=torch.tensor([position_ids], dtype=torch.long, device=device),
+                      layout=row_layout(reading_rows, len(packed_ids), device))
 
 
 def pad_batch(sequences: Sequence[MaskedSequence], rows: list[int], pad_id: int,
@@ -158,7 +207,8 @@ def pad_batch(sequences: Sequence[MaskedSequence], rows: list[int], pad_id: int,
     for b, (ids, _) in enumerate(chosen):
         input_ids[b, : len(ids)] = torch.tensor(ids, dtype=torch.long)
         attention[b, : len(ids)] = 1
-    positions, targets, response_mask = _scored(chosen, width)
+    positions, targets, response_mask = _scored(chosen, [range(b * width, b * width + len(ids))
+                                                         for b, (ids, _) in enumerate(chosen)])
     return TokenBatch(input_ids.to(device), torch.tensor(positions, dtype=torch.long, device=device),
                       torch.tensor(targets, dtype=torch.long, device=device), response_mask.to(device), rows,
                       attention_mask=attention.to(device))

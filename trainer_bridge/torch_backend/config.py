@@ -29,6 +29,8 @@ class TrainerConfig(AlgorithmConfig):
     micro_batch_tokens: int = setting(8192, "tokens per forward/backward pass (padded ones too when not packed)")
     pack_sequences: bool = setting(True, "pack a micro-batch's sequences into one row, no padding (models "
                                    "whose attention cannot be packed are padded whatever this says)")
+    share_prefixes: bool = setting(True, "packed sequences that begin alike (a group's prompt, earlier turns) "
+                                   "run that beginning once; the same logprobs and gradients, less work")
     device: str = setting("auto", "auto | cpu | cuda | cuda:N")
     autocast_dtype: str | None = setting(None, "autocast dtype, e.g. bfloat16 on CUDA (weights stay float32)")
     gradient_checkpointing: bool = setting(False, "recompute activations in backward to save memory")

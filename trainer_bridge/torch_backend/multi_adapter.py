@@ -31,7 +31,7 @@ logger = logging.getLogger(__name__)
 
 
 # summed over the adapters of a step; every other statistic is their sample-weighted mean
-SUMMED_STATS = ("samples", "response_tokens", "tokens", "micro_batches", "seconds")
+SUMMED_STATS = ("samples", "response_tokens", "tokens", "model_tokens", "micro_batches", "seconds")
 
 
 def attach_adapters(model: Any, specs: Sequence[AdapterSpec], saved: str | Path | None = None) -> Any:

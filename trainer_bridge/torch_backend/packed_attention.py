@@ -10,6 +10,12 @@ on each bucket and copies the results back in packed order. Right padding needs 
 a causal mask a real token never sees the padding after it, and the padding's own outputs are
 never copied back, so they get no gradient.
 
+A row is a list of packed positions, so sequences that begin alike can share their beginning:
+the shared tokens are packed once and their positions appear in every row that reads them
+(``batching.pack_batch``). Each token's output is taken from one row that holds it; the other
+rows' outputs for it are dropped, so its keys and values get the gradients of every row that
+reads them, as if each sequence had been run on its own.
+
 This is what verl does with flash-attention's variable-length kernels on GPU; torch has no such
 kernel on CPU, and the buckets keep SDPA's fast path (no mask tensor). A pass without a layout
 is SDPA's as before. ``TorchTrainer`` switches its model to this attention and checks once that
@@ -40,8 +46,8 @@ PACKED_MASK = torch.ones((1, 1, 1, 1), dtype=torch.bool)
 class PackedLayout:
     """Where each packed sequence's tokens go for attention.
 
-    ``buckets``: one ``[rows, width]`` tensor per bucket, each row the packed positions of one
-    sequence, right-padded with the sequence's first position. ``unpack_index`` ``[N]``: for
+    ``buckets``: one ``[rows, width]`` tensor per bucket, each row the packed positions one
+    sequence reads, in order, right-padded with its first position. ``unpack_index`` ``[N]``: for
     each packed token, its row in the buckets' outputs laid end to end (``rows * width`` each).
     """
 
@@ -54,27 +60,43 @@ def packed_layout(lengths: Sequence[int], device: torch.device | str = "cpu") ->
     starts = [0]
     for length in lengths[:-1]:
         starts.append(starts[-1] + length)
-    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    return row_layout([range(start, start + length) for start, length in zip(starts, lengths, strict=True)],
+                      sum(lengths), device)
+
+
+def row_layout(rows: Sequence[Sequence[int]], token_count: int, device: torch.device | str = "cpu") -> PackedLayout:
+    """The attention layout of ``rows``, each the packed positions one sequence reads, in order.
+
+    Rows may share positions, but only as a common beginning (a token holds the same place in
+    every row that reads it, after the same tokens), so any row that holds a token gives the same
+    output for it. Every one of the ``token_count`` positions must be in some nonempty row.
+    """
+    lengths = [len(row) for row in rows]
+    order = sorted(range(len(rows)), key=lambda i: lengths[i])
     groups: list[list[int]] = []
     for index in order:
         if groups and lengths[index] <= BUCKET_GROWTH * lengths[groups[-1][0]]:
             groups[-1].append(index)
         else:
             groups.append([index])
+    row_tensors = [torch.as_tensor(row, dtype=torch.long) for row in rows]
+    owner_slot = torch.full((token_count,), -1, dtype=torch.long)
     buckets: list[torch.Tensor] = []
-    unpack = torch.empty(sum(lengths), dtype=torch.long)
     offset = 0
     for group in groups:
         width = max(lengths[i] for i in group)
         bucket = torch.empty((len(group), width), dtype=torch.long)
-        for row, index in enumerate(group):
-            start, length = starts[index], lengths[index]
-            bucket[row, :length] = torch.arange(start, start + length)
-            bucket[row, length:] = start
-            unpack[start: start + length] = torch.arange(length) + offset + row * width
+        for slot_row, index in enumerate(group):
+            positions, length = row_tensors[index], lengths[index]
+            bucket[slot_row, :length] = positions
+            bucket[slot_row, length:] = positions[0]
+            free = owner_slot[positions] < 0
+            owner_slot[positions[free]] = torch.arange(length)[free] + offset + slot_row * width
         buckets.append(bucket.to(device))
         offset += len(group) * width
-    return PackedLayout(buckets, unpack.to(device))
+    if bool((owner_slot < 0).any()):
+        raise ValueError(f"{int((owner_slot < 0).sum())} of {token_count} packed tokens are in no row")
+    return PackedLayout(buckets, owner_slot.to(device))
 
 
 def packed_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,

@@ -165,11 +165,13 @@ class TorchTrainer:
         return merged
 
     def token_batches(self, sequences: Sequence[MaskedSequence]) -> list[TokenBatch]:
-        """``sequences`` in micro-batches as the model takes them: packed (no padding) when the
-        model allows it (``self.packed``), else padded; each within ``micro_batch_tokens``."""
-        groups = micro_batches(sequences, self.config.micro_batch_tokens, packed=self.packed)
+        """``sequences`` in micro-batches as the model takes them: packed (no padding, shared
+        beginnings run once when ``share_prefixes``) when the model allows it (``self.packed``),
+        else padded; each within ``micro_batch_tokens``."""
+        share = self.config.share_prefixes
+        groups = micro_batches(sequences, self.config.micro_batch_tokens, packed=self.packed, share_prefixes=share)
         if self.packed:
-            return [pack_batch(sequences, rows, self.device) for rows in groups]
+            return [pack_batch(sequences, rows, self.device, share_prefixes=share) for rows in groups]
         return [pad_batch(sequences, rows, self.pad_id, self.device) for rows in groups]
 
     def token_logprobs(self, batch: TokenBatch, model: Any = None) -> torch.Tensor:
@@ -320,6 +322,7 @@ class TorchTrainer:
             "samples": float(len(samples)),
             "response_tokens": prepared.total_tokens,
             "tokens": tokens,
+            "model_tokens": float(sum(batch.input_ids.numel() for batch in prepared.batches)),
             "micro_batches": float(len(prepared.batches)),
             "advantage_mean": sum(float(s.advantage) for s in samples) / len(samples),
             "lr": self.optimizer.param_groups[0]["lr"],
