@@ -20,6 +20,7 @@ from transformers import AutoModelForCausalLM
 
 from spanrl.trainer_bridge.backend import TrainingSample
 from spanrl.trainer_bridge.torch_backend.batching import (
+    SHARED_READS_PER_TOKEN,
     enable_packing,
     micro_batches,
     pack_batch,
@@ -123,8 +124,16 @@ def test_shared_micro_batches_count_a_shared_beginning_once():
     assert sorted(i for group in groups for i in group) == list(range(len(sequences)))
     for group in groups:
         packed = pack_batch(sequences, group, "cpu", share_prefixes=True).input_ids.shape[1]
-        assert packed <= budget or len(group) == 1
+        read = sum(len(sequences[i][0]) for i in group)  # what attention reads, shared tokens each time
+        assert (packed <= budget and read <= SHARED_READS_PER_TOKEN * budget) or len(group) == 1
     assert len(groups) < len(micro_batches(sequences, budget, packed=True))
+
+
+def test_shared_micro_batches_bound_what_attention_reads():
+    prompt = list(range(3, 103))  # one long prompt, many short answers: few packed tokens, many reads
+    sequences = [(prompt + [200 + i], [0] * 100 + [1]) for i in range(40)]
+    groups = micro_batches(sequences, 200, packed=True, share_prefixes=True)
+    assert [len(group) for group in groups] == [7, 7, 7, 7, 7, 5]  # 7 x 101 <= 4 x 200 < 8 x 101
 
 
 @pytest.mark.parametrize("share", [False, True], ids=["end-to-end", "shared-beginnings"])

@@ -36,6 +36,11 @@ from spanrl.trainer_bridge.torch_backend.packed_attention import (
 
 logger = logging.getLogger(__name__)
 
+# A micro-batch with shared beginnings may read this many times its token budget through them:
+# attention keeps a copy of what it reads per row (queries, keys, values, output: ~4 hidden
+# sizes a token) where the rest of a layer keeps ~15-20 hidden sizes per packed token.
+SHARED_READS_PER_TOKEN = 4
+
 # (token ids, 0/1 mask of the tokens whose logprob is scored)
 MaskedSequence = tuple[list[int], list[int]]
 
@@ -104,8 +109,9 @@ def micro_batches(sequences: Sequence[MaskedSequence], token_budget: int, packed
                   share_prefixes: bool = False) -> list[list[int]]:
     """Indices grouped so each group's cost stays within ``token_budget``: its tokens when
     ``packed``, ``rows * longest`` when padded (shortest first). With ``share_prefixes`` (packed
-    only) sequences go in sorted order, so those that begin alike are neighbours, and a beginning
-    shared with the group's previous sequence costs nothing again."""
+    only) sequences go in sorted order, so those that begin alike are neighbours; a beginning
+    shared with the group's previous sequence is not counted again, but attention's reads of it
+    are, at ``1 / SHARED_READS_PER_TOKEN`` each."""
     share = packed and share_prefixes
     if share:
         order = sorted(range(len(sequences)), key=lambda i: sequences[i][0])
@@ -113,18 +119,21 @@ def micro_batches(sequences: Sequence[MaskedSequence], token_budget: int, packed
         order = sorted(range(len(sequences)), key=lambda i: len(sequences[i][0]))
     groups: list[list[int]] = []
     current: list[int] = []
-    longest = total = 0
+    longest = total = read = 0
     previous: list[int] = []
     for index in order:
         ids = sequences[index][0]
         length = len(ids)
         new = length - common_length(previous, ids) if share and current else length
-        cost = total + new if packed else (len(current) + 1) * max(longest, length)
+        if packed:
+            cost = max(total + new, (read + length) / SHARED_READS_PER_TOKEN) if share else total + new
+        else:
+            cost = (len(current) + 1) * max(longest, length)
         if current and cost > token_budget:
             groups.append(current)
-            current, longest, total, new = [], 0, 0, length
+            current, longest, total, read, new = [], 0, 0, 0, length
         current.append(index)
-        longest, total, previous = max(longest, length), total + new, ids
+        longest, total, read, previous = max(longest, length), total + new, read + length, ids
     if current:
         groups.append(current)
     return groups
