@@ -28,7 +28,7 @@ from spanrl.trainer_bridge.torch_backend.batching import (
     token_logprobs,
 )
 from spanrl.trainer_bridge.torch_backend.config import TrainerConfig
-from spanrl.trainer_bridge.torch_backend.packed_attention import packed_layout, row_layout
+from spanrl.trainer_bridge.torch_backend.packed_attention import row_layout
 from spanrl.trainer_bridge.torch_backend.trainer import TorchTrainer
 
 
@@ -65,12 +65,12 @@ def grouped_sequences(seed: int, groups: int, group_size: int) -> list[tuple[lis
 
 def test_the_layout_puts_every_packed_token_back_where_it_was():
     lengths = [1, 7, 3, 40, 41, 2, 90, 13, 13]
-    layout = packed_layout(lengths)
+    starts = [sum(lengths[:i]) for i in range(len(lengths))]
+    layout = row_layout([range(start, start + n) for start, n in zip(starts, lengths, strict=True)], sum(lengths))
     positions = torch.arange(sum(lengths))
     bucketed = torch.cat([positions[bucket].reshape(-1) for bucket in layout.buckets])
     assert torch.equal(bucketed[layout.unpack_index], positions)
     assert len(layout.buckets) > 1  # lengths 1..90 do not share one bucket
-    starts = [sum(lengths[:i]) for i in range(len(lengths))]
     for bucket in layout.buckets:  # each row is one sequence from its start, in order
         for row in bucket.tolist():
             start = row[0]

@@ -55,15 +55,6 @@ class PackedLayout:
     unpack_index: torch.Tensor
 
 
-def packed_layout(lengths: Sequence[int], device: torch.device | str = "cpu") -> PackedLayout:
-    """The attention layout of sequences of ``lengths`` packed end to end in this order."""
-    starts = [0]
-    for length in lengths[:-1]:
-        starts.append(starts[-1] + length)
-    return row_layout([range(start, start + length) for start, length in zip(starts, lengths, strict=True)],
-                      sum(lengths), device)
-
-
 def row_layout(rows: Sequence[Sequence[int]], token_count: int, device: torch.device | str = "cpu") -> PackedLayout:
     """The attention layout of ``rows``, each the packed positions one sequence reads, in order.
 
