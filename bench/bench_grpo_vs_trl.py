@@ -54,6 +54,33 @@ def make_batch(tokenizer, count: int, seed: int, workload: str = "single", group
     return samples
 
 
+def make_rollout_batch(tokenizer, count: int, seed: int, group_size: int = 1):
+    """The calls of multi-turn rollouts, as an agent makes them: call k+1's prompt is call k's
+    prompt, its completion and a tool result, so a rollout's later calls carry its earlier ones
+    token for token; ``group_size`` rollouts in a row share their first user turn. 1-8 calls a
+    rollout, ``count`` calls in all."""
+    rng = random.Random(seed)
+    vocab = len(tokenizer)
+    samples = []
+    first_turn = ""
+    rollout = 0
+    while len(samples) < count:
+        if rollout % group_size == 0:
+            first_turn = " ".join(str(rng.randint(1, 999)) for _ in range(rng.randint(2, 30)))
+        text = tokenizer.apply_chat_template([{"role": "user", "content": f"Add these: {first_turn}"}],
+                                             add_generation_prompt=True, tokenize=False)
+        prompt = tokenizer.encode(text, add_special_tokens=False)
+        advantage = 1.0 if rollout % 2 else -1.0
+        for _ in range(min(rng.randint(1, 8), count - len(samples))):
+            completion = [rng.randrange(3, vocab) for _ in range(rng.randint(4, 48))] + [tokenizer.eos_token_id]
+            samples.append((prompt, completion, advantage))
+            result = " ".join(str(rng.randint(1, 999)) for _ in range(rng.randint(1, 10)))
+            tool_turn = f"\n<|im_start|>tool\n{result}<|im_end|>\n<|im_start|>assistant\n"
+            prompt = prompt + completion + tokenizer.encode(tool_turn, add_special_tokens=False)
+        rollout += 1
+    return samples
+
+
 def spanrl_side(model_dir, batches, lr, device="cpu", share_prefixes=True):
     from spanrl.trainer_bridge.backend import TrainingSample
     from spanrl.trainer_bridge.torch_backend.config import TrainerConfig
@@ -131,8 +158,9 @@ def main() -> None:
     parser.add_argument("--preset", default="tiny", choices=["tiny", "small"])
     parser.add_argument("--model-dir", default=None, help="use this HF model instead of a fresh preset")
     parser.add_argument("--batch", type=int, default=64)
-    parser.add_argument("--workload", choices=["single", "agent"], default="single",
-                        help="single-turn prompts, or multi-turn agent transitions (prompts up to ~600 tokens)")
+    parser.add_argument("--workload", choices=["single", "agent", "rollouts"], default="single",
+                        help="single-turn prompts; multi-turn agent transitions drawn one by one (prompts up to "
+                             "~600 tokens); or the calls of whole rollouts (a later call carries the earlier ones)")
     parser.add_argument("--group-size", type=int, default=1,
                         help="samples in a row that share their first user turn (GRPO's group; 1: none share)")
     parser.add_argument("--share-prefixes", choices=["on", "off"], default="on",
@@ -158,7 +186,8 @@ def main() -> None:
         model_dir = Path(args.model_dir) if args.model_dir else create_model_dir(
             Path(scratch) / args.preset, preset=args.preset, seed=0)
         tokenizer = AutoTokenizer.from_pretrained(model_dir)
-        batches = [make_batch(tokenizer, args.batch, seed, args.workload, args.group_size)
+        batches = [make_rollout_batch(tokenizer, args.batch, seed, args.group_size) if args.workload == "rollouts"
+                   else make_batch(tokenizer, args.batch, seed, args.workload, args.group_size)
                    for seed in range(args.steps + 1)]
         tokens = sum(len(p) + len(c) for batch in batches[1:] for p, c, _ in batch)
         print(f"model {model_dir.name} ({args.preset}), {args.workload} workload, batch {args.batch}, "
