@@ -189,8 +189,11 @@ class LLMSpanRecorder:
     def streaming(self) -> bool:
         return self._streaming
 
-    def observe(self, data: Any) -> None:
-        """Read one parsed JSON object: the whole body, or one stream chunk."""
+    def observe(self, data: Any, headers: Mapping[str, str] | None = None) -> None:
+        """Read one parsed JSON object: the whole body, or one stream chunk; ``headers``, the
+        response's, unless the recorder was given them when made."""
+        if self._headers is None:
+            self._headers = headers
         try:
             if type(data) is dict and data.get("object") in _CHOICE_OBJECTS:
                 self._observe_choices(data)  # chat and completions bodies and chunks: the common case

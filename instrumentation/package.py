@@ -7,15 +7,16 @@
 When an instrumentor's library is missing (or too old), that instrumentor is skipped with a log
 line instead of failing the agent's start-up.
 
-openai >= 1.60: the oldest SDK whose ``SyncAPIClient._process_response``,
-``AsyncAPIClient._process_response``, ``BaseClient._build_request`` and
-``BaseClient._process_response_data`` have the shape ``openai_instrumentor`` wraps (checked
-against 1.60, 1.69, 2.0 and 3.x). openinference's OpenAI instrumentor, which makes the LLM span,
+openai >= 1.60: the oldest SDK whose ``BaseClient._build_request``,
+``AsyncAPIClient._process_response`` and ``BaseClient._process_response_data`` have the shape
+``sdk_calls`` wraps, and whose responses keep the ``httpx.Request`` it built (read in the
+sources of 1.60 and 1.69; the tests run against the installed SDK, which openinference's OpenAI
+instrumentor takes from 2.8 on). openinference's OpenAI instrumentor, which makes the LLM span,
 has its own range; ``openai_instrumentor`` warns when that one declines the installed SDK.
 """
 
 _instruments = ("openai >= 1.60",)
 # anthropic >= 1.8 (what openinference's Anthropic instrumentor takes): its ``_base_client`` has the same
-# four methods (checked against 2.10).
+# three methods (checked against 2.10).
 _instruments_anthropic = ("anthropic >= 1.8",)
 _instruments_any = _instruments + _instruments_anthropic

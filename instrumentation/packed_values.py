@@ -57,7 +57,7 @@ def _encode(values: array) -> str:
     if _SWAP:  # on a copy: the caller's array stays as it was
         values = array(values.typecode, values)
         values.byteswap()
-    return base64.b64encode(values.tobytes()).decode("ascii")
+    return binascii.b2a_base64(values, newline=False).decode("ascii")  # reads the array's buffer, no copy
 
 
 def _decode(text: str, typecode: str, what: str) -> array:

@@ -14,16 +14,19 @@ if it is not already), and adds only what RL needs, on that same span:
 - ``spanrl.llm.prompt_token_ids``, ``spanrl.llm.response.<i>.token_ids``, logprobs when
   present, ``spanrl.llm.policy_version`` and ``gen_ai.response.id`` (``LLMSpanRecorder``).
 
-How: openinference keeps its LLM span current while the SDK builds the HTTP request and processes
-the response. Three SDK methods run inside that window, and every recorded call goes through them,
-sync or async, streaming or not, with or without ``with_raw_response``:
+How: openinference keeps its LLM span current while the SDK builds the HTTP request. Two SDK
+methods are enough, and every recorded call goes through them, sync or async, streaming or not,
+with or without ``with_raw_response`` (one hook fewer per call than a hook on ``_process_response``
+too: the per-call cost is most of what spanrl adds, docs/performance.md):
 
-- ``BaseClient._build_request``: add the route's token-id flag to the JSON body, and the rollout header;
-- ``SyncAPIClient._process_response`` / ``AsyncAPIClient._process_response``: the current span
-  is openinference's LLM span; remember it for this HTTP response;
-- ``BaseClient._process_response_data``: every parsed JSON body or stream event of that
-  response passes here (even when the stream is read after the call returned), so the
-  recorder sees the raw ids.
+- ``BaseClient._build_request``: the current span is openinference's LLM span; add the route's
+  token-id flag to the JSON body and the rollout header, and hang the call's ``LLMSpanRecorder``
+  on the ``httpx.Request`` it returns (the response it gets keeps that request);
+- ``BaseClient._process_response_data``: every parsed JSON body or stream event of a response
+  passes here (even when the stream is read after the call returned), so the recorder its request
+  carries sees the raw ids;
+- ``AsyncAPIClient._process_response`` parses a recorded ``with_streaming_response`` stream once
+  (``_parse_async_stream`` says why).
 """
 
 from __future__ import annotations
@@ -31,7 +34,6 @@ from __future__ import annotations
 import functools
 import logging
 import types
-import weakref
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from importlib import import_module
@@ -50,10 +52,11 @@ logger = logging.getLogger(__name__)
 # (class name in the SDK's _base_client, method name): the methods spanrl replaces (each calls the original).
 _PATCHED_METHODS = (
     ("BaseClient", "_build_request"),
-    ("SyncAPIClient", "_process_response"),
     ("AsyncAPIClient", "_process_response"),
     ("BaseClient", "_process_response_data"),
 )
+# The attribute of an ``httpx.Request`` that holds its call's recorder (None once a body was read).
+_RECORDER_ATTRIBUTE = "_spanrl_recorder"
 
 
 @dataclass(frozen=True)
@@ -108,15 +111,11 @@ class SdkTokenIdInstrumentor(BaseInstrumentor):
     def _patch_sdk(self, settings: InstrumentationSettings) -> None:
         calls = self.calls
         base_client = import_module(calls.base_client_module)
-        recorders: weakref.WeakKeyDictionary[Any, LLMSpanRecorder] = weakref.WeakKeyDictionary()
-        patch = functools.partial
         patches: dict[tuple[str, str], Callable[[Any], Any]] = {
-            ("BaseClient", "_build_request"): patch(_build_request_patch, request_token_ids=settings.request_token_ids,
-                                                    calls=calls),
-            ("SyncAPIClient", "_process_response"): patch(_process_response_patch, recorders=recorders, calls=calls),
-            ("AsyncAPIClient", "_process_response"): patch(_async_process_response_patch, recorders=recorders,
-                                                           calls=calls),
-            ("BaseClient", "_process_response_data"): patch(_process_response_data_patch, recorders=recorders),
+            ("BaseClient", "_build_request"): functools.partial(
+                _build_request_patch, request_token_ids=settings.request_token_ids, calls=calls),
+            ("AsyncAPIClient", "_process_response"): _async_process_response_patch,
+            ("BaseClient", "_process_response_data"): _process_response_data_patch,
         }
         for class_name, method_name in _PATCHED_METHODS:
             cls = getattr(base_client, class_name)
@@ -208,29 +207,43 @@ def _as_function(original: Any) -> Callable[..., Any]:
 def _build_request_patch(original: Callable[..., Any], request_token_ids: bool, calls: SdkCalls) -> Any:
     @functools.wraps(original)
     def _build_request(self: Any, *args: Any, **kwargs: Any) -> Any:
+        recorder = None
         try:
-            args, kwargs = _with_spanrl_fields(self, args, kwargs, calls, request_token_ids)
+            args, kwargs, recorder = _recorded_call(self, args, kwargs, calls, request_token_ids)
         except Exception:  # noqa: BLE001 - never break the agent
             logger.exception("spanrl: could not add spanrl's fields to the request")
-        return original(self, *args, **kwargs)
+        request = original(self, *args, **kwargs)
+        if recorder is not None:
+            try:
+                setattr(request, _RECORDER_ATTRIBUTE, recorder)
+            except Exception:  # noqa: BLE001 - a request type that takes no attributes: no ids
+                logger.warning("spanrl: cannot follow %s requests; token ids are not recorded",
+                               type(request).__name__, exc_info=True)
+        return request
 
     return _build_request
 
 
-def _with_spanrl_fields(instance: Any, args: tuple, kwargs: dict, calls: SdkCalls,
-                        request_token_ids: bool) -> tuple[tuple, dict]:
+def _recorded_call(instance: Any, args: tuple, kwargs: dict, calls: SdkCalls,
+                   request_token_ids: bool) -> tuple[tuple, dict, LLMSpanRecorder | None]:
     """The ``_build_request`` arguments of a call we record, with the route's token-id flag
     (``return_token_ids`` or ``enable_response_messages``) true in the JSON body and, inside a
     rollout, the ``x-spanrl-rollout-id`` header (the verl gateway keeps a rollout's calls on one
-    vLLM replica). Other calls, and hosts that refuse unknown fields, are left as they are."""
+    vLLM replica), and the call's recorder (None when openinference made no span for it). Other
+    calls are left as they are; hosts that refuse unknown fields get no flag and no header."""
     options = args[0] if args else kwargs.get("options")
     flag = _token_id_flag(options, calls)
-    if options is None or flag is None or _host_of(instance) in calls.strict_hosts:
-        return args, kwargs
+    if options is None or flag is None:
+        return args, kwargs, None
+    span = trace_api.get_current_span()
+    sdk_span = getattr(span, "__wrapped__", span)  # openinference's proxy, or the span itself
+    recorder = _recorder_for(sdk_span, options, calls)
+    if _host_of(instance) in calls.strict_hosts:
+        return args, kwargs, recorder
     extra_json = _extra_json_with_flag(options, flag) if request_token_ids else None
-    headers = _headers_with_rollout_id(options)
+    headers = _headers_with_rollout_id(options, sdk_span)
     if extra_json is None and headers is None:
-        return args, kwargs
+        return args, kwargs, recorder
     # A copy: the SDK reuses its options for retries and for openinference's input capture.
     options = options.model_copy()
     if extra_json is not None:
@@ -238,8 +251,29 @@ def _with_spanrl_fields(instance: Any, args: tuple, kwargs: dict, calls: SdkCall
     if headers is not None:
         options.headers = headers
     if args:
-        return (options, *args[1:]), kwargs
-    return args, {**kwargs, "options": options}
+        return (options, *args[1:]), kwargs, recorder
+    return args, {**kwargs, "options": options}, recorder
+
+
+def _recorder_for(sdk_span: Any, options: Any, calls: SdkCalls) -> LLMSpanRecorder | None:
+    """A recorder onto ``sdk_span`` when it is the call's LLM span (a recording span of one of
+    ``calls.span_scopes``), else None (openinference made no span for this call: suppressed, say)."""
+    if not sdk_span.is_recording():
+        return None
+    if getattr(getattr(sdk_span, "instrumentation_scope", None), "name", None) not in calls.span_scopes:
+        return None
+    json_data = options.json_data
+    streaming = type(json_data) is dict and json_data.get("stream") is True
+    return LLMSpanRecorder(sdk_span, streaming=streaming)
+
+
+def _recorder_of(response: Any) -> LLMSpanRecorder | None:
+    """The recorder the request of ``response`` (an ``httpx.Response``) carries, or None."""
+    try:
+        request = response.request
+    except (AttributeError, RuntimeError):  # not a response, or one made without a request
+        return None
+    return getattr(request, _RECORDER_ATTRIBUTE, None)
 
 
 # (a client's base URL, its host): httpx computes ``URL.host`` on each read, and an agent mostly
@@ -250,7 +284,10 @@ _last_base_url_host: tuple[Any, Any] = (None, None)
 def _host_of(client: Any) -> Any:
     """The host of ``client.base_url`` (None when it has none)."""
     global _last_base_url_host
-    base_url = getattr(client, "base_url", None)
+    # the SDKs keep it in ``_base_url``; OpenAI's ``base_url`` property imports a module per read (~1 us)
+    base_url = client.__dict__.get("_base_url") if hasattr(client, "__dict__") else None
+    if base_url is None:
+        base_url = getattr(client, "base_url", None)
     cached_url, host = _last_base_url_host
     if base_url is not cached_url or base_url is None:
         host = getattr(base_url, "host", None)
@@ -270,26 +307,19 @@ def _extra_json_with_flag(options: Any, flag: str) -> dict | None:
     return {**extra_json, flag: True}
 
 
-def _headers_with_rollout_id(options: Any) -> dict | None:
+def _headers_with_rollout_id(options: Any, sdk_span: Any) -> dict | None:
     """The request's headers with the rollout header added, or None outside a rollout or when
-    the agent sent one itself."""
-    rollout_id = _current_rollout_id()
+    the agent sent one itself. The rollout: ``rollout()`` / W3C baggage, else the resource
+    attribute of the current span's process (what ``spanrl run`` gives each agent process)."""
+    rollout_id = current_rollout_id()
+    if rollout_id is None:
+        rollout_id = _resource_rollout_id(getattr(sdk_span, "resource", None))
     if rollout_id is None:
         return None
     headers = options.headers if isinstance(options.headers, dict) else {}
     if any(k.lower() == semconv.ROLLOUT_ID_HEADER for k in headers):
         return None
     return {**headers, semconv.ROLLOUT_ID_HEADER: rollout_id}
-
-
-def _current_rollout_id() -> str | None:
-    """The rollout this call belongs to: ``rollout()`` / W3C baggage, else the process's
-    resource attribute (what ``spanrl run`` gives each agent process)."""
-    rollout_id = current_rollout_id()
-    if rollout_id is not None:
-        return rollout_id
-    span = trace_api.get_current_span()
-    return _resource_rollout_id(getattr(getattr(span, "__wrapped__", span), "resource", None))
 
 
 # (a tracer provider's resource, its rollout id): a resource is immutable and a process has one.
@@ -306,42 +336,11 @@ def _resource_rollout_id(resource: Any) -> str | None:
     return rollout_id
 
 
-def _register(recorders: Any, kwargs: dict, calls: SdkCalls) -> bool:
-    """Start recording this HTTP response when it answers a call we record (a chat/completions,
-    completions or responses call inside openinference's LLM span); True when it does."""
-    try:
-        if _token_id_flag(kwargs.get("options"), calls) is None:
-            return False
-        span = trace_api.get_current_span()
-        sdk_span = getattr(span, "__wrapped__", span)  # openinference's proxy, or the span itself
-        if not sdk_span.is_recording():
-            return False
-        if getattr(getattr(sdk_span, "instrumentation_scope", None), "name", None) not in calls.span_scopes:
-            return False  # openinference made no span for this call (suppressed or not ours)
-        response = kwargs.get("response")
-        recorders[response] = LLMSpanRecorder(sdk_span, streaming=bool(kwargs.get("stream", False)),
-                                              headers=getattr(response, "headers", None))
-        return True
-    except Exception:  # noqa: BLE001 - never break the agent
-        logger.exception("spanrl: could not start recording an LLM call")
-    return False
-
-
-def _process_response_patch(original: Callable[..., Any], recorders: Any, calls: SdkCalls) -> Any:
-    @functools.wraps(original)
-    def _process_response(self: Any, *args: Any, **kwargs: Any) -> Any:
-        _register(recorders, kwargs, calls)
-        return original(self, *args, **kwargs)
-
-    return _process_response
-
-
-def _async_process_response_patch(original: Callable[..., Any], recorders: Any, calls: SdkCalls) -> Any:
+def _async_process_response_patch(original: Callable[..., Any]) -> Any:
     @functools.wraps(original)
     async def _process_response(self: Any, *args: Any, **kwargs: Any) -> Any:
-        recording = _register(recorders, kwargs, calls)
         result = await original(self, *args, **kwargs)
-        if recording:
+        if _recorder_of(kwargs.get("response")) is not None:
             await _parse_async_stream(result)
         return result
 
@@ -364,16 +363,16 @@ async def _parse_async_stream(result: Any) -> None:
         logger.debug("spanrl: could not parse a streamed response ahead of openinference", exc_info=True)
 
 
-def _process_response_data_patch(original: Callable[..., Any], recorders: Any) -> Any:
+def _process_response_data_patch(original: Callable[..., Any]) -> Any:
     @functools.wraps(original)
     def _process_response_data(self: Any, *args: Any, **kwargs: Any) -> Any:
         try:
-            response = kwargs.get("response")
-            recorder = recorders.get(response) if response is not None else None
+            response: Any = kwargs.get("response")
+            recorder = _recorder_of(response)
             if recorder is not None:
-                recorder.observe(kwargs.get("data"))
-                if not recorder.streaming:
-                    del recorders[response]  # a whole body is read once
+                if not recorder.streaming:  # a whole body is read once (a second parse() reads it again)
+                    setattr(response.request, _RECORDER_ATTRIBUTE, None)
+                recorder.observe(kwargs.get("data"), headers=response.headers)
         except Exception:  # noqa: BLE001 - never break the agent
             logger.exception("spanrl: could not record token ids of an LLM call")
         return original(self, *args, **kwargs)

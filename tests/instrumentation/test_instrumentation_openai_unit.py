@@ -18,7 +18,6 @@ from spanrl.instrumentation.packed_values import unpacked_attributes
 
 PATCHED_BY_SPANRL = [
     (base_client.BaseClient, "_build_request"),
-    (base_client.SyncAPIClient, "_process_response"),
     (base_client.AsyncAPIClient, "_process_response"),
     (base_client.BaseClient, "_process_response_data"),
 ]
@@ -248,3 +247,18 @@ def test_a_method_another_library_wrapped_first_keeps_its_wrapper(vllm_recording
     (attributes,) = llm_attributes(exporter)
     sent = vllm_recording.sent[response.id]["choices"][0]["token_ids"]
     assert attributes[semconv.llm_response_token_ids(0)] == tuple(sent)
+
+
+def test_a_call_outside_openinferences_span_carries_no_recorder(private_tracing, vllm_recording):
+    # the recorder rides on the httpx request only when the call has its own LLM span
+    client = openai.OpenAI(base_url=vllm_recording.base_url, api_key="k")
+    traced = client.chat.completions.with_raw_response.create(model="p", messages=MESSAGES)
+    token = context_api.attach(context_api.set_value(_SUPPRESS_INSTRUMENTATION_KEY, True))
+    try:
+        suppressed = client.chat.completions.with_raw_response.create(model="p", messages=MESSAGES)
+    finally:
+        context_api.detach(token)
+    assert hasattr(traced.http_request, "_spanrl_recorder")  # None again once openinference read the body
+    assert not hasattr(suppressed.http_request, "_spanrl_recorder")
+    (attributes,) = llm_attributes(private_tracing.exporter)
+    assert semconv.llm_response_token_ids(0) in attributes
