@@ -67,9 +67,8 @@ def adapter_parameters(model: Any, name: str) -> list[torch.nn.Parameter]:
 def new_adapter_optimizers(trainer: TorchTrainer) -> dict[str, torch.optim.Optimizer]:
     """One AdamW per adapter, at the adapter's learning rate (default: the run's)."""
     config = trainer.config
-    return {spec.name: torch.optim.AdamW(adapter_parameters(trainer.model, spec.name),
-                                         lr=spec.learning_rate or config.learning_rate, betas=config.betas,
-                                         weight_decay=config.weight_decay)
+    return {spec.name: trainer.new_optimizer(spec.learning_rate or config.learning_rate,
+                                             adapter_parameters(trainer.model, spec.name))
             for spec in config.adapter_specs}
 
 

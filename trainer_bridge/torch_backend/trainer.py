@@ -131,11 +131,14 @@ class TorchTrainer:
     def _trainable(self) -> list[torch.nn.Parameter]:
         return [p for p in self.model.parameters() if p.requires_grad]
 
-    def new_optimizer(self, lr: float) -> torch.optim.Optimizer:
-        """AdamW over the trainable parameters with the configured betas and weight decay."""
-        return torch.optim.AdamW(self._trainable(), lr=lr, betas=self.config.betas,
-                                 weight_decay=self.config.weight_decay,
-                                 foreach=self.device.type == "cuda")
+    def new_optimizer(self, lr: float, parameters: list[torch.nn.Parameter] | None = None) -> torch.optim.Optimizer:
+        """AdamW over ``parameters`` (default: the trainable ones) with the configured betas and
+        weight decay. On CPU torch's fused kernel: one pass over each tensor instead of a kernel
+        per operation, ~4x faster a step on the small preset (docs/performance.md)."""
+        params = self._trainable() if parameters is None else parameters
+        device = self.device.type
+        return torch.optim.AdamW(params, lr=lr, betas=self.config.betas, weight_decay=self.config.weight_decay,
+                                 foreach=device == "cuda", fused=True if device == "cpu" else None)
 
     def autocast(self) -> AbstractContextManager:
         """The autocast context of forward passes (off unless ``config.autocast_dtype``)."""
