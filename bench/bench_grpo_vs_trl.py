@@ -10,7 +10,7 @@ TRL is not a spanrl dependency; install it beside the venv without touching torc
 
     pip install --no-deps --target /tmp/trl_env datasets==5.2.0 dill==0.4.1 \\
         multiprocess==0.70.19 pandas==3.1.1 pyarrow==26.0.1 trl==1.16.0
-    PYTHONPATH=/tmp/trl_env python bench/bench_grpo_vs_trl.py [--preset tiny --batch 64 --steps 5]
+    PYTHONPATH=/tmp/trl_env python bench/bench_grpo_vs_trl.py [--preset tiny --batch 64 --steps 20]
 
 Prints update tokens/s for both and the ratio (goal: spanrl >= 2x TRL).
 """
@@ -165,7 +165,8 @@ def main() -> None:
                         help="samples in a row that share their first user turn (GRPO's group; 1: none share)")
     parser.add_argument("--share-prefixes", choices=["on", "off"], default="on",
                         help="spanrl packs a beginning shared by several samples once (the default) or not")
-    parser.add_argument("--steps", type=int, default=5, help="timed steps per side (after one warm-up)")
+    parser.add_argument("--steps", type=int, default=20,
+                        help="timed steps per side (after one warm-up); with 5 the ratio moves by +-15 %% between runs")
     parser.add_argument("--lr", type=float, default=1e-5)
     parser.add_argument("--device", default="cpu",
                         help="cpu or cuda for spanrl's side (TRL picks the GPU itself when there is one)")
