@@ -217,11 +217,19 @@ def _build_request_patch(original: Callable[..., Any], request_token_ids: bool, 
             try:
                 setattr(request, _RECORDER_ATTRIBUTE, recorder)
             except Exception:  # noqa: BLE001 - a request type that takes no attributes: no ids
-                logger.warning("spanrl: cannot follow %s requests; token ids are not recorded",
-                               type(request).__name__, exc_info=True)
+                _warn_once(f"spanrl: cannot follow {type(request).__name__} requests; token ids are not recorded")
         return request
 
     return _build_request
+
+
+_warned: set[str] = set()
+
+
+def _warn_once(message: str) -> None:
+    if message not in _warned:
+        _warned.add(message)
+        logger.warning(message, exc_info=True)
 
 
 def _recorded_call(instance: Any, args: tuple, kwargs: dict, calls: SdkCalls,
