@@ -14,10 +14,9 @@ if it is not already), and adds only what RL needs, on that same span:
 - ``spanrl.llm.prompt_token_ids``, ``spanrl.llm.response.<i>.token_ids``, logprobs when
   present, ``spanrl.llm.policy_version`` and ``gen_ai.response.id`` (``LLMSpanRecorder``).
 
-How: openinference keeps its LLM span current while the SDK builds the HTTP request. Two SDK
-methods are enough, and every recorded call goes through them, sync or async, streaming or not,
-with or without ``with_raw_response`` (one hook fewer per call than a hook on ``_process_response``
-too: the per-call cost is most of what spanrl adds, docs/performance.md):
+How: openinference keeps its LLM span current while the SDK builds the HTTP request. Every
+recorded call goes through these methods, sync or async, streaming or not, with or without
+``with_raw_response``:
 
 - ``BaseClient._build_request``: the current span is openinference's LLM span; add the route's
   token-id flag to the JSON body and the rollout header, and hang the call's ``LLMSpanRecorder``
@@ -293,9 +292,7 @@ def _host_of(client: Any) -> Any:
     """The host of ``client.base_url`` (None when it has none)."""
     global _last_base_url_host
     # the SDKs keep it in ``_base_url``; OpenAI's ``base_url`` property imports a module per read (~1 us)
-    base_url = client.__dict__.get("_base_url") if hasattr(client, "__dict__") else None
-    if base_url is None:
-        base_url = getattr(client, "base_url", None)
+    base_url = getattr(client, "__dict__", {}).get("_base_url") or getattr(client, "base_url", None)
     cached_url, host = _last_base_url_host
     if base_url is not cached_url or base_url is None:
         host = getattr(base_url, "host", None)
