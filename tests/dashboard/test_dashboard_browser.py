@@ -21,6 +21,7 @@ from spanrl.dashboard.app import format_number
 from spanrl.otlp_receiver import trained_rewards
 from spanrl.otlp_receiver.store import SpanStore
 from spanrl.schema import metrics as keys
+from spanrl.trainer_bridge.advantages import GRPO_EPSILON
 
 from .training_run import start_training_run
 
@@ -131,7 +132,13 @@ def test_rollout_page_shows_the_tree_rewards_on_their_calls_and_tokens(run, page
         assert ("Plan: 2+3" if transition is planner else "Answer 2+3") in prompt
     shown = page.query_selector(f"#transition-{writer.index} .advantage").inner_text()
     assert float(shown) == pytest.approx(record.advantages[writer.index], abs=1e-4)
-    assert abs(record.advantages[writer.index]) == pytest.approx(1 / math.sqrt(2), abs=1e-4)  # a group of two
+    # a group of two: +-(d / 2) / (std + eps) with std = |d| / sqrt(2), i.e. +-1/sqrt(2) unless d is tiny
+    group = [trained[r.rollout_id].reward for r in assembled(run).values()
+             if r.task_id == "q0" and r.rollout_id in trained and trained[r.rollout_id].step == record.step]
+    assert len(group) == 2
+    spread = abs(group[0] - group[1])
+    expected = (spread / 2) / (spread / math.sqrt(2) + GRPO_EPSILON) if spread else 0.0
+    assert abs(record.advantages[writer.index]) == pytest.approx(expected, abs=1e-5)
     assert "not trained" in page.inner_text(f"#transition-{planner.index}")
     page.evaluate("document.querySelectorAll('details').forEach((d) => { d.open = true; })")
     screenshot(page, "rollout")
