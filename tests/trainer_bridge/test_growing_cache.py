@@ -11,7 +11,7 @@ from transformers import AutoModelForCausalLM
 from transformers.cache_utils import DynamicLayer
 
 from spanrl.trainer_bridge.torch_backend.engine.growing_cache import GrowingLayer, growing_layers
-from spanrl.trainer_bridge.torch_backend.engine.kv_cache import left_pad
+from spanrl.trainer_bridge.torch_backend.engine.kv_cache import fill_from_the_end, left_pad
 
 
 def _columns(rows: int, count: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -30,15 +30,16 @@ def test_a_growing_layer_holds_what_plain_tensors_hold_through_steps_leaves_cuts
             got = layer.update(new_keys, new_values)
             keys, values = torch.cat([keys, new_keys], dim=2), torch.cat([values, new_values], dim=2)
             assert torch.equal(got[0], keys) and torch.equal(got[1], values)
-        elif action < 0.8 and keys.shape[0] > 1:  # a row leaves
-            index = torch.tensor(sorted(rng.sample(range(keys.shape[0]), keys.shape[0] - 1)))
+        elif action < 0.8 and keys.shape[0] > 1:  # rows leave: the batch's order, or any order
+            kept = sorted(rng.sample(range(keys.shape[0]), rng.randint(1, keys.shape[0] - 1)))
+            index = torch.tensor(fill_from_the_end(kept) if rng.random() < 0.7 else rng.sample(kept, len(kept)))
             layer.batch_select_indices(index)
             keys, values = keys.index_select(0, index), values.index_select(0, index)
         elif action < 0.9 and keys.shape[2] > 2:  # leading columns cut
             count = rng.randint(1, keys.shape[2] - 1)
             layer.drop_leading_columns(count)
             keys, values = keys[:, :, count:], values[:, :, count:]
-        else:  # newcomers join, shorter or longer
+        else:  # newcomers join, shorter or longer (wider than the columns cut before them, too)
             joining_keys, joining_values = _columns(rng.randint(1, 3), rng.randint(1, keys.shape[2] + 20))
             layer.merge_rows(joining_keys, joining_values)
             width = max(keys.shape[2], joining_keys.shape[2])
@@ -46,6 +47,29 @@ def test_a_growing_layer_holds_what_plain_tensors_hold_through_steps_leaves_cuts
             values = torch.cat([left_pad(values, width, 2), left_pad(joining_values, width, 2)])
         assert torch.equal(layer.keys, keys) and torch.equal(layer.values, values), step
         assert layer.get_seq_length() == keys.shape[2]
+
+
+def _buffer_address(layer: GrowingLayer) -> int:
+    return layer.keys.untyped_storage().data_ptr()
+
+
+def test_rows_leave_and_join_in_place_moving_only_the_last_rows():
+    keys, values = _columns(6, 10)
+    layer = GrowingLayer(keys.clone(), values.clone())
+    layer.update(*_columns(6, 1))  # into buffers with room
+    held_keys = layer.keys.clone()
+    address = _buffer_address(layer)
+    order = fill_from_the_end([0, 2, 3, 5])  # rows 1 and 4 leave: row 5 takes row 1's place
+    assert order == [0, 5, 2, 3]
+    layer.batch_select_indices(torch.tensor(order))
+    assert torch.equal(layer.keys, held_keys[order]) and _buffer_address(layer) == address
+    layer.drop_leading_columns(3)  # 8 columns left of 11
+    joining_keys, joining_values = _columns(2, 10)  # wider: the batch's rows get zeros before theirs
+    layer.merge_rows(joining_keys, joining_values)
+    assert _buffer_address(layer) == address  # the free rows took them, the cut columns came back
+    assert torch.equal(layer.keys, torch.cat([left_pad(held_keys[order][:, :, 3:], 10, 2), joining_keys]))
+    layer.merge_rows(*_columns(1, 3))  # no free row left: new buffers
+    assert _buffer_address(layer) != address and layer.keys.shape[:3] == (7, 2, 10)
 
 
 def test_tensors_set_from_outside_are_taken_as_they_are():

@@ -63,8 +63,9 @@ class RunningBatch:
 
     Rows are left-padded: each row's tokens are the last columns of ``attention`` (1 = a real
     token) and of the cache. Rows leave (``without_finished``) and join (``merge``) between
-    steps; columns that are padding for every row are cut off, so the cache stays as wide as
-    its longest row, not as long as the batch has been running. ``joinable`` is False for a
+    steps (a leaver's place goes to one of the last rows: ``fill_from_the_end``); columns that
+    are padding for every row are cut off, so the cache stays as wide as its longest row, not as
+    long as the batch has been running. ``joinable`` is False for a
     cache this class cannot re-pack (sliding-window layers): such a batch takes no new rows.
     ``sampling`` holds the rows' sampling tensors, rebuilt only when rows join or leave;
     ``shared_length`` how many prompt tokens all rows start with (``shared_prefix.py``), likewise.
@@ -94,8 +95,9 @@ class RunningBatch:
             return self
         if not keep:
             return None
-        index = torch.tensor(keep, device=self.attention.device)
-        self.rows = [self.rows[i] for i in keep]
+        order = fill_from_the_end(keep)
+        index = torch.tensor(order, device=self.attention.device)
+        self.rows = [self.rows[i] for i in order]
         self.attention = self.attention.index_select(0, index)
         self.positions = self.positions.index_select(0, index)
         self.next_ids = self.next_ids.index_select(0, index)
@@ -134,6 +136,16 @@ class RunningBatch:
         self.sampling = BatchSampling.for_rows(self.rows, self.attention.device)
         self.shared_length = shared_length(self.rows)
         return self
+
+
+def fill_from_the_end(kept: list[int]) -> list[int]:
+    """The order of a batch's rows once only ``kept`` (ascending) stay: each kept row keeps its
+    place, except those at or after ``len(kept)``, which move to the places left free before it.
+    A ``GrowingLayer`` then copies only the rows that move, not all of them."""
+    count = len(kept)
+    movers = [row for row in kept if row >= count]
+    staying = set(kept)
+    return [place if place in staying else movers.pop() for place in range(count)]
 
 
 def left_padded_prompts(prompts: list[list[int]], pad_id: int,
