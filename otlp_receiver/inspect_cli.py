@@ -274,12 +274,20 @@ def show_transitions(args) -> int:
 # the columns of `spanrl inspect metrics` (key, header); every key with --json
 METRIC_COLUMNS = (("step", "step"), ("rollout/reward_mean", "reward"), ("val/reward", "val_reward"),
                   ("actor/policy_version", "version"), ("rollout/count", "rollouts"), ("rollout/used", "used"),
-                  ("actor/transitions", "samples"), ("actor/loss", "loss"), ("actor/grad_norm", "grad_norm"),
-                  ("timing/step_s", "seconds"))
+                  ("actor/transitions", "samples"), ("rollout/groups_without_signal", "flat_groups"),
+                  ("actor/loss", "loss"), ("actor/grad_norm", "grad_norm"), ("timing/step_s", "seconds"))
 
 
 def _cell(value) -> str:
     return f"{value:.4g}" if isinstance(value, float) else ("" if value is None else str(value))
+
+
+def _metric_cell(row: dict, key: str) -> str:
+    """A metrics table cell; task groups whose rollouts all scored the same as ``flat/groups``."""
+    if key == "rollout/groups_without_signal":
+        flat = row.get(key)
+        return "" if flat is None else f"{sum(flat.values())}/{row.get('rollout/groups', 0)}"
+    return _cell(row.get(key))
 
 
 def show_metrics(args) -> int:
@@ -297,5 +305,5 @@ def show_metrics(args) -> int:
         print(json.dumps(rows, indent=2))
         return 0
     print(_table([header for _, header in METRIC_COLUMNS],
-                 [[_cell(row.get(key)) for key, _ in METRIC_COLUMNS] for row in rows]))
+                 [[_metric_cell(row, key) for key, _ in METRIC_COLUMNS] for row in rows]))
     return 0

@@ -95,6 +95,22 @@ def training_samples(scored: list[ScoredRollout], level: str, norm_adv_by_std: b
 UNIFORM_REWARD_TOLERANCE = 1e-9
 
 
+def groups_without_signal(scored: list[ScoredRollout]) -> tuple[int, dict[str, int]]:
+    """How many task groups of ``scored`` have two or more rollouts, and of those, the ones whose
+    rollouts all scored the same, counted by that score (``"0"``: a task no rollout solved). GRPO
+    learns nothing from such a group; a task that stays in it step after step is out of reach."""
+    scores: dict[str, list[float]] = {}
+    for item in scored:
+        scores.setdefault(item.attempt.task_id, []).append(item.score)
+    groups = [values for values in scores.values() if len(values) >= 2]
+    flat: dict[str, int] = {}
+    for values in groups:
+        if max(values) - min(values) <= UNIFORM_REWARD_TOLERANCE:
+            name = f"{values[0]:g}"
+            flat[name] = flat.get(name, 0) + 1
+    return len(groups), flat
+
+
 def without_uniform_groups(samples: list[TrainingSample]) -> tuple[list[TrainingSample], set[str], int]:
     """``samples`` less the groups whose samples all carry the same reward (all solved or all
     failed: GRPO's advantages are 0 there). They add nothing to the gradient, but their tokens

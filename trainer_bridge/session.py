@@ -198,6 +198,7 @@ def run_steps(settings: TrainSettings, loop: TrainingLoop, session: Session, val
             if row[keys.ROLLOUTS_LEFT_OUT]:
                 logger.warning("step %d left out rollouts: %s", step + 1, row[keys.ROLLOUTS_LEFT_OUT])
             empty.check(row)
+            say_groups_without_signal(row)
             bar.update(1)
             bar.set_postfix(reward=f"{row[keys.REWARD_MEAN]:.2f}", version=backend.policy_version,
                             rps=f"{row[keys.ROLLOUTS_PER_S]:.1f}")
@@ -206,6 +207,16 @@ def run_steps(settings: TrainSettings, loop: TrainingLoop, session: Session, val
             if good_steps >= 2:
                 logger.info("reward_mean reached %.2f for 2 steps: stopping", settings.stop_at_reward)
                 break
+
+
+def say_groups_without_signal(row: dict) -> None:
+    """Log the step's task groups whose rollouts all scored the same (GRPO's advantage is 0 there;
+    a task no rollout solves step after step is one the policy cannot reach by sampling)."""
+    flat = row.get(keys.GROUPS_WITHOUT_SIGNAL)
+    if flat:
+        scores = ", ".join(f"{count} all {score}" for score, count in sorted(flat.items()))
+        logger.info("step %d: %d of %d task groups scored the same in every rollout (%s): nothing to compare there",
+                    row[keys.STEP], sum(flat.values()), row.get(keys.GROUPS, 0), scores)
 
 
 class EmptySteps:

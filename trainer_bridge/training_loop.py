@@ -31,7 +31,7 @@ from spanrl.schema.tasks import Task, load_tasks
 from .backend import PolicyBackend, TrainingSample
 from .loop_settings import LoopSettings
 from .rejection_sampling import sft_samples, sft_update
-from .samples import sample_advantages, trained_rollout, training_samples, without_uniform_groups
+from .samples import groups_without_signal, sample_advantages, trained_rollout, training_samples, without_uniform_groups
 from .scoring import JUDGE_REWARD, LEFT_OUT_UNASSEMBLED, RolloutScorer
 from .task_dispatch import Attempt, Outcome, TaskDispatcher, check_hidden_task_fields
 from .trajectory_merge import update_rows
@@ -218,6 +218,7 @@ def step_row(step: int, policy_version: int, attempts: list[Attempt], report: St
              rollout_seconds: float, started: float) -> dict:
     """One line of metrics.jsonl (its keys: ``spanrl.schema.metrics``)."""
     scores = [s.score for s in report.scored]
+    groups, flat_groups = groups_without_signal(report.scored)
     row = {
         keys.STEP: step + 1,  # updates done so far: step k published policy version k
         keys.REWARD_MEAN: sum(scores) / len(scores) if scores else 0.0,
@@ -229,6 +230,8 @@ def step_row(step: int, policy_version: int, attempts: list[Attempt], report: St
         keys.RECEIVER_COUNTERS: dict(report.receiver_counters),  # rewards clipped, rejected, replayed, ...
         keys.GROUPS_OF_ONE_DROPPED: update.groups_of_one,
         keys.UNIFORM_GROUPS_DROPPED: update.uniform_groups,
+        keys.GROUPS: groups,
+        keys.GROUPS_WITHOUT_SIGNAL: flat_groups,
         keys.ROLLOUTS_PER_S: len(attempts) / max(rollout_seconds, 1e-9),
         keys.ROLLOUT_SECONDS: rollout_seconds,  # waiting for the step's rollouts
         keys.STEP_SECONDS: time.monotonic() - started,

@@ -29,6 +29,10 @@ ROLLOUTS_RELAUNCHED = "rollout/relaunched"  # {infrastructure fault: attempts re
 RECEIVER_COUNTERS = "rollout/receiver_counters"  # {AssembledRollout.counters name: count}, summed over the step
 GROUPS_OF_ONE_DROPPED = "rollout/groups_of_one_dropped"
 UNIFORM_GROUPS_DROPPED = "rollout/uniform_groups_dropped"  # drop_uniform_groups: groups whose rewards were all equal
+GROUPS = "rollout/groups"  # task groups of the step with two or more scored rollouts
+# of them, those whose rollouts all scored the same, as {that score: groups}: GRPO's advantages are 0 there
+# (all solved, or a task no rollout solves: nothing to learn from it until one does)
+GROUPS_WITHOUT_SIGNAL = "rollout/groups_without_signal"
 # from_traffic (trainer_bridge/traffic_loop.py): rollouts of the step scored within their prompt group, and
 # against their agent's running mean of rewards; rollouts in the window still waiting for feedback
 TRAFFIC_GROUPED = "rollout/traffic_grouped"

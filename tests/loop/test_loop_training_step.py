@@ -382,11 +382,35 @@ def test_drop_uniform_groups_trains_only_the_groups_whose_rewards_differ(tmp_pat
                                                                        + [0.5 / (0.5 ** 0.5 + GRPO_EPSILON)] * 2)
     assert [s.loss_weight for s in samples] == pytest.approx([1.0] * 4)  # two rollouts of equal length kept
     assert row["rollout/uniform_groups_dropped"] == 2 and row["rollout/groups_of_one_dropped"] == 0
+    # the groups GRPO gets no signal from, by the score all their rollouts got, whatever drop_uniform_groups says
+    assert row["rollout/groups"] == 3 and row["rollout/groups_without_signal"] == {"1": 1, "0": 1}
     assert row["rollout/count"] == 6 and row["rollout/used"] == 2 and row["actor/transitions"] == 4
     assert row["actor/policy_version"] == version + 1
     used = sorted((item["rollout_id"], item["trained"]["used"])
                   for item in json.loads(spanrl_inspect(settings.store, "rollouts", "--json")))
     assert len(used) == 6 and all(flag is ("-mixed-" in rollout_id) for rollout_id, flag in used), used
+
+
+def test_groups_without_signal_are_logged_and_shown_by_inspect_metrics(tmp_path, caplog):
+    import subprocess
+    import sys
+
+    from spanrl.trainer_bridge.session import say_groups_without_signal
+
+    rows = [{"step": 1, "rollout/reward_mean": 0.5, "rollout/groups": 8, "rollout/groups_without_signal": {"0": 3}},
+            {"step": 2, "rollout/reward_mean": 0.6, "rollout/groups": 8, "rollout/groups_without_signal": {}}]
+    with caplog.at_level(logging.INFO, logger="spanrl.trainer_bridge.session"):
+        for row in rows:
+            say_groups_without_signal(row)
+    said = [r.getMessage() for r in caplog.records]
+    assert said == ["step 1: 3 of 8 task groups scored the same in every rollout (3 all 0): nothing to compare there"]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    shown = subprocess.run([sys.executable, "-m", "spanrl", "inspect", "metrics", str(tmp_path)],
+                           capture_output=True, text=True, timeout=60)
+    assert shown.returncode == 0, shown.stderr
+    header, *lines = [line for line in shown.stdout.splitlines() if line.strip() and not set(line) <= set("- ")]
+    start = header.index("flat_groups")
+    assert [line[start:start + len("flat_groups")].strip() for line in lines] == ["3/8", "0/8"]
 
 
 def test_a_step_whose_groups_were_all_uniform_says_why_it_trained_on_nothing():
