@@ -111,6 +111,29 @@ def groups_without_signal(scored: list[ScoredRollout]) -> tuple[int, dict[str, i
     return len(groups), flat
 
 
+class TaskScores:
+    """The lowest and highest score each task's rollouts got over a run, and how many there were:
+    ``without_signal`` names the tasks whose rollouts all scored the same, which no update could
+    learn from (GRPO's advantage is 0 there; SFT from rollouts has nothing to imitate in a task
+    that always failed). ``spanrl train`` prints them at the end."""
+
+    def __init__(self) -> None:
+        self._seen: dict[str, tuple[int, float, float]] = {}  # task id -> (rollouts, lowest, highest)
+
+    def add(self, scored: list[ScoredRollout]) -> None:
+        for item in scored:
+            count, low, high = self._seen.get(item.attempt.task_id, (0, item.score, item.score))
+            self._seen[item.attempt.task_id] = (count + 1, min(low, item.score), max(high, item.score))
+
+    def without_signal(self) -> dict[str, list[str]]:
+        """``{score: task ids}`` of the tasks with two or more rollouts that all scored ``score``."""
+        flat: dict[str, list[str]] = {}
+        for task_id, (count, low, high) in sorted(self._seen.items()):
+            if count >= 2 and high - low <= UNIFORM_REWARD_TOLERANCE:
+                flat.setdefault(f"{low:g}", []).append(task_id)
+        return flat
+
+
 def without_uniform_groups(samples: list[TrainingSample]) -> tuple[list[TrainingSample], set[str], int]:
     """``samples`` less the groups whose samples all carry the same reward (all solved or all
     failed: GRPO's advantages are 0 there). They add nothing to the gradient, but their tokens

@@ -151,7 +151,8 @@ def run_training(settings: TrainSettings, show_progress: bool = True) -> dict:
                   last_step=len(metrics.rows) + settings.steps if apo is not None else None)
         final_checkpoint = session.backend.save_checkpoint(settings.checkpoint_dir)
     return {**training_summary(metrics, session.backend.policy_version, str(final_checkpoint),
-                               settings.checkpoint_dir, trackers.locations), **(apo or {})}
+                               settings.checkpoint_dir, trackers.locations), **(apo or {}),
+            "tasks_without_signal": loop.task_scores.without_signal()}
 
 
 def run_prompt_search(settings: TrainSettings, loop: TrainingLoop, session: Session, metrics: MetricsLog,

@@ -52,4 +52,12 @@ def training_summary(summary: dict) -> str:
               "metrics": summary["metrics"], "plot": summary["plot"], **summary.get("trackers", {})}
     width = max(len(name) for name in places)
     lines += [f"  {name + ':':<{width + 1}} {where}" for name, where in places.items()]
+    flat = summary.get("tasks_without_signal")
+    if flat:
+        lines.append("  tasks whose rollouts all scored the same, nothing to learn from: "
+                     + "; ".join(f"{len(ids)} scored {score} ({_some(ids)})" for score, ids in sorted(flat.items())))
     return "\n".join(lines)
+
+
+def _some(ids: list[str], shown: int = 5) -> str:
+    return ", ".join(ids[:shown]) + (f", +{len(ids) - shown} more" if len(ids) > shown else "")

@@ -31,7 +31,14 @@ from spanrl.schema.tasks import Task, load_tasks
 from .backend import PolicyBackend, TrainingSample
 from .loop_settings import LoopSettings
 from .rejection_sampling import sft_samples, sft_update
-from .samples import groups_without_signal, sample_advantages, trained_rollout, training_samples, without_uniform_groups
+from .samples import (
+    TaskScores,
+    groups_without_signal,
+    sample_advantages,
+    trained_rollout,
+    training_samples,
+    without_uniform_groups,
+)
 from .scoring import JUDGE_REWARD, LEFT_OUT_UNASSEMBLED, RolloutScorer
 from .task_dispatch import Attempt, Outcome, TaskDispatcher, check_hidden_task_fields
 from .trajectory_merge import update_rows
@@ -79,6 +86,7 @@ class TrainingLoop:
         self.dispatcher = TaskDispatcher(settings.rollout_timeout_s, tuple(settings.hidden_task_fields),
                                          settings.relaunch_attempts)
         self._task_order: list[int] = []
+        self.task_scores = TaskScores()  # what each task's rollouts scored over the run (for the summary)
 
         from spanrl.otlp_receiver.store import SpanStore
 
@@ -169,6 +177,7 @@ class TrainingLoop:
                  rollout_seconds: float, started: float) -> dict:
         """One update on ``report``'s scored rollouts, recorded for ``spanrl inspect``; the step's metrics row."""
         update = self.update(backend, report.scored)
+        self.task_scores.add(report.scored)
         self.record_trained(step, report.scored, update)
         return step_row(step, backend.policy_version, attempts, report, update, rollout_seconds, started)
 

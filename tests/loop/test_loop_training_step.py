@@ -384,6 +384,7 @@ def test_drop_uniform_groups_trains_only_the_groups_whose_rewards_differ(tmp_pat
     assert row["rollout/uniform_groups_dropped"] == 2 and row["rollout/groups_of_one_dropped"] == 0
     # the groups GRPO gets no signal from, by the score all their rollouts got, whatever drop_uniform_groups says
     assert row["rollout/groups"] == 3 and row["rollout/groups_without_signal"] == {"1": 1, "0": 1}
+    assert loop.task_scores.without_signal() == {"0": ["all-failed"], "1": ["all-solved"]}
     assert row["rollout/count"] == 6 and row["rollout/used"] == 2 and row["actor/transitions"] == 4
     assert row["actor/policy_version"] == version + 1
     used = sorted((item["rollout_id"], item["trained"]["used"])
@@ -411,6 +412,29 @@ def test_groups_without_signal_are_logged_and_shown_by_inspect_metrics(tmp_path,
     header, *lines = [line for line in shown.stdout.splitlines() if line.strip() and not set(line) <= set("- ")]
     start = header.index("flat_groups")
     assert [line[start:start + len("flat_groups")].strip() for line in lines] == ["3/8", "0/8"]
+
+
+def test_the_summary_names_the_tasks_no_update_could_learn_from():
+    from spanrl.schema.scored import ScoredRollout
+    from spanrl.trainer_bridge.samples import TaskScores
+    from spanrl.trainer_bridge.train_cli import training_summary
+
+    def scored(task_id: str, attempt: int, score: float) -> ScoredRollout:
+        return ScoredRollout(Attempt(f"{task_id}-{attempt}", task_id, attempt, {"id": task_id}, 0), score, ())
+
+    scores = TaskScores()
+    for task_id, values in {"hard": (0.0, 0.0), "mixed": (0.0, 1.0), "alone": (0.0,), "easy": (1.0, 1.0)}.items():
+        scores.add([scored(task_id, i, score) for i, score in enumerate(values)])
+    scores.add([scored("hard", 2, 0.0)])  # a later step: still nothing
+    flat = {**scores.without_signal(), "0": [f"t{i}" for i in range(7)]}
+    assert scores.without_signal() == {"0": ["hard"], "1": ["easy"]}
+    summary = {"steps": 2, "policy_version": 2, "first_reward": 0.1, "last_reward": 0.4, "best_reward": 0.4,
+               "best_step": 2, "checkpoints": "c", "checkpoint": "c/2", "metrics": "m", "plot": "p",
+               "tasks_without_signal": flat}
+    last = training_summary(summary).splitlines()[-1]
+    assert last == ("  tasks whose rollouts all scored the same, nothing to learn from: "
+                    "7 scored 0 (t0, t1, t2, t3, t4, +2 more); 1 scored 1 (easy)")
+    assert "nothing to learn" not in training_summary({**summary, "tasks_without_signal": {}})
 
 
 def test_a_step_whose_groups_were_all_uniform_says_why_it_trained_on_nothing():
