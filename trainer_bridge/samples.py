@@ -99,16 +99,9 @@ def groups_without_signal(scored: list[ScoredRollout]) -> tuple[int, dict[str, i
     """How many task groups of ``scored`` have two or more rollouts, and of those, the ones whose
     rollouts all scored the same, counted by that score (``"0"``: a task no rollout solved). GRPO
     learns nothing from such a group; a task that stays in it step after step is out of reach."""
-    scores: dict[str, list[float]] = {}
-    for item in scored:
-        scores.setdefault(item.attempt.task_id, []).append(item.score)
-    groups = [values for values in scores.values() if len(values) >= 2]
-    flat: dict[str, int] = {}
-    for values in groups:
-        if max(values) - min(values) <= UNIFORM_REWARD_TOLERANCE:
-            name = f"{values[0]:g}"
-            flat[name] = flat.get(name, 0) + 1
-    return len(groups), flat
+    step = TaskScores()
+    step.add(scored)
+    return step.groups(), {score: len(tasks) for score, tasks in step.without_signal().items()}
 
 
 class TaskScores:
@@ -124,6 +117,10 @@ class TaskScores:
         for item in scored:
             count, low, high = self._seen.get(item.attempt.task_id, (0, item.score, item.score))
             self._seen[item.attempt.task_id] = (count + 1, min(low, item.score), max(high, item.score))
+
+    def groups(self) -> int:
+        """How many tasks have two or more rollouts."""
+        return sum(1 for count, _, _ in self._seen.values() if count >= 2)
 
     def without_signal(self) -> dict[str, list[str]]:
         """``{score: task ids}`` of the tasks with two or more rollouts that all scored ``score``."""
