@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from importlib import import_module
 from typing import Any
 
+from opentelemetry import context as context_api
 from opentelemetry import trace as trace_api
 from opentelemetry.instrumentation.instrumentor import BaseInstrumentor  # type: ignore[attr-defined]
 
@@ -208,7 +209,7 @@ def _build_request_patch(original: Callable[..., Any], request_token_ids: bool, 
     def _build_request(self: Any, *args: Any, **kwargs: Any) -> Any:
         recorder = None
         try:
-            args, kwargs, recorder = _recorded_call(self, args, kwargs, calls, request_token_ids)
+            recorder = _recorded_call(self, args[0] if args else kwargs.get("options"), calls, request_token_ids)
         except Exception:  # noqa: BLE001 - never break the agent
             logger.exception("spanrl: could not add spanrl's fields to the request")
         request = original(self, *args, **kwargs)
@@ -231,35 +232,32 @@ def _warn_once(message: str) -> None:
         logger.warning(message, exc_info=True)
 
 
-def _recorded_call(instance: Any, args: tuple, kwargs: dict, calls: SdkCalls,
-                   request_token_ids: bool) -> tuple[tuple, dict, LLMSpanRecorder | None]:
-    """The ``_build_request`` arguments of a call we record, with the route's token-id flag
+def _recorded_call(instance: Any, options: Any, calls: SdkCalls, request_token_ids: bool) -> LLMSpanRecorder | None:
+    """The recorder of a call we record (None when openinference made no span for it, or for
+    other calls); the call's ``_build_request`` options get the route's token-id flag
     (``return_token_ids`` or ``enable_response_messages``) true in the JSON body and, inside a
     rollout, the ``x-spanrl-rollout-id`` header (the verl gateway keeps a rollout's calls on one
-    vLLM replica), and the call's recorder (None when openinference made no span for it). Other
-    calls are left as they are; hosts that refuse unknown fields get no flag and no header."""
-    options = args[0] if args else kwargs.get("options")
+    vLLM replica). Other calls are left as they are; hosts that refuse unknown fields get no
+    flag and no header."""
     flag = _token_id_flag(options, calls)
     if options is None or flag is None:
-        return args, kwargs, None
-    span = trace_api.get_current_span()
+        return None
+    ctx = context_api.get_current()  # read once: the span, the rollout and its baggage live there
+    span = trace_api.get_current_span(ctx)
     sdk_span = getattr(span, "__wrapped__", span)  # openinference's proxy, or the span itself
     recorder = _recorder_for(sdk_span, options, calls)
     if _host_of(instance) in calls.strict_hosts:
-        return args, kwargs, recorder
+        return recorder
     extra_json = _extra_json_with_flag(options, flag) if request_token_ids else None
-    headers = _headers_with_rollout_id(options, sdk_span)
-    if extra_json is None and headers is None:
-        return args, kwargs, recorder
-    # A copy: the SDK reuses its options for retries and for openinference's input capture.
-    options = options.model_copy()
+    headers = _headers_with_rollout_id(options, sdk_span, ctx)
+    # Set on the options without a copy, as new dicts (the agent's own are never changed): the SDK
+    # builds each attempt from a copy made before it, so a retry starts clean (and adds them
+    # again); openinference's input capture reads only the JSON body.
     if extra_json is not None:
         options.extra_json = extra_json
     if headers is not None:
         options.headers = headers
-    if args:
-        return (options, *args[1:]), kwargs, recorder
-    return args, {**kwargs, "options": options}, recorder
+    return recorder
 
 
 def _recorder_for(sdk_span: Any, options: Any, calls: SdkCalls) -> LLMSpanRecorder | None:
@@ -312,11 +310,11 @@ def _extra_json_with_flag(options: Any, flag: str) -> dict | None:
     return {**extra_json, flag: True}
 
 
-def _headers_with_rollout_id(options: Any, sdk_span: Any) -> dict | None:
+def _headers_with_rollout_id(options: Any, sdk_span: Any, ctx: Any) -> dict | None:
     """The request's headers with the rollout header added, or None outside a rollout or when
     the agent sent one itself. The rollout: ``rollout()`` / W3C baggage, else the resource
     attribute of the current span's process (what ``spanrl run`` gives each agent process)."""
-    rollout_id = current_rollout_id()
+    rollout_id = current_rollout_id(ctx)
     if rollout_id is None:
         rollout_id = _resource_rollout_id(getattr(sdk_span, "resource", None))
     if rollout_id is None:
@@ -371,15 +369,19 @@ async def _parse_async_stream(result: Any) -> None:
 def _process_response_data_patch(original: Callable[..., Any]) -> Any:
     @functools.wraps(original)
     def _process_response_data(self: Any, *args: Any, **kwargs: Any) -> Any:
+        # every chunk of a stream comes here: _recorder_of inlined (a call costs ~0.4 us in place)
+        response: Any = kwargs.get("response")
         try:
-            response: Any = kwargs.get("response")
-            recorder = _recorder_of(response)
-            if recorder is not None:
+            recorder = getattr(response.request, _RECORDER_ATTRIBUTE, None)
+        except (AttributeError, RuntimeError):  # not a response, or one made without a request
+            recorder = None
+        if recorder is not None:
+            try:
                 if not recorder.streaming:  # a whole body is read once (a second parse() reads it again)
                     setattr(response.request, _RECORDER_ATTRIBUTE, None)
                 recorder.observe(kwargs.get("data"), headers=response.headers)
-        except Exception:  # noqa: BLE001 - never break the agent
-            logger.exception("spanrl: could not record token ids of an LLM call")
+            except Exception:  # noqa: BLE001 - never break the agent
+                logger.exception("spanrl: could not record token ids of an LLM call")
         return original(self, *args, **kwargs)
 
     return _process_response_data

@@ -102,6 +102,26 @@ def test_calls_inside_a_rollout_name_it_in_a_header_for_sticky_routing(private_t
     assert chosen.http_request.headers[semconv.ROLLOUT_ID_HEADER] == "mine"  # the agent's own value wins
 
 
+def test_a_retried_call_asks_for_ids_and_names_its_rollout_once_per_attempt(private_tracing, vllm_recording):
+    """The flag and the header go on each attempt's options, as new dicts: a retry carries each
+    once, and the agent's own extra body and headers stay as they were."""
+    from spanrl.instrumentation.rollout import rollout
+
+    client = openai.OpenAI(base_url=vllm_recording.base_url, api_key="k", max_retries=2)
+    agents_body, agents_headers = {"top_k": 5}, {"x-agent": "a"}
+    vllm_recording.unavailable_next = 2
+    with rollout("task-1", rollout_id="r-7", tracer_provider=private_tracing.provider):
+        client.chat.completions.create(model="p", messages=MESSAGES, top_p=0.5,
+                                       extra_body=agents_body, extra_headers=agents_headers)
+    assert agents_body == {"top_k": 5} and agents_headers == {"x-agent": "a"}
+    assert len(vllm_recording.requests) == 3  # two 503s, then the answer
+    for body, headers in zip(vllm_recording.requests, vllm_recording.request_headers, strict=True):
+        assert body["return_token_ids"] is True and body["top_k"] == 5
+        assert headers[semconv.ROLLOUT_ID_HEADER] == "r-7" and headers["x-agent"] == "a"
+    (attributes,) = llm_attributes(private_tracing.exporter)
+    assert attributes[semconv.LLM_PROMPT_TOKEN_IDS] and attributes[semconv.llm_response_token_ids(0)]
+
+
 def test_ids_never_land_on_a_span_that_is_not_the_calls_llm_span(private_tracing, vllm_recording):
     client = openai.OpenAI(base_url=vllm_recording.base_url, api_key="k")
     tracer = private_tracing.provider.get_tracer("outer")
@@ -145,7 +165,14 @@ def test_policy_version_prefers_the_body_and_falls_back_to_the_header():
     assert semconv.LLM_POLICY_VERSION not in _recorded(False, "v2", {"policy_version": True})
 
 
-def test_stream_ids_are_concatenated_per_choice_index_whatever_the_order():
+# Chunks as vLLM sends them (a chunk's object and the policy version: the recorder's fast path for
+# a stream's middle chunks), and bare (the general path)
+VLLM_CHUNK = {"object": "chat.completion.chunk", "policy_version": 3}
+CHUNK_SHAPES = pytest.mark.parametrize("shape", [VLLM_CHUNK, {}], ids=["vllm-chunks", "bare-chunks"])
+
+
+@CHUNK_SHAPES
+def test_stream_ids_are_concatenated_per_choice_index_whatever_the_order(shape):
     chunks = [
         {"id": "s", "prompt_token_ids": [1, 2], "choices": [{"index": 1, "token_ids": [20]}]},
         {"id": "s", "choices": [{"index": 0, "token_ids": [10, 11]}, {"index": 1, "token_ids": [21]}]},
@@ -153,7 +180,7 @@ def test_stream_ids_are_concatenated_per_choice_index_whatever_the_order():
         {"id": "s", "choices": [{"index": 0, "token_ids": [12], "finish_reason": "stop"}]},
         {"id": "s", "choices": [{"index": 0, "token_ids": [13]}]},  # late ids still count
     ]
-    attributes = _recorded(True, None, *chunks)
+    attributes = _recorded(True, None, *({**shape, **chunk} for chunk in chunks))
     assert attributes[semconv.LLM_PROMPT_TOKEN_IDS] == (1, 2)
     assert attributes[semconv.llm_response_token_ids(0)] == (10, 11, 12, 13)
     assert attributes[semconv.llm_response_token_ids(1)] == (20, 21, 22)
@@ -195,7 +222,8 @@ def test_a_process_whose_resource_names_a_rollout_sends_it_in_the_header(vllm_re
     assert headers == ["proc-1", "proc-2", None]
 
 
-def test_a_stream_choice_with_an_id_out_of_range_is_left_out_and_the_others_kept(caplog):
+@CHUNK_SHAPES
+def test_a_stream_choice_with_an_id_out_of_range_is_left_out_and_the_others_kept(caplog, shape):
     chunks = [
         {"id": "s", "prompt_token_ids": [1, 2], "choices": [{"index": 0, "token_ids": [10]},
                                                             {"index": 1, "token_ids": [20]}]},
@@ -205,13 +233,33 @@ def test_a_stream_choice_with_an_id_out_of_range_is_left_out_and_the_others_kept
         {"id": "s", "choices": [{"index": 2, "token_ids": [30, 31], "finish_reason": "stop"}]},
     ]
     with caplog.at_level(logging.WARNING, logger="spanrl"):
-        attributes = _recorded(True, None, *chunks)
+        attributes = _recorded(True, None, *({**shape, **chunk} for chunk in chunks))
     assert attributes[semconv.LLM_PROMPT_TOKEN_IDS] == (1, 2)
     assert semconv.llm_response_token_ids(0) not in attributes  # a shortened sequence is never written
     assert semconv.llm_response_token_ids(1) not in attributes
     assert attributes[semconv.llm_response_token_ids(2)] == (30, 31)
     warnings = [r.getMessage() for r in caplog.records if r.name.startswith("spanrl")]
     assert len(warnings) == 1 and "choices[0].token_ids should hold only ints from 0 to 2**32-1" in warnings[0]
+
+
+@pytest.mark.parametrize("bad_ids", [[12, -1, 13], [12, 2**32], "12", [1.5]])
+def test_a_single_choice_streams_broken_middle_chunk_leaves_its_ids_out(caplog, bad_ids):
+    """One choice, as most agents stream: a middle chunk with a bad id is caught (never written
+    shortened or with the part before the bad id); logprobs on a chunk are kept in order."""
+    chunk = {**VLLM_CHUNK, "id": "s"}
+    good = [{**chunk, "prompt_token_ids": [1, 2], "choices": [{"index": 0, "token_ids": []}]},
+            {**chunk, "choices": [{"index": 0, "token_ids": [10, 11]}]},
+            {**chunk, "choices": [{"index": 0, "token_ids": [12], "logprobs": {"content": [{"logprob": -0.5}]}}]},
+            {**chunk, "choices": [{"index": 0, "token_ids": [13], "finish_reason": "stop"}]}]
+    assert _recorded(True, None, *good)[semconv.llm_response_token_ids(0)] == (10, 11, 12, 13)
+    broken = [*good[:2], {**chunk, "choices": [{"index": 0, "token_ids": bad_ids}]}, good[3]]
+    with caplog.at_level(logging.WARNING, logger="spanrl"):
+        attributes = _recorded(True, None, *broken)
+    assert attributes[semconv.LLM_PROMPT_TOKEN_IDS] == (1, 2)
+    assert attributes[semconv.LLM_POLICY_VERSION] == 3
+    assert semconv.llm_response_token_ids(0) not in attributes
+    warnings = [r.getMessage() for r in caplog.records if r.name.startswith("spanrl")]
+    assert len(warnings) == 1 and "choices[0].token_ids should" in warnings[0]
 
 
 def test_a_method_another_library_wrapped_first_keeps_its_wrapper(vllm_recording):

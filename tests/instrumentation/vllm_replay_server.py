@@ -142,6 +142,8 @@ class VLLMReplayServer:
         self.malformed_token_ids = malformed_token_ids
         self.recorded = load_recordings(recordings)
         self.requests: list[dict[str, Any]] = []
+        self.request_headers: list[dict[str, str]] = []  # each request's, lower-case names
+        self.unavailable_next = 0  # answer this many requests 503 (retry after 10 ms) first
         self.sent: dict[str, dict[str, Any]] = {}
         self._served: dict[str, int] = {}
         self._lock = threading.Lock()
@@ -168,6 +170,14 @@ class VLLMReplayServer:
             self._httpd.shutdown()
             self._httpd.server_close()
             self._httpd = None
+
+    def take_unavailable(self) -> bool:
+        """True when this request is to be answered 503 (``unavailable_next`` counts down)."""
+        with self._lock:
+            if self.unavailable_next <= 0:
+                return False
+            self.unavailable_next -= 1
+            return True
 
     def answer_for(self, route: str, body: dict[str, Any]) -> RecordedAnswer | None:
         """The next recorded answer to this request (in turn), noted in ``requests``/``sent``."""
@@ -209,6 +219,10 @@ class _Handler(BaseHTTPRequestHandler):
         route = self.path.removeprefix("/v1").rstrip("/")
         if route not in ROUTES:
             return self._send(404, "application/json", _compact({"error": {"message": f"no route {self.path}"}}))
+        self.owner.request_headers.append({k.lower(): v for k, v in self.headers.items()})
+        if self.owner.take_unavailable():
+            self.owner.requests.append(body)
+            return self._send(503, "application/json", '{"error":{"message":"busy"}}', {"retry-after-ms": "10"})
         answer = self.owner.answer_for(route, body)
         if answer is None:
             message = (f"no recorded vLLM answer for {request_key(route, body)}: add the request to "
@@ -227,9 +241,11 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.write(b"0\r\n\r\n")
         self.wfile.flush()
 
-    def _send(self, status: int, content_type: str, text: str) -> None:
+    def _send(self, status: int, content_type: str, text: str, headers: dict[str, str] | None = None) -> None:
         data = text.encode()
         self.send_response(status)
+        for name, value in (headers or {}).items():
+            self.send_header(name, value)
         self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(data)))
         self._send_policy_version()
