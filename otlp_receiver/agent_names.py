@@ -41,6 +41,7 @@ SMOLAGENTS_RUN_SUFFIX = ".run"
 LLAMA_INDEX_STEP_SUFFIX = ".run_agent_step"  # a LlamaIndex workflow agent's step (BaseWorkflowAgent)
 # The end of the step's event as repr() writes it (the name is its last field; anchored at the end
 # so that message text earlier in the event cannot pose as the name).
+_NOT_READ = object()  # a span whose framework name was not looked for yet
 LLAMA_INDEX_AGENT_NAME = re.compile(r"""current_agent_name=(?:'([^'\\]*)'|"([^"\\]*)")\)\s*$""")
 
 
@@ -53,7 +54,9 @@ class AgentNames:
             framework = tree.by_key.get(framework_key)
             if framework is not None:
                 self._merged.setdefault(call.key, []).append(framework)
-        self._framework_name_of: dict[str, str | None] = {}
+        # by the span's place in tree order: a list, not a dict keyed by span id (a 100k-span
+        # rollout's dict of ids costs a cache miss a lookup)
+        self._framework_name_of: list[str | None | object] = [_NOT_READ] * len(tree.order)
 
     def for_call(self, call: SpanRecord) -> str | None:
         for record in self._lineage(call):
@@ -79,9 +82,10 @@ class AgentNames:
                 node = node.parent
 
     def _framework_name(self, record: SpanRecord) -> str | None:
-        if record.key not in self._framework_name_of:
-            self._framework_name_of[record.key] = framework_agent_name(record.attributes, record.name)
-        return self._framework_name_of[record.key]
+        name = self._framework_name_of[record.pre]
+        if name is _NOT_READ:
+            name = self._framework_name_of[record.pre] = framework_agent_name(record.attributes, record.name)
+        return name  # type: ignore[return-value]
 
 
 def framework_agent_name(attributes: Mapping[str, object], span_name: str = "") -> str | None:

@@ -149,6 +149,64 @@ def test_parent_cycle_is_broken(memory_tracer, to_records):
     assert len(rollout.transitions) == 1
 
 
+def _reference_order(records, root_key):
+    """Pre-order of the spans' tree as the module promises it, built here the plain way: children
+    by (start, span id); a span whose parent is unknown hangs from the root, and so does the span
+    of a parent cycle where a walk up from the spans, in arrival order, first meets itself."""
+    by_key = {}
+    for record in records:
+        by_key.setdefault(record.key, record)  # the first of a span id wins
+    parent = {key: r.parent_key if r.parent_key in by_key and r.parent_key != key else root_key
+              for key, r in by_key.items() if key != root_key}
+    done = {root_key}
+    for start in parent:
+        path, key = [], start
+        while key not in done and key not in path:
+            path.append(key)
+            key = parent[key]
+        if key in path:
+            parent[key] = root_key
+        done.update(path)
+    children = {key: [] for key in by_key}
+    for key, parent_key in parent.items():
+        children[parent_key].append(by_key[key])
+    order, stack = [], [by_key[root_key]]
+    while stack:
+        record = stack.pop()
+        order.append(record.key)
+        stack.extend(sorted(children[record.key], key=lambda r: (r.start_ns, r.key), reverse=True))
+    return order
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_tree_order_matches_a_plain_reference_whatever_the_arrival(seed):
+    """Random trees (ties in start time, orphans, a duplicate span id, a cycle on odd seeds),
+    arriving shuffled; built twice from the same records, as a re-assembly does."""
+    from spanrl.otlp_receiver.span_tree import SpanRecord
+
+    rng = random.Random(seed)
+
+    def record(key, parent_key, name="s"):
+        return SpanRecord(key=key, trace_id="t", parent_key=parent_key, name=name, start_ns=rng.randrange(5),
+                          end_ns=9, status_error=False, status_message="", attributes={}, events=[])
+
+    records = [record("root", None, semconv.ROLLOUT_SPAN_NAME)]
+    for i in range(60):
+        parent = rng.choice(records).key if rng.random() > 0.1 else f"missing-{i}"
+        records.append(record(f"s{i:02d}", parent))
+    records.append(record("s05", "root"))  # the same span id again: the first one is kept
+    if seed % 2:
+        a, b = records[10], records[20]
+        a.parent_key, b.parent_key = b.key, a.key
+    rng.shuffle(records)
+    expected = _reference_order(records, "root")
+    for _ in range(2):
+        tree = SpanTree(records)
+        assert [r.key for r in tree.order] == expected
+        assert all(r.pre == i for i, r in enumerate(tree.order))
+        assert all(child.parent is r for r in tree.order for child in r.children)
+
+
 def test_missing_token_ids_reported_not_retokenized(memory_tracer, to_records):
     t = memory_tracer.tracer
     with t.start_as_current_span(semconv.ROLLOUT_SPAN_NAME):
