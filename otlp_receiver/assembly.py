@@ -92,8 +92,8 @@ class _Calls:
         llm = [False] * n
         ids = [False] * n
         parent_pre = [-1] * n
-        # In arrival order, as the records lie in memory, each read once: walking a 100k-span
-        # rollout in tree order instead costs a cache miss a record per pass.
+        # In the order the records came (the store's start order), as they lie in memory, each
+        # read once: in a 100k-span rollout every pass in tree order costs cache misses.
         for record in tree.by_key.values():
             i = record.pre
             if record.parent is not None:
