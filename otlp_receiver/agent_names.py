@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Mapping
 
 from openinference.semconv.trace import SpanAttributes
 
@@ -41,7 +41,7 @@ SMOLAGENTS_RUN_SUFFIX = ".run"
 LLAMA_INDEX_STEP_SUFFIX = ".run_agent_step"  # a LlamaIndex workflow agent's step (BaseWorkflowAgent)
 # The end of the step's event as repr() writes it (the name is its last field; anchored at the end
 # so that message text earlier in the event cannot pose as the name).
-_NOT_READ = object()  # a span whose framework name was not looked for yet
+_NOT_READ = object()  # a span whose nearest name was not looked for yet
 LLAMA_INDEX_AGENT_NAME = re.compile(r"""current_agent_name=(?:'([^'\\]*)'|"([^"\\]*)")\)\s*$""")
 
 
@@ -54,38 +54,48 @@ class AgentNames:
             framework = tree.by_key.get(framework_key)
             if framework is not None:
                 self._merged.setdefault(call.key, []).append(framework)
-        # by the span's place in tree order: a list, not a dict keyed by span id (a 100k-span
-        # rollout's dict of ids costs a cache miss a lookup)
-        self._framework_name_of: list[str | None | object] = [_NOT_READ] * len(tree.order)
+        # Per span, by its place in tree order, the name nearest it on its way up (itself
+        # included): computed once for spans many calls share (the root, an agent's span), and in
+        # lists, not dicts keyed by span id (a 100k-span rollout's dict costs a cache miss a lookup)
+        self._nearest: dict[Callable[[SpanRecord], str | None], list] = {
+            finder: [_NOT_READ] * len(tree.order) for finder in (_given_name, _framework_name)}
 
     def for_call(self, call: SpanRecord) -> str | None:
-        for record in self._lineage(call):
-            name = record.attributes.get(semconv.AGENT_NAME)
-            if isinstance(name, str) and name:
-                return name
-        for record in self._lineage(call):
-            name = self._framework_name(record)
-            if name is not None:
-                return name
+        heads = (call, *self._merged.get(call.key, ()))
+        for finder in (_given_name, _framework_name):
+            for record in heads:
+                name = finder(record)
+                if name is not None:
+                    return name
+            for record in heads:
+                name = self._nearest_at_or_above(record.parent, finder)
+                if name is not None:
+                    return name
         return None
 
-    def _lineage(self, call: SpanRecord) -> Iterator[SpanRecord]:
-        merged = self._merged.get(call.key, [])
-        yield call
-        yield from merged
-        seen = {call.key, *(m.key for m in merged)}
-        for start in (call, *merged):
-            node = start.parent
-            while node is not None and node.key not in seen:
-                seen.add(node.key)
-                yield node
-                node = node.parent
-
-    def _framework_name(self, record: SpanRecord) -> str | None:
-        name = self._framework_name_of[record.pre]
-        if name is _NOT_READ:
-            name = self._framework_name_of[record.pre] = framework_agent_name(record.attributes, record.name)
+    def _nearest_at_or_above(self, node: SpanRecord | None, finder: Callable[[SpanRecord], str | None]) -> str | None:
+        nearest = self._nearest[finder]
+        path = []
+        while node is not None and nearest[node.pre] is _NOT_READ:
+            path.append(node)
+            node = node.parent
+        name = None if node is None else nearest[node.pre]
+        for record in reversed(path):  # from the top down
+            own = finder(record)
+            if own is not None:
+                name = own
+            nearest[record.pre] = name
         return name  # type: ignore[return-value]
+
+
+def _given_name(record: SpanRecord) -> str | None:
+    """The name the user gave (``spanrl.agent.name``) on one span."""
+    name = record.attributes.get(semconv.AGENT_NAME)
+    return name if isinstance(name, str) and name else None
+
+
+def _framework_name(record: SpanRecord) -> str | None:
+    return framework_agent_name(record.attributes, record.name)
 
 
 def framework_agent_name(attributes: Mapping[str, object], span_name: str = "") -> str | None:
