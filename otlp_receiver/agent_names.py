@@ -85,7 +85,7 @@ class AgentNames:
             if own is not None:
                 name = own
             nearest[record.pre] = name
-        return name  # type: ignore[return-value]
+        return name
 
 
 def _given_name(record: SpanRecord) -> str | None:
