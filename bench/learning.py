@@ -98,7 +98,9 @@ def run_seed(task, seed: int, args: argparse.Namespace, out: Path) -> dict:
             raise SystemExit(f"--reuse-warm-start: no warm model at {warm_dir}")
         print(f"{task.name} seed {seed}: reusing the warm start in {warm_dir}", flush=True)
     else:
-        warm_dir = prepare_model(task, str(seed_dir / "model"), warm, progress=False)
+        print(f"{task.name} seed {seed}: warm start, {warm.steps} SFT steps of {warm.batch_size}", flush=True)
+        # its progress shows (a line every 30 s in a log): on the small preset it runs for an hour
+        warm_dir = prepare_model(task, str(seed_dir / "model"), warm, progress=True)
     warm_accuracy = held_out_accuracy(task, warm_dir, str(seed_dir / "warm-validation"), seed=seed,
                                       device=args.device, concurrency=args.concurrency, val_tasks=val_tasks)
     result: dict = {"warm": {"accuracy": {0: warm_accuracy}, "seconds": time.monotonic() - started,
