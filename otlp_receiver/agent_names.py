@@ -39,9 +39,9 @@ LANGGRAPH_NODE_KEY = "langgraph_node"  # in the metadata LangGraph gives every r
 SMOLAGENTS_RUN_KEY = "smolagents.max_steps"  # on the run span of openinference's smolagents instrumentor
 SMOLAGENTS_RUN_SUFFIX = ".run"
 LLAMA_INDEX_STEP_SUFFIX = ".run_agent_step"  # a LlamaIndex workflow agent's step (BaseWorkflowAgent)
+_NOT_READ = object()  # a span whose nearest name was not looked for yet
 # The end of the step's event as repr() writes it (the name is its last field; anchored at the end
 # so that message text earlier in the event cannot pose as the name).
-_NOT_READ = object()  # a span whose nearest name was not looked for yet
 LLAMA_INDEX_AGENT_NAME = re.compile(r"""current_agent_name=(?:'([^'\\]*)'|"([^"\\]*)")\)\s*$""")
 
 
