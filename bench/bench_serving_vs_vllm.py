@@ -10,9 +10,12 @@ OpenAI server (float32, eager, the CPU settings ``tests/verl_backend/vllm_server
 gets the same chat requests from real ``openai`` clients (``bench_policy_batching.run_clients``):
 one at a time, then ``--concurrency`` concurrent clients; generated tokens/s counted from each
 reply's ``usage``; ``--filler-words N`` puts N words of earlier context before each question,
-as an agent's prompt carries its history. Rounds alternate the two modes ``--repeat`` times after a warm-up; prints
-min/median/max tokens/s of each server and mode, and spanrl / vLLM of the medians (goal: >= 1.2x
-at 16 clients, no worse at 1; issue 25).
+as an agent's prompt carries its history. ``--isa avx2`` runs both servers as on an AVX2-only
+machine (torch's, oneDNN's and MKL's kernels limited to AVX2, vLLM's AVX2 build of its kernels:
+``bench/avx2_only/sitecustomize.py``), for the issue's AVX2 figure on an AVX-512 machine.
+Rounds alternate the two modes ``--repeat`` times after a warm-up; prints min/median/max
+tokens/s of each server and mode, and spanrl / vLLM of the medians (goal: >= 1.2x at 16 clients,
+no worse at 1; issue 25).
 """
 
 from __future__ import annotations
@@ -32,6 +35,24 @@ from bench_policy_batching import run_clients, wait_ready  # noqa: E402
 from spanrl.child_processes import free_port  # noqa: E402
 
 VLLM_ENV = {"VLLM_TARGET_DEVICE": "cpu", "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
+AVX2_ONLY_DIR = Path(__file__).resolve().parent / "avx2_only"
+
+
+def isa_env(isa: str) -> dict[str, str]:
+    """Environment of both servers: nothing for the machine's own ISA, AVX2 limits for ``avx2``."""
+    if isa == "native":
+        return {}
+    path = os.pathsep.join(p for p in (str(AVX2_ONLY_DIR), os.environ.get("PYTHONPATH", "")) if p)
+    return {"SPANRL_BENCH_CPU_ISA": "avx2", "PYTHONPATH": path, "ATEN_CPU_CAPABILITY": "avx2",
+            "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2"}
+
+
+def check_isa(env: dict[str, str]) -> str:
+    """What a server process under ``env`` sees: torch's kernel ISA and its AVX-512 check."""
+    probe = "import torch; print(torch.backends.cpu.get_cpu_capability(), torch.cpu._is_avx512_supported())"
+    out = subprocess.run([sys.executable, "-c", probe], env={**os.environ, **env}, check=True,
+                         capture_output=True, text=True).stdout.split()
+    return f"torch kernels {out[0]}, AVX-512 reported {out[1]}"
 
 
 def spanrl_command(model_dir: str, port: int, threads: int) -> list[str]:
@@ -82,7 +103,11 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--filler-words", type=int, default=0,
                         help="words of earlier context before each question (an agent's long prompt)")
+    parser.add_argument("--isa", default="native", choices=["native", "avx2"],
+                        help="avx2: both servers run as on an AVX2-only machine (see the module's help)")
     args = parser.parse_args()
+    machine_env = isa_env(args.isa)
+    print(f"instruction set: {args.isa} ({check_isa(machine_env)})", flush=True)
 
     with tempfile.TemporaryDirectory() as scratch:
         model_dir = str(Path(scratch) / args.preset)
@@ -92,7 +117,7 @@ def main() -> None:
         for name, command, env in (("spanrl", spanrl_command, {}), ("vLLM", vllm_command, VLLM_ENV)):
             port = free_port()
             argument = args.threads if name == "spanrl" else args.concurrency
-            results[name] = measure_server(command(model_dir, port, argument), port, env, args,
+            results[name] = measure_server(command(model_dir, port, argument), port, {**env, **machine_env}, args,
                                            Path(scratch) / f"{name}.log")
     print(f"preset {args.preset}, {args.requests} chat requests a round at {args.concurrency} clients, "
           f"max_tokens {args.max_tokens}, spanrl threads {args.threads or 'default'}, {args.repeat} rounds, "
