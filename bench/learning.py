@@ -84,7 +84,7 @@ def validation_subset(task, count: int, out: Path) -> str:
 
 
 def run_seed(task, seed: int, args: argparse.Namespace, out: Path) -> dict:
-    from spanrl.examples.task_pipeline import TrainingRun, held_out_accuracy, prepare_model
+    from spanrl.examples.task_pipeline import TrainingRun, held_out_accuracy, held_out_by_kind, prepare_model
 
     seed_dir = out / task.name / f"seed-{seed}"
     val_tasks = validation_subset(task, args.val_subset, out) if args.val_subset else None
@@ -106,7 +106,9 @@ def run_seed(task, seed: int, args: argparse.Namespace, out: Path) -> dict:
     result: dict = {"warm": {"accuracy": {0: warm_accuracy}, "seconds": time.monotonic() - started,
                              "sft": (f"reused from {args.reuse_warm_start}" if args.reuse_warm_start
                                      else f"{warm.steps} SFT steps of {warm.batch_size}")}}
-    print(f"{task.name} seed {seed}: warm start {warm_accuracy:.3f} ({result['warm']['seconds']:.0f} s)", flush=True)
+    result["warm"]["by_kind"] = held_out_by_kind(task, str(seed_dir / "warm-validation"), val_tasks)
+    print(f"{task.name} seed {seed}: warm start {warm_accuracy:.3f} ({result['warm']['seconds']:.0f} s)"
+          f"{kinds_text(result['warm']['by_kind'])}", flush=True)
     extra = dict(json.loads(args.settings)) if args.settings else {}
     if args.sft_arm_learning_rate is not None:
         extra["sft_learning_rate"] = args.sft_arm_learning_rate
@@ -124,10 +126,34 @@ def run_seed(task, seed: int, args: argparse.Namespace, out: Path) -> dict:
         rows = summary["rows"]
         result[arm] = {"accuracy": {0: warm_accuracy, **summary["accuracy"]}, "seconds": time.monotonic() - started,
                        "train_reward": [r[keys.REWARD_MEAN] for r in rows],
-                       "rollouts": sum(r[keys.ROLLOUTS] for r in rows)}
+                       "rollouts": sum(r[keys.ROLLOUTS] for r in rows),
+                       "by_kind": held_out_by_kind(task, summary["output_dir"], val_tasks)}
         curve = " ".join(f"{s}:{a:.2f}" for s, a in result[arm]["accuracy"].items())
-        print(f"{task.name} seed {seed} {arm}: {curve} ({result[arm]['seconds']:.0f} s)", flush=True)
+        print(f"{task.name} seed {seed} {arm}: {curve} ({result[arm]['seconds']:.0f} s)"
+              f"{kinds_text(result[arm]['by_kind'])}", flush=True)
     return result
+
+
+def kinds_text(by_kind: dict[str, float]) -> str:
+    """``; by kind: a 0.50, b 1.00`` (nothing when the tasks have no kind)."""
+    return "; by kind: " + ", ".join(f"{k} {v:.2f}" for k, v in by_kind.items()) if by_kind else ""
+
+
+def kind_table(per_seed: dict) -> list[str]:
+    """Markdown rows: final held-out accuracy by task kind, each arm's mean over seeds (none without kinds)."""
+    results = list(per_seed.values())
+    if not results:
+        return []
+    arms = [arm for arm in results[0] if all(result.get(arm, {}).get("by_kind") for result in results)]
+    if not arms:
+        return []
+    kinds = list(results[0][arms[0]]["by_kind"])
+    lines = ["Held-out accuracy by kind of task at the last step (mean over seeds):", "",
+             "| kind | " + " | ".join(arms) + " |", "|---|" + "---|" * len(arms)]
+    for kind in kinds:
+        cells = [statistics.fmean(result[arm]["by_kind"].get(kind, 0.0) for result in results) for arm in arms]
+        lines.append(f"| {kind} | " + " | ".join(f"{c:.2f}" for c in cells) + " |")
+    return [*lines, ""]
 
 
 def summarise(per_seed: dict[int, dict]) -> dict[str, dict]:
@@ -202,7 +228,7 @@ def task_section(task_name: str, data: dict, args: argparse.Namespace, command: 
         rollouts = arm_data["rollouts"][0] if arm_data["rollouts"] else 0
         lines.append(f"| {arm} | {warm:.3f} | {final_mean:.3f} ± {final_std:.3f} | {final_mean - warm:+.3f} | "
                      f"{per_seed} | {rollouts} | {seconds:.0f} s |")
-    lines += ["", end]
+    lines += ["", *kind_table(data.get("seeds", {})), end]
     return "\n".join(lines)
 
 

@@ -17,6 +17,7 @@ Called by each task's ``pipeline.py``, by ``bench/learning.py`` and by the examp
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import sys
@@ -204,6 +205,31 @@ class _services:
                 os.environ.pop(SPANS_ENDPOINT_ENV, None)
             else:
                 os.environ[SPANS_ENDPOINT_ENV] = self.spans_env
+
+
+def held_out_by_kind(task: Task, out: str, val_tasks: str | None = None) -> dict[str, float]:
+    """Held-out accuracy of the last validation round under ``out`` (a ``train`` or
+    ``held_out_accuracy`` output folder), by the validation tasks' ``kind`` field: each task's
+    score (``validation.jsonl``'s last line, or ``--val-only``'s ``validation.json``), a task with
+    no scored rollout counting 0. Empty when the tasks have no kind, or when the task's accuracy is a
+    reward event (its round scores then carry other rewards too)."""
+    from spanrl.trainer_bridge.validation import RESULT_FILE, VALIDATION_LOG
+
+    tasks = [json.loads(line) for line in open(val_tasks or task.val_tasks, encoding="utf-8") if line.strip()]
+    if task.accuracy_event or not all("kind" in t for t in tasks):
+        return {}
+    run_dir = os.path.join(out, "run")
+    log, single = os.path.join(run_dir, VALIDATION_LOG), os.path.join(run_dir, RESULT_FILE)
+    if os.path.exists(log):
+        with open(log, encoding="utf-8") as f:
+            record = json.loads(f.read().splitlines()[-1])
+    else:
+        with open(single, encoding="utf-8") as f:
+            record = json.load(f)
+    scores: dict[str, list[float]] = {}
+    for t in tasks:
+        scores.setdefault(t["kind"], []).append(float(record["task_scores"].get(str(t["id"]), 0.0)))
+    return {kind: sum(values) / len(values) for kind, values in sorted(scores.items())}
 
 
 def _accuracy(val_reward: float | None, scored: int, rollouts: int) -> float:

@@ -36,7 +36,7 @@ from .metrics import MetricsLog
 from .start_checks import check_before_start, wait_for_receiver
 from .train_settings import TrainSettings
 from .training_loop import TrainingLoop
-from .validation import RESULT_FILE, ValidationResult, Validator
+from .validation import RESULT_FILE, ValidationResult, Validator, append_round
 
 logger = logging.getLogger(__name__)
 
@@ -192,7 +192,9 @@ def run_steps(settings: TrainSettings, loop: TrainingLoop, session: Session, val
             row = loop.run_step(step, backend, on_idle=session.waiting_for_runners,
                                 on_wait=lambda done, total: bar.set_postfix_str(f"rollouts {done}/{total}"))
             if validator is not None and validator.due(step):  # held-out score: never trained on
-                row.update(validator.run(loop, step + 1, backend, on_idle=session.waiting_for_runners).as_metrics())
+                result = validator.run(loop, step + 1, backend, on_idle=session.waiting_for_runners)
+                append_round(settings.output_dir, result)
+                row.update(result.as_metrics())
             metrics.append(row)
             metrics.plot()
             log_row(row)

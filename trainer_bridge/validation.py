@@ -12,17 +12,25 @@ rollouts are collected and scored exactly as training rollouts are
 (or, with ``--resume``, on the run's newest checkpoint), runs one validation round and returns
 its result: no training, no metrics.jsonl. Used by ``session``.
 
+Each round of a training run also appends one line to ``output_dir/validation.jsonl``
+(``VALIDATION_LOG``): the step, the policy version, ``val_reward`` and ``task_scores``, each
+held-out task's mean score over its scored attempts, so which tasks a run gets right can be
+followed step by step (``bench/learning.py`` sums them by the tasks' ``kind``). A resumed run
+that redoes a step appends its round again: a step's last line is the one that counts.
+
 ``score_round`` is the one function that scores a round of held-out attempts: validation rounds
 run it, and so does ``spanrl eval`` (``evaluation.py``: a greedy round and a sampled one).
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import time
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from spanrl.bridge_protocol import VALIDATION_ROLLOUT_PREFIX, Attempt
@@ -37,6 +45,7 @@ logger = logging.getLogger(__name__)
 
 VALIDATION_PREFIX = VALIDATION_ROLLOUT_PREFIX  # rollout ids of validation rounds: v<step>-<task>-a<n>-<hex>
 RESULT_FILE = "validation.json"  # written by --val-only into output_dir
+VALIDATION_LOG = "validation.jsonl"  # one line a round of a training run, in output_dir
 
 
 @dataclass(frozen=True)
@@ -50,6 +59,7 @@ class ValidationResult:
     rollouts_scored: int
     left_out: dict[str, int]
     seconds: float
+    task_scores: dict[str, float] = field(default_factory=dict)  # task id -> mean score of its scored attempts
 
     def as_metrics(self) -> dict[str, Any]:
         """The keys a metrics row takes (``val/reward`` only when there was a score)."""
@@ -74,6 +84,14 @@ class ScoredRound:
     @property
     def left_out(self) -> dict[str, int]:
         return dict(Counter(self.reasons.values()))
+
+    def task_scores(self) -> dict[str, float]:
+        """Each task's mean score over its scored attempts (a task none of whose attempts was scored is absent)."""
+        by_task: dict[str, list[float]] = defaultdict(list)
+        for attempt in self.attempts:
+            if attempt.rollout_id in self.scores:
+                by_task[attempt.task_id].append(self.scores[attempt.rollout_id])
+        return {task_id: sum(scores) / len(scores) for task_id, scores in by_task.items()}
 
 
 def score_round(loop: TrainingLoop, step: int, tasks: Sequence[Task], attempts_per_task: int,
@@ -113,10 +131,19 @@ class Validator:
             step=steps_done, policy_version=backend.policy_version,
             val_reward=sum(scores) / len(scores) if scores else None, rollouts=len(scored.attempts),
             rollouts_scored=len(scores), left_out=scored.left_out, seconds=scored.seconds,
+            task_scores=scored.task_scores(),
         )
         logger.info("validation after step %d (policy version %d): val_reward %s over %d of %d rollouts",
                     result.step, result.policy_version, result.val_reward, len(scores), len(scored.attempts))
         return result
+
+
+def append_round(output_dir: str, result: ValidationResult) -> None:
+    """Add one round to ``output_dir/validation.jsonl`` (``VALIDATION_LOG``)."""
+    os.makedirs(output_dir, exist_ok=True)
+    record = {key: value for key, value in asdict(result).items() if key != "seconds"}
+    with open(os.path.join(output_dir, VALIDATION_LOG), "a", encoding="utf-8") as f:
+        f.write(json.dumps(record) + "\n")
 
 
 def validation_summary(result: ValidationResult) -> str:

@@ -112,3 +112,47 @@ def test_each_examples_train_yaml_warm_starts_as_its_pipeline_does(task_name):
     block = yaml.safe_load((REPO / "examples" / task_name / "train.yaml").read_text())["warm_start"]
     assert (block["steps"], block["batch_size"], block["learning_rate"]) == (
         task.warm_start.steps, task.warm_start.batch_size, task.warm_start.learning_rate), task_name
+
+
+def test_held_out_accuracy_by_kind_reads_the_last_validation_round(tmp_path):
+    """A run's last round (``validation.jsonl``'s last line, or ``--val-only``'s ``validation.json``),
+    each task's score summed by kind; a task the round did not score counts 0."""
+    import json
+
+    from spanrl.examples.calc_autogen.pipeline import TASK as CALC
+    from spanrl.examples.sql_agent.pipeline import TASK as SQL
+    from spanrl.examples.task_pipeline import held_out_by_kind
+
+    val = tmp_path / "val.jsonl"
+    val.write_text("".join(json.dumps({"id": f"t{n}", "kind": kind}) + "\n"
+                           for n, kind in enumerate(["weeks", "weeks", "orchard", "orchard"])))
+    run = tmp_path / "arm" / "run"
+    run.mkdir(parents=True)
+    (run / "validation.jsonl").write_text(
+        json.dumps({"step": 2, "task_scores": {"t0": 0.0, "t1": 0.0, "t2": 1.0, "t3": 1.0}}) + "\n"
+        + json.dumps({"step": 4, "task_scores": {"t0": 1.0, "t1": 0.5, "t2": 1.0}}) + "\n")
+    assert held_out_by_kind(CALC, str(tmp_path / "arm"), str(val)) == {"orchard": 0.5, "weeks": 0.75}
+    warm = tmp_path / "warm" / "run"
+    warm.mkdir(parents=True)
+    (warm / "validation.json").write_text(json.dumps({"task_scores": {"t2": 1.0, "t3": 1.0}}))
+    assert held_out_by_kind(CALC, str(tmp_path / "warm"), str(val)) == {"orchard": 1.0, "weeks": 0.0}
+    assert held_out_by_kind(SQL, str(tmp_path / "arm"), str(val)) == {}  # its accuracy is a reward event
+    val.write_text(json.dumps({"id": "t0"}) + "\n")
+    assert held_out_by_kind(CALC, str(tmp_path / "arm"), str(val)) == {}  # tasks without a kind
+
+
+def test_the_section_has_a_table_by_kind_when_the_tasks_have_kinds(bench):
+    args = bench.parse_args(["--quick", "--tasks", "calc_autogen"])
+    seeds = _seeds()
+    seeds[0]["warm"]["by_kind"], seeds[1]["warm"]["by_kind"] = {"orchard": 0.0, "weeks": 1.0}, {"orchard": 0.5,
+                                                                                                "weeks": 1.0}
+    seeds[0]["grpo"]["by_kind"], seeds[1]["grpo"]["by_kind"] = {"orchard": 1.0, "weeks": 1.0}, {"orchard": 0.5,
+                                                                                                "weeks": 0.5}
+    section = bench.table({"tasks": {"calc_autogen": {"summary": bench.summarise(seeds), "seeds": seeds}}}, args,
+                          "python x")["calc_autogen"]
+    assert "| kind | warm | grpo |" in section
+    assert "| orchard | 0.25 | 0.75 |" in section and "| weeks | 1.00 | 0.75 |" in section
+    del seeds[1]["grpo"]["by_kind"]  # an arm is in the table only when every seed has its kinds
+    section = bench.table({"tasks": {"calc_autogen": {"summary": bench.summarise(seeds), "seeds": seeds}}}, args,
+                          "python x")["calc_autogen"]
+    assert "| kind | warm |" in section and "| kind | warm | grpo |" not in section

@@ -6,6 +6,7 @@ tests/loop/conftest.py), so its agent succeeds on
 some tasks only (a weak model). Checked: learning the calls of its rewarded rollouts raises
 the training reward; the held-out tasks are scored every ``val_every`` steps (``val_reward``
 in metrics.jsonl, TensorBoard and the plot) and their rollouts are never trained on;
+each round's per-task scores land in ``validation.jsonl``;
 ``spanrl train --val-only --resume`` scores the run's newest checkpoint and prints it.
 """
 
@@ -117,6 +118,21 @@ def test_sft_from_rollouts_raises_the_reward_and_validation_is_scored_apart(tmp_
     trained = trained_rewards.load(str(db))
     assert trained and not val_ids & trained.keys()
 
+    # validation.jsonl: each round's score of every held-out task, the mean of its attempts' rewards
+    rounds = [json.loads(line) for line in (run_dir / "validation.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rounds] == [VAL_EVERY, STEPS]
+    val_by_id = {t["id"]: t for t in map(json.loads, val_tasks.read_text().splitlines())}
+    for record, row in zip(rounds, validated, strict=True):
+        assert set(record["task_scores"]) == set(val_by_id), record
+        assert sum(record["task_scores"].values()) / VAL_TASKS == pytest.approx(row["val/reward"])
+    from spanrl.examples.calc_agent.reward import reward
+
+    first_round = [r for r in rollouts if r.rollout_id.startswith(f"v{VAL_EVERY}-val-")]
+    assert len(first_round) == VAL_TASKS * 2
+    for task_id, task in val_by_id.items():
+        rewards = [reward(task, r.variables) for r in first_round if r.task_id == task_id]
+        assert len(rewards) == 2 and rounds[0]["task_scores"][task_id] == pytest.approx(sum(rewards) / 2), task_id
+
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     events = EventAccumulator(str(run_dir / "tensorboard"))
@@ -132,4 +148,5 @@ def test_sft_from_rollouts_raises_the_reward_and_validation_is_scored_apart(tmp_
     saved = json.loads((run_dir / "validation.json").read_text())
     assert saved["rollouts"] == int(match.group(3)) == VAL_TASKS * 2
     assert round(saved["val_reward"], 4) == float(match.group(1))
+    assert set(saved["task_scores"]) == {f"val-{n}" for n in range(VAL_TASKS)}
     assert (run_dir / "metrics.jsonl").read_text().count("\n") == STEPS  # --val-only wrote no row
