@@ -10,6 +10,8 @@ steps. Arms:
 - ``warm``: the warm start alone (its accuracy, step 0);
 - ``grpo``: GRPO;
 - ``sft``: SFT from rollouts (``algorithm: sft``: the rollouts that scored 1 are learned by NLL);
+- ``reinforce_plus_plus``: GRPO's update with the batch as baseline (``advantage_estimator:
+  reinforce_plus_plus``): a task whose rollouts all succeeded is still pushed up, as SFT keeps it;
 - SQL ablations: ``grpo_no_air`` (the receiver's AIR rules off), ``grpo_identical`` (credit
   ``identical`` instead of ``discounted``), ``grpo_all_agents`` (the checker trained too).
 
@@ -40,7 +42,7 @@ from pathlib import Path
 
 from spanrl.schema import metrics as keys
 
-ARMS = ("grpo", "sft", "grpo_no_air", "grpo_identical", "grpo_all_agents")
+ARMS = ("grpo", "sft", "reinforce_plus_plus", "grpo_no_air", "grpo_identical", "grpo_all_agents")
 SQL_ONLY_ARMS = ("grpo_no_air", "grpo_identical", "grpo_all_agents")
 TASKS = ("sql_agent", "retrieval_qa", "calc_autogen")
 BEGIN, END = "<!-- bench/learning.py: begin -->", "<!-- bench/learning.py: end -->"
@@ -66,6 +68,8 @@ def arm_run(arm: str, base, task_name: str):
         return replace(base, algorithm="sft", learning_rate=base.settings.get("sft_learning_rate", base.learning_rate),
                        settings={k: v for k, v in base.settings.items() if k != "sft_learning_rate"})
     settings = {k: v for k, v in base.settings.items() if k != "sft_learning_rate"}
+    if arm == "reinforce_plus_plus":
+        return replace(base, settings={**settings, "advantage_estimator": "reinforce_plus_plus"})
     if arm == "grpo_no_air":
         return replace(base, air=False, settings=settings)
     if arm == "grpo_identical":

@@ -18,6 +18,7 @@ Two spanrl choices differ from verl on purpose, both documented where they apply
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable, Hashable, Sequence
 
 import torch
@@ -25,8 +26,9 @@ import torch
 from .algorithm import ADVANTAGE_ESTIMATOR_NAMES, ADVANTAGE_LEVELS
 from .backend import TrainingSample
 
-# verl's constant, kept identical so results match bit for bit.
-GRPO_EPSILON = 1e-6
+# verl's constants, kept identical so results match bit for bit.
+GRPO_EPSILON = 1e-6  # added to a group's std (compute_grpo_outcome_advantage)
+WHITEN_EPSILON = 1e-8  # added to the batch's variance (verl_F.masked_whiten)
 
 
 # ----------------------------------------------------------------------------- advantages
@@ -83,9 +85,42 @@ def dr_grpo_outcome_advantage(
     return grpo_outcome_advantage(scores, group_ids, norm_adv_by_std=False, epsilon=epsilon)
 
 
+def reinforce_plus_plus_outcome_advantage(
+    scores: torch.Tensor, group_ids: Sequence[Hashable], epsilon: float = WHITEN_EPSILON
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """REINFORCE++ (Hu et al. 2025; verl's ``reinforce_plus_plus``): the batch is the baseline.
+
+    Over all ``B`` samples of the batch, whatever their group::
+
+        A_i = (s_i - mean(s)) / sqrt(var(s) + epsilon)      # var unbiased, as verl's masked_whiten
+
+    Unlike GRPO, a group whose rollouts all scored the same still gets a push: up when it did
+    better than the batch (a task the policy solves is kept solved), down when it did worse.
+    verl whitens over the batch's response *tokens* (a long response weighs more in the mean);
+    spanrl over its samples (rollouts, or transitions at ``level="transition"``), as its GRPO is
+    rollout-level; the two are equal when every sample has one response token.
+
+    Args: ``scores`` ``[B]``; ``group_ids``: ``B`` keys, not used for the baseline (kept for the
+    estimators' common signature); ``epsilon``: added to the variance (verl's ``1e-8``).
+
+    Returns: ``(advantages [B], keep [B] bool)``; every sample is kept when ``B >= 2`` (a group
+    of one has the batch for a baseline), none when the batch is a single sample.
+    """
+    if scores.dim() != 1 or scores.shape[0] != len(group_ids):
+        raise ValueError(f"scores must be [B] with one group id each; got {tuple(scores.shape)} "
+                         f"and {len(group_ids)} group ids")
+    scores = scores.detach().to(torch.float32)
+    if scores.shape[0] < 2:
+        return torch.zeros_like(scores), torch.zeros(scores.shape[0], dtype=torch.bool)
+    centred = scores - scores.mean()
+    advantages = centred * torch.rsqrt(scores.var() + epsilon)
+    return advantages, torch.ones(scores.shape[0], dtype=torch.bool)
+
+
 ADVANTAGE_ESTIMATORS: dict[str, Callable[..., tuple[torch.Tensor, torch.Tensor]]] = {
     "grpo": grpo_outcome_advantage,
     "drgrpo": dr_grpo_outcome_advantage,
+    "reinforce_plus_plus": reinforce_plus_plus_outcome_advantage,
 }
 
 
@@ -95,7 +130,7 @@ def group_advantages(
     rollout_ids: Sequence[Hashable] | None = None,
     level: str = "rollout",
     estimator: str = "grpo",
-    epsilon: float = GRPO_EPSILON,
+    epsilon: float | None = None,
 ) -> tuple[list[float], list[bool]]:
     """Advantage of every transition, from per-transition returns grouped by task.
 
@@ -108,7 +143,8 @@ def group_advantages(
             return of its first transition, and all its transitions share the advantage, so a
             rollout with many calls does not outweigh a short one. ``"transition"``: every
             transition is one sample of its group, scored by its own return.
-        estimator: a name in ``ADVANTAGE_ESTIMATORS`` (``grpo`` or ``drgrpo``).
+        estimator: a name in ``ADVANTAGE_ESTIMATORS`` (``grpo``, ``drgrpo``, ``reinforce_plus_plus``).
+        epsilon: the estimator's epsilon (None: its own default, verl's).
 
     Returns:
         ``(advantages, keep)`` lists with one entry per transition; ``keep`` is False for
@@ -119,10 +155,9 @@ def group_advantages(
                          f"choose one of {sorted(ADVANTAGE_ESTIMATORS)}")
     if len(returns) != len(group_ids):
         raise ValueError("returns and group_ids must have one entry per transition")
-    estimate = ADVANTAGE_ESTIMATORS[estimator]
+    estimate = functools.partial(ADVANTAGE_ESTIMATORS[estimator], **({} if epsilon is None else {"epsilon": epsilon}))
     if level == "transition":
-        adv, keep = estimate(torch.tensor(list(returns), dtype=torch.float32), list(group_ids),
-                             epsilon=epsilon)
+        adv, keep = estimate(torch.tensor(list(returns), dtype=torch.float32), list(group_ids))
         return adv.tolist(), keep.tolist()
     if level not in ADVANTAGE_LEVELS:
         raise ValueError(f"level must be 'rollout' or 'transition', got {level!r}")
@@ -134,7 +169,7 @@ def group_advantages(
     rollouts = list(first_of_rollout)
     scores = torch.tensor([float(returns[first_of_rollout[r]]) for r in rollouts])
     groups = [group_ids[first_of_rollout[r]] for r in rollouts]
-    adv, keep = estimate(scores, groups, epsilon=epsilon)
+    adv, keep = estimate(scores, groups)
     by_rollout = {r: (float(a), bool(k)) for r, a, k in zip(rollouts, adv.tolist(), keep.tolist(), strict=True)}
     return ([by_rollout[r][0] for r in rollout_ids], [by_rollout[r][1] for r in rollout_ids])
 

@@ -22,7 +22,7 @@ from spanrl.settings_loader import setting
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 # k1/k2/k3 are verl's aliases; a trailing "+" takes k2's gradient (straight-through)
 KL_ESTIMATOR_NAMES = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")
-ADVANTAGE_ESTIMATOR_NAMES = ("grpo", "drgrpo")
+ADVANTAGE_ESTIMATOR_NAMES = ("grpo", "drgrpo", "reinforce_plus_plus")
 ADVANTAGE_LEVELS = ("rollout", "transition")
 LOSS_WEIGHTINGS = ("token", "rollout")
 ALGORITHMS = ("grpo", "sft", "apo")

@@ -77,6 +77,12 @@ class LoopSettings:
     norm_adv_by_std: bool = field(
         default=True, metadata={"help": "GRPO (divide by group std); off = Dr.GRPO"}
     )
+    advantage_estimator: str = field(
+        default="grpo",
+        metadata={"help": "'grpo' (each task's group is the baseline) or 'reinforce_plus_plus' (the whole "
+                  "batch is: a task whose rollouts all succeeded is still pushed up; verl's REINFORCE++; "
+                  "docs/algorithms.md)"},
+    )
     drop_uniform_groups: bool = field(
         default=False,
         metadata={"help": "GRPO: leave out of the update the groups whose rollouts all got the same reward "
@@ -276,6 +282,7 @@ class LoopSettings:
             raise SettingError("--val-only scores the held-out tasks: give val_tasks (a task JSONL file)")
         if not 0.0 <= self.negative_advantage_scale <= 1.0:
             raise SettingError(f"negative_advantage_scale must be from 0 to 1, got {self.negative_advantage_scale}")
+        self._check_advantage_estimator()
         if self.advantage_level not in ADVANTAGE_LEVELS:
             raise SettingError(f"advantage_level must be one of {ADVANTAGE_LEVELS}, got {self.advantage_level!r}")
         if self.loss_weighting not in LOSS_WEIGHTINGS:
@@ -343,6 +350,23 @@ class LoopSettings:
         if not self.endpoint_url:
             raise SettingError("backend endpoint needs endpoint_url: the OpenAI base URL (.../v1) of the endpoint "
                                "the agents call (e.g. `spanrl proxy --upstream ...`)")
+
+    def _check_advantage_estimator(self) -> None:
+        estimators = ("grpo", "reinforce_plus_plus")
+        if self.advantage_estimator not in estimators:
+            raise SettingError(f"advantage_estimator must be one of {estimators}, got {self.advantage_estimator!r}")
+        if self.advantage_estimator == "grpo":
+            return
+        if not self.norm_adv_by_std:
+            raise SettingError("norm_adv_by_std: false is Dr.GRPO's (advantage_estimator grpo); reinforce_plus_plus "
+                               "always divides by the batch's std")
+        if self.drop_uniform_groups:
+            raise SettingError("drop_uniform_groups leaves out the groups without signal under GRPO; under "
+                               "reinforce_plus_plus those groups have a signal (the batch is their baseline): "
+                               "turn one of them off")
+        if self.from_traffic:
+            raise SettingError("from_traffic computes its own baselines (GRPO groups and each agent's running mean): "
+                               "advantage_estimator must be grpo there")
 
     def _check_traffic(self) -> None:
         if self.algorithm != "grpo" or self.async_training or self.val_tasks or self.backend == "endpoint":

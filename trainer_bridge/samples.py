@@ -40,9 +40,12 @@ def sample_advantages(samples: list[TrainingSample]) -> dict[tuple[str, int], fl
 
 def training_samples(scored: list[ScoredRollout], level: str, norm_adv_by_std: bool,
                      transition_returns: bool = False, loss_weighting: str = "token",
-                     negative_advantage_scale: float = 1.0) -> tuple[list[TrainingSample], set[str]]:
+                     negative_advantage_scale: float = 1.0,
+                     estimator: str = "grpo") -> tuple[list[TrainingSample], set[str]]:
     """GRPO samples of all usable transitions, with their group advantages.
 
+    ``estimator``: ``grpo`` (Dr.GRPO when ``norm_adv_by_std`` is False) or ``reinforce_plus_plus``
+    (the batch as baseline: ``advantages.reinforce_plus_plus_outcome_advantage``).
     ``transition_returns``: score each transition by its own credit-assigned return (reward
     events with ``level="transition"``) instead of its rollout's score.
     ``negative_advantage_scale``: negative advantages are multiplied by it (1: GRPO as is).
@@ -68,7 +71,7 @@ def training_samples(scored: list[ScoredRollout], level: str, norm_adv_by_std: b
         return [], set()
     advantages, keep = group_advantages(
         returns, groups, rollout_ids, level=level,
-        estimator="grpo" if norm_adv_by_std else "drgrpo",
+        estimator="drgrpo" if estimator == "grpo" and not norm_adv_by_std else estimator,
     )
     if negative_advantage_scale != 1.0:
         advantages = [a * negative_advantage_scale if a < 0 else a for a in advantages]

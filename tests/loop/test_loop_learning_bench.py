@@ -45,6 +45,8 @@ def test_the_sql_ablations_change_one_thing_each(bench):
     identical = bench.arm_run("grpo_identical", base, "sql_agent")
     assert identical.credit == "identical" and identical.settings == {"kl_coef": 0.01, "advantage_level": "rollout"}
     assert bench.arm_run("grpo_all_agents", base, "sql_agent").agents == ()
+    assert bench.arm_run("reinforce_plus_plus", base, "calc_autogen").settings == {
+        "kl_coef": 0.01, "advantage_estimator": "reinforce_plus_plus"}
 
 
 def test_the_results_file_takes_each_measured_task_and_keeps_the_others(bench, tmp_path):

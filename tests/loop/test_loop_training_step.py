@@ -27,6 +27,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
+from spanrl.errors import SettingError
 from spanrl.instrumentation import semconv
 from spanrl.otlp_receiver.server import ReceiverServer
 from spanrl.otlp_receiver.settings import ReceiverSettings
@@ -390,6 +391,41 @@ def test_drop_uniform_groups_trains_only_the_groups_whose_rewards_differ(tmp_pat
     used = sorted((item["rollout_id"], item["trained"]["used"])
                   for item in json.loads(spanrl_inspect(settings.store, "rollouts", "--json")))
     assert len(used) == 6 and all(flag is ("-mixed-" in rollout_id) for rollout_id, flag in used), used
+
+
+def test_reinforce_plus_plus_pushes_groups_that_all_scored_the_same(tmp_path, receiver, torch_backend):
+    """``advantage_estimator: reinforce_plus_plus``: the whole batch is the baseline, so a task
+    whose attempts all succeeded is pushed up and one whose attempts all failed down, where GRPO
+    gives both 0; every rollout reaches the update, with its advantage on all of its calls."""
+    _, tracer = receiver()
+    tasks = [{"id": "mixed"}, {"id": "all-solved"}, {"id": "all-failed"}]
+    settings = make_settings(tmp_path, tasks, advantage_estimator="reinforce_plus_plus")
+    loop = TrainingLoop(settings)
+    backend = RecordingBackend(torch_backend)
+    scores = {"mixed": (1.0, 0.0), "all-solved": (1.0, 1.0), "all-failed": (0.0, 0.0)}
+    played: dict[str, float] = {}
+
+    def play(tracer, attempt: Attempt) -> None:
+        played[attempt.rollout_id] = scores[attempt.task_id][attempt.attempt]
+        emit_rollout(tracer, attempt, [("solver", None), ("solver", played[attempt.rollout_id])])
+
+    row = run_one_step(loop, tracer, backend, play)
+    loop.dispatcher.close()
+
+    (samples,) = backend.updates
+    assert len(samples) == 12 and row["rollout/used"] == 6
+    scale = 1 / (statistics.variance(played.values()) + 1e-8) ** 0.5  # 3 of 6 solved: mean 0.5
+    for sample in samples:
+        assert sample.group_advantage == pytest.approx((played[sample.rollout_id] - 0.5) * scale, abs=1e-6)
+    by_group = {task: sorted(s.group_advantage for s in samples if s.group_id == task) for task in scores}
+    assert by_group["all-solved"] == pytest.approx([0.5 * scale] * 4)  # GRPO: 0
+    assert by_group["all-failed"] == pytest.approx([-0.5 * scale] * 4)  # GRPO: 0
+    with pytest.raises(SettingError, match="drop_uniform_groups"):
+        make_settings(tmp_path, tasks, advantage_estimator="reinforce_plus_plus", drop_uniform_groups=True)
+    with pytest.raises(SettingError, match="Dr.GRPO"):
+        make_settings(tmp_path, tasks, advantage_estimator="reinforce_plus_plus", norm_adv_by_std=False)
+    with pytest.raises(SettingError, match="advantage_estimator must be one of"):
+        make_settings(tmp_path, tasks, advantage_estimator="ppo")
 
 
 def test_groups_without_signal_are_logged_and_shown_by_inspect_metrics(tmp_path, caplog):

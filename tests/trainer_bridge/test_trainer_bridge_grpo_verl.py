@@ -53,6 +53,33 @@ def test_group_advantages_equal_verl(norm):
     torch.testing.assert_close(ours, verl_adv[:, 0], rtol=0, atol=1e-6)
 
 
+def test_reinforce_plus_plus_equals_verl_with_one_token_per_response():
+    """verl whitens over response tokens; with one token a response that is its samples' whitening."""
+    generator = torch.Generator().manual_seed(7)
+    groups = ["a", "a", "a", "b", "b", "c", "d", "d"]  # "b" all solved, "c" alone
+    scores = torch.randint(0, 2, (len(groups),), generator=generator).float() + \
+        torch.rand(len(groups), generator=generator) * 0.1
+    scores[3:5] = 1.0
+    config = core_algos.AlgoConfig(gamma=1.0)
+    verl_adv, _ = core_algos.compute_reinforce_plus_plus_outcome_advantage(
+        scores.unsqueeze(1), torch.ones(len(groups), 1), config=config)
+    ours, keep = grpo_advantages.reinforce_plus_plus_outcome_advantage(scores, groups)
+    assert keep.all()  # a group of one has the batch for a baseline
+    torch.testing.assert_close(ours, verl_adv[:, 0], rtol=0, atol=1e-6)
+    assert ours[3] == ours[4] > 0  # the all-solved group is pushed up, where GRPO gives it 0
+    grpo, _ = grpo_advantages.grpo_outcome_advantage(scores, groups)
+    assert grpo[3] == grpo[4] == 0
+
+
+def test_reinforce_plus_plus_of_one_sample_or_equal_scores_is_zero():
+    advantages, keep = grpo_advantages.reinforce_plus_plus_outcome_advantage(torch.tensor([1.0]), ["a"])
+    assert advantages.tolist() == [0.0] and keep.tolist() == [False]
+    advantages, keep = grpo_advantages.reinforce_plus_plus_outcome_advantage(torch.ones(4), ["a", "a", "b", "b"])
+    assert advantages.tolist() == [0.0] * 4 and keep.all()
+    with pytest.raises(ValueError, match="one group id each"):
+        grpo_advantages.reinforce_plus_plus_outcome_advantage(torch.ones(3), ["a"])
+
+
 def test_group_of_one_is_dropped_not_trained_on_raw_reward():
     advantages, keep = grpo_advantages.grpo_outcome_advantage(torch.tensor([1.0, 0.0, 1.0, 0.7]), ["a", "a", "a", "b"])
     assert keep.tolist() == [True, True, True, False]
