@@ -31,17 +31,18 @@ T = TypeVar("T")
 class RelayServer:
     """The relay ``make_app(make_state())`` serving on ``host:port`` (0: a free port) once ``start``ed,
     over HTTPS when ``config`` names a TLS pair (checked here, before binding); ``exposure_hint``:
-    the settings a warning about an exposed relay names."""
+    the settings a warning about an exposed relay names; ``bound``: a socket ``listening_socket``
+    bound earlier on ``host:port``, for a caller that must hold its port through a long start."""
 
     def __init__(self, name: str, host: str, port: int, make_state: Callable[[], RelayState],
                  make_app: Callable[[RelayState], Starlette], config: RelayConfig, log_level: str = "warning",
-                 exposure_hint: str = "token, tls_cert/tls_key"):
+                 exposure_hint: str = "token, tls_cert/tls_key", bound: socket.socket | None = None):
         self.name = name
         self.host = host
         self.config, self._exposure_hint = config, exposure_hint
         self.tls = check_tls_pair(config.tls_cert, config.tls_key, f"the {name}")
         self._make_state, self._make_app, self._log_level = make_state, make_app, log_level
-        self._socket = listening_socket(name, host, port)
+        self._socket = bound if bound is not None else listening_socket(name, host, port)
         self.port: int = self._socket.getsockname()[1]
         self._ready = threading.Event()
         self._failure: BaseException | None = None

@@ -364,6 +364,8 @@ def start_backend(run: BackendRun) -> VerlBackend:
         apply_cpu_mode_environment()
     from transformers import AutoTokenizer
 
+    from spanrl.trainer_bridge.relay.server_thread import listening_socket
+
     from .config import compose_verl_config
     from .gateway import start_gateway
     from .workers import start_verl_workers
@@ -371,7 +373,15 @@ def start_backend(run: BackendRun) -> VerlBackend:
     verl = run.options
     tokenizer = AutoTokenizer.from_pretrained(run.model)
     config = compose_verl_config(verl_overrides(run, cpu_mode))
-    workers = start_verl_workers(config, cpu_mode, verl.ray_address, verl.ray_num_cpus, adapters=bool(run.adapters))
+    # Held from here: a taken port fails before minutes of start, and Ray's and vLLM's processes
+    # cannot take it while the workers come up.
+    gateway_socket = listening_socket("gateway", run.endpoint.host, run.endpoint.port)
+    try:
+        workers = start_verl_workers(config, cpu_mode, verl.ray_address, verl.ray_num_cpus,
+                                     adapters=bool(run.adapters))
+    except BaseException:
+        gateway_socket.close()
+        raise
     policy_version, step, adapters = 0, 0, None
     try:
         latest = latest_checkpoint(run.checkpoint_dir) if run.resume else None
@@ -391,8 +401,10 @@ def start_backend(run: BackendRun) -> VerlBackend:
             gateway_config(run, upstream_api_key=workers.replica_api_key,
                            adapters=adapters.agents if adapters is not None else ()),
             workers.server_urls,
+            bound=gateway_socket,
         )
     except BaseException:
+        gateway_socket.close()
         workers.shutdown()
         raise
     return VerlBackend(run, workers, gateway, tokenizer, policy_version=policy_version, step=step, adapters=adapters)

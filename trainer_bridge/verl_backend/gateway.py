@@ -52,6 +52,7 @@ answers; with none up, requests get 503 with ``Retry-After``.
 from __future__ import annotations
 
 import logging
+import socket
 from dataclasses import dataclass, field
 
 from spanrl.errors import SettingError
@@ -129,15 +130,16 @@ class GatewayConfig:
 
 class GatewayHandle:
     """A gateway running in a background thread of this process (its own event loop); ``prompts``
-    is its live ``PromptResources`` (thread-safe)."""
+    is its live ``PromptResources`` (thread-safe); ``bound``: its socket, bound earlier on
+    ``config.host:config.port`` (``listening_socket``), or None to bind it here."""
 
-    def __init__(self, config: GatewayConfig, upstreams: list[str]):
+    def __init__(self, config: GatewayConfig, upstreams: list[str], bound: socket.socket | None = None):
         self.config = config
         self._upstreams = list(upstreams)
         self.prompts = PromptResources.from_file(config.prompts) if config.prompts else PromptResources()
         self._server = RelayServer("gateway", config.host, config.port, lambda: GatewayState(config, self._upstreams),
                                    lambda state: create_app(state, self.prompts), config.relay_config(),
-                                   config.log_level, exposure_hint="policy_token, tls_cert/tls_key")
+                                   config.log_level, exposure_hint="policy_token, tls_cert/tls_key", bound=bound)
         self.tls = self._server.tls
         self.port: int = self._server.port
         self.host = config.host
@@ -196,9 +198,10 @@ class GatewayHandle:
         return state
 
 
-def start_gateway(config: GatewayConfig, upstreams: list[str], startup_timeout_s: float = 30.0) -> GatewayHandle:
+def start_gateway(config: GatewayConfig, upstreams: list[str], startup_timeout_s: float = 30.0,
+                  bound: socket.socket | None = None) -> GatewayHandle:
     """Start the gateway in a daemon thread of this process; returns once it accepts requests."""
-    handle = GatewayHandle(config, upstreams)
+    handle = GatewayHandle(config, upstreams, bound)
     handle._start(startup_timeout_s)
     return handle
 
