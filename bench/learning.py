@@ -15,6 +15,11 @@ steps. Arms:
 - SQL ablations: ``grpo_no_air`` (the receiver's AIR rules off), ``grpo_identical`` (credit
   ``identical`` instead of ``discounted``), ``grpo_all_agents`` (the checker trained too).
 
+With ``--repeats N`` each arm is trained N times from each warm start (runs differ: the agents'
+threads and timings are not replayed), its accuracy is the mean of its repeats, and each task's
+section compares every arm with ``sft`` and ``grpo`` run by run (ahead / level / behind, the sign
+test): one run's result moves by up to 0.15 between identical runs (docs/results.md).
+
 Writes ``results.json``, one PNG per task (mean over seeds, spread shaded) into ``--output-dir``
 and, with ``--results FILE``, each measured task's section (command, machine, plot, table) into the
 block between the markers of FILE (``docs/results.md``); the other tasks' sections stay, so tasks can
@@ -31,6 +36,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import math
 import os
 import platform
 import shlex
@@ -125,17 +131,79 @@ def run_seed(task, seed: int, args: argparse.Namespace, out: Path) -> dict:
             continue
         from spanrl.examples.task_pipeline import train
 
-        started = time.monotonic()
-        summary = train(task, replace(arm_run(arm, base, task.name), output_dir=str(seed_dir / arm)), progress=False)
-        rows = summary["rows"]
-        result[arm] = {"accuracy": {0: warm_accuracy, **summary["accuracy"]}, "seconds": time.monotonic() - started,
-                       "train_reward": [r[keys.REWARD_MEAN] for r in rows],
-                       "rollouts": sum(r[keys.ROLLOUTS] for r in rows),
-                       "by_kind": held_out_by_kind(task, summary["output_dir"], val_tasks)}
-        curve = " ".join(f"{s}:{a:.2f}" for s, a in result[arm]["accuracy"].items())
-        print(f"{task.name} seed {seed} {arm}: {curve} ({result[arm]['seconds']:.0f} s)"
-              f"{kinds_text(result[arm]['by_kind'])}", flush=True)
+        runs = []
+        for repeat in range(args.repeats):  # each repeat trains the arm again from the same warm start
+            name = arm if repeat == 0 else f"{arm}-repeat{repeat + 1}"
+            started = time.monotonic()
+            summary = train(task, replace(arm_run(arm, base, task.name), output_dir=str(seed_dir / name)),
+                            progress=False)
+            rows = summary["rows"]
+            runs.append({"accuracy": {0: warm_accuracy, **summary["accuracy"]}, "seconds": time.monotonic() - started,
+                         "train_reward": [r[keys.REWARD_MEAN] for r in rows],
+                         "rollouts": sum(r[keys.ROLLOUTS] for r in rows),
+                         "by_kind": held_out_by_kind(task, summary["output_dir"], val_tasks)})
+            curve = " ".join(f"{s}:{a:.2f}" for s, a in runs[-1]["accuracy"].items())
+            print(f"{task.name} seed {seed} {name}: {curve} ({runs[-1]['seconds']:.0f} s)"
+                  f"{kinds_text(runs[-1]['by_kind'])}", flush=True)
+        result[arm] = over_repeats(runs)
     return result
+
+
+def over_repeats(runs: list[dict]) -> dict:
+    """One arm's result on one seed: the mean over its repeats of accuracy at each step, time and
+    accuracy by kind, and the repeats themselves (``runs``); a single run is its own mean."""
+    first = runs[0]
+    steps = sorted(set.intersection(*(set(run["accuracy"]) for run in runs)), key=int)
+    kinds = list(first["by_kind"])
+    return {**first,
+            "accuracy": {step: statistics.fmean(run["accuracy"][step] for run in runs) for step in steps},
+            "seconds": statistics.fmean(run["seconds"] for run in runs),
+            "by_kind": {kind: statistics.fmean(run["by_kind"].get(kind, 0.0) for run in runs) for kind in kinds},
+            "runs": runs}
+
+
+def final_accuracies(arm_result: dict) -> list[float]:
+    """The last held-out accuracy of each repeat of one arm on one seed."""
+    runs = arm_result.get("runs") or [arm_result]
+    return [float(list(run["accuracy"].values())[-1]) for run in runs]
+
+
+def sign_test(ahead: int, behind: int) -> float:
+    """Two-sided exact sign test of ``ahead`` against ``behind`` (ties left out): the chance of a
+    split at least this uneven if either arm were as likely to come out ahead."""
+    n = ahead + behind
+    if n == 0:
+        return 1.0
+    tail = sum(math.comb(n, i) for i in range(min(ahead, behind) + 1)) / 2 ** n
+    return min(1.0, 2 * tail)
+
+
+def paired_rows(per_seed: dict) -> list[str]:
+    """Markdown rows comparing each arm with ``sft`` and with ``grpo`` over the pairs of runs from
+    one warm start (repeat k of one arm with repeat k of the other): ahead / level / behind, the
+    mean difference of final accuracy and the sign test's p (none with one seed and one repeat)."""
+    results = list(per_seed.values())
+    arms = [arm for arm in (results[0] if results else {}) if arm != "warm" and all(arm in r for r in results)]
+    pairs_of = {}
+    for baseline in ("sft", "grpo"):
+        for arm in arms:
+            if baseline in arms and arm != baseline and not (baseline == "grpo" and arm == "sft"):
+                pairs_of[(arm, baseline)] = [
+                    (a, b) for result in results
+                    for a, b in zip(final_accuracies(result[arm]), final_accuracies(result[baseline]), strict=False)]
+    if not pairs_of or max(len(pairs) for pairs in pairs_of.values()) < 2:
+        return []
+    lines = ["Each arm against `sft` and `grpo`, run by run (repeat k of both arms from one warm start), by the "
+             "final held-out accuracy:", "",
+             "| arm | against | pairs | ahead / level / behind | mean difference | sign test p |",
+             "|---|---|---|---|---|---|"]
+    for (arm, baseline), pairs in pairs_of.items():
+        differences = [a - b for a, b in pairs]
+        ahead = sum(d > 1e-9 for d in differences)
+        behind = sum(d < -1e-9 for d in differences)
+        lines.append(f"| {arm} | {baseline} | {len(pairs)} | {ahead} / {len(pairs) - ahead - behind} / {behind} | "
+                     f"{statistics.fmean(differences):+.3f} | {sign_test(ahead, behind):.2f} |")
+    return [*lines, ""]
 
 
 def kinds_text(by_kind: dict[str, float]) -> str:
@@ -232,7 +300,7 @@ def task_section(task_name: str, data: dict, args: argparse.Namespace, command: 
         rollouts = arm_data["rollouts"][0] if arm_data["rollouts"] else 0
         lines.append(f"| {arm} | {warm:.3f} | {final_mean:.3f} ± {final_std:.3f} | {final_mean - warm:+.3f} | "
                      f"{per_seed} | {rollouts} | {seconds:.0f} s |")
-    lines += ["", *kind_table(data.get("seeds", {})), end]
+    lines += ["", *kind_table(data.get("seeds", {})), *paired_rows(data.get("seeds", {})), end]
     return "\n".join(lines)
 
 
@@ -268,6 +336,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--val-every", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="train each arm this many times from each warm start (runs are not replayed exactly: "
+                             "threads and timings differ); accuracy is their mean, and each arm is compared "
+                             "with sft and grpo run by run")
     parser.add_argument("--group-size", type=int, default=8)
     parser.add_argument("--tasks-per-step", type=int, default=8)
     parser.add_argument("--learning-rate", type=float, default=2e-4)
@@ -296,6 +368,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="1 seed, 2 steps of 2 tasks x 2 rollouts, 30 SFT steps of 8, 4 validation tasks: checks "
                              "that every arm runs (its figures mean nothing)")
     args = parser.parse_args(argv)
+    if args.repeats < 1:
+        parser.error("--repeats must be 1 or more")
     if args.quick:
         args.seeds, args.steps, args.val_every, args.tasks_per_step, args.group_size = [0], 2, 1, 2, 2
         args.sft_steps, args.sft_batch_size, args.val_subset, args.concurrency = 30, 8, args.val_subset or 4, 4

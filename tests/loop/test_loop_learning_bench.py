@@ -49,6 +49,29 @@ def test_the_sql_ablations_change_one_thing_each(bench):
         "kl_coef": 0.01, "advantage_estimator": "reinforce_plus_plus"}
 
 
+def test_repeats_are_averaged_and_every_arm_is_compared_with_sft_and_grpo_run_by_run(bench):
+    def run(*curve: float) -> dict:
+        return {"accuracy": dict(zip((0, 2, 4), curve, strict=True)), "seconds": 10.0, "rollouts": 64,
+                "by_kind": {"a": curve[-1]}}
+
+    seed = {"warm": {"accuracy": {0: 0.2}, "seconds": 5.0},
+            "grpo": bench.over_repeats([run(0.2, 0.5, 0.6), run(0.2, 0.3, 0.8)]),
+            "sft": bench.over_repeats([run(0.2, 0.5, 0.7), run(0.2, 0.4, 0.7)]),
+            "reinforce_plus_plus": bench.over_repeats([run(0.2, 0.6, 0.9), run(0.2, 0.6, 0.7)])}
+    assert seed["grpo"]["accuracy"] == pytest.approx({0: 0.2, 2: 0.4, 4: 0.7})
+    assert seed["grpo"]["by_kind"] == pytest.approx({"a": 0.7}) and len(seed["grpo"]["runs"]) == 2
+    assert bench.final_accuracies(seed["grpo"]) == [0.6, 0.8]
+    assert bench.summarise({0: seed})["grpo"]["final"] == pytest.approx([0.7])  # the seed's mean
+    rows = bench.paired_rows({0: seed, 1: seed})
+    assert "| grpo | sft | 4 | 2 / 0 / 2 | +0.000 | 1.00 |" in rows  # 0.6-0.7, 0.8-0.7 on each seed
+    assert "| reinforce_plus_plus | sft | 4 | 2 / 2 / 0 | +0.100 | 0.50 |" in rows
+    assert "| reinforce_plus_plus | grpo | 4 | 2 / 0 / 2 | +0.100 | 1.00 |" in rows
+    assert not any("| sft | grpo |" in row for row in rows)  # each pair of arms once
+    assert bench.paired_rows({0: {**seed, "grpo": run(0.2, 0.3, 0.5), "sft": run(0.2, 0.3, 0.4)}}) == []  # one pair
+    assert bench.sign_test(7, 0) == pytest.approx(2 / 128) and bench.sign_test(0, 0) == 1.0
+    assert bench.sign_test(6, 3) == pytest.approx(bench.sign_test(3, 6)) == pytest.approx(2 * 130 / 512)
+
+
 def test_the_results_file_takes_each_measured_task_and_keeps_the_others(bench, tmp_path):
     args = bench.parse_args(["--quick", "--tasks", "retrieval_qa"])
     seeds = _seeds()
