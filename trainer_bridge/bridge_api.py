@@ -159,12 +159,15 @@ class _BridgeHTTPServer(ThreadingHTTPServer):
 
 
 class BridgeAPI:
-    """Serves the dispatcher's attempts to runners; start with ``start()``, stop with ``stop()``."""
+    """Serves the dispatcher's attempts to runners; start with ``start()``, stop with ``stop()``.
+    The port is bound when it is made and listened on from ``start()``: a caller that starts a
+    backend in between (minutes, for verl) holds the port, and runners are refused until then;
+    ``policy`` may be given then, once the backend's endpoint is known."""
 
     def __init__(
         self,
         dispatcher: TaskDispatcher,
-        policy: PolicyInfo,
+        policy: PolicyInfo | None,
         policy_version: Callable[[], int],
         host: str = "127.0.0.1",
         port: int = 8100,
@@ -179,7 +182,12 @@ class BridgeAPI:
         self.token = token or None
         self.tls = bool(tls_cert and tls_key)
         context = server_ssl_context(tls_cert, tls_key) if tls_cert and tls_key else None  # read before binding
-        self._server = _BridgeHTTPServer((host, port), _Handler)
+        self._server = _BridgeHTTPServer((host, port), _Handler, bind_and_activate=False)
+        try:
+            self._server.server_bind()
+        except BaseException:
+            self._server.server_close()
+            raise
         if context is not None:
             self._server.socket = context.wrap_socket(self._server.socket, server_side=True,
                                                       do_handshake_on_connect=False)
@@ -195,7 +203,11 @@ class BridgeAPI:
         host = host.decode() if isinstance(host, bytes) else host
         return f"{'https' if self.tls else 'http'}://{host}:{port}"
 
-    def start(self) -> BridgeAPI:
+    def start(self, policy: PolicyInfo | None = None) -> BridgeAPI:
+        self.policy = policy or self.policy
+        if self.policy is None:
+            raise RuntimeError("the bridge's task API needs the policy endpoint before it starts")
+        self._server.server_activate()
         self._thread = threading.Thread(
             target=self._server.serve_forever, name="spanrl-bridge-api", daemon=True
         )
@@ -209,6 +221,10 @@ class BridgeAPI:
         if self._thread is not None:
             self._thread.join(timeout=5)
 
+    def _started_policy(self) -> PolicyInfo:
+        assert self.policy is not None, "start() sets it"
+        return self.policy
+
     def check_authorization(self, header: str | None) -> None:
         if self.token is None:
             return
@@ -218,7 +234,8 @@ class BridgeAPI:
 
     # --- routes ----------------------------------------------------------------------------
     def info(self, _body: dict) -> tuple[int, dict]:
-        return 200, BridgeInfo(self.policy.base_url, self.policy.model, self.policy_version(),
+        policy = self._started_policy()
+        return 200, BridgeInfo(policy.base_url, policy.model, self.policy_version(),
                                self.dispatcher.rollout_timeout_s).to_json()
 
     def claim(self, body: dict) -> tuple[int, dict | None]:
@@ -232,8 +249,8 @@ class BridgeAPI:
             return protocol.TRAINING_FINISHED, protocol.error_body("training finished")
         if attempt is None:
             return protocol.NOTHING_TO_CLAIM, None
-        claimed = ClaimedAttempt.of(attempt, self.dispatcher.rollout_timeout_s, self.policy.base_url,
-                                    self.policy.model)
+        policy = self._started_policy()
+        claimed = ClaimedAttempt.of(attempt, self.dispatcher.rollout_timeout_s, policy.base_url, policy.model)
         return 200, claimed.to_json()
 
     def finish(self, body: dict) -> tuple[int, dict]:

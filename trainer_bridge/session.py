@@ -57,20 +57,23 @@ def start_session(settings: TrainSettings, loop: TrainingLoop, cleanup: ExitStac
                   backend: PolicyBackend | None = None) -> Session:
     """Start the backend (unless one is given: ``spanrl eval --endpoint``) and the task API over
     ``loop``'s dispatcher; ``cleanup`` stops them."""
-    if backend is None:
-        backend = make_backend(settings.backend, settings.backend_run())
-    cleanup.callback(backend.close)
-    api = BridgeAPI(
-        loop.dispatcher, PolicyInfo(backend.endpoint_url, settings.policy_model_name),
-        lambda: backend.policy_version, settings.bridge_host, settings.bridge_port, settings.bridge_token,
-        tls_cert=settings.tls_cert, tls_key=settings.tls_key,
-    ).start()
+    # The task API's port is bound first and held while the backend starts (minutes for verl):
+    # nothing the backend starts can take it meanwhile; runners are refused until it listens.
+    api = BridgeAPI(loop.dispatcher, None, lambda: started.policy_version, settings.bridge_host,
+                    settings.bridge_port, settings.bridge_token, tls_cert=settings.tls_cert, tls_key=settings.tls_key)
+    try:
+        started = backend if backend is not None else make_backend(settings.backend, settings.backend_run())
+    except BaseException:
+        api.stop()
+        raise
+    cleanup.callback(started.close)
+    api.start(PolicyInfo(started.endpoint_url, settings.policy_model_name))
     cleanup.callback(api.stop)
     cleanup.callback(time.sleep, 1.0)  # runners hear "training finished" (410) before the API goes away
     cleanup.callback(loop.dispatcher.close)
     logger.info("policy endpoint %s, task API %s (give it to `spanrl run` as bridge_url), output %s",
-                backend.endpoint_url, api.url, settings.output_dir)
-    return Session(backend, api.url)
+                started.endpoint_url, api.url, settings.output_dir)
+    return Session(started, api.url)
 
 
 def check_start(settings: TrainSettings) -> None:
