@@ -12,19 +12,12 @@ import httpx
 import pytest
 
 from spanrl.bridge_protocol import INFO_PATH
+from spanrl.child_processes import free_port
 from spanrl.trainer_bridge import session
 from spanrl.trainer_bridge.bridge_api import BridgeAPI, PolicyInfo
 from spanrl.trainer_bridge.task_dispatch import TaskDispatcher
 from spanrl.trainer_bridge.train_settings import TrainSettings
-
-
-def port_is_free(port: int) -> bool:
-    with socket.socket() as probe:
-        try:
-            probe.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
+from tests.ports import port_is_free
 
 
 def refuses_connections(port: int) -> bool:
@@ -33,12 +26,6 @@ def refuses_connections(port: int) -> bool:
     except ConnectionRefusedError:
         return True
     return False
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def test_the_task_api_holds_its_port_from_the_start_and_serves_once_started():

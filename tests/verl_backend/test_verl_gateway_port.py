@@ -8,10 +8,12 @@ import socket
 
 import pytest
 
+from spanrl.child_processes import free_port
 from spanrl.errors import UserError
 from spanrl.trainer_bridge.train_settings import TrainSettings
 from spanrl.trainer_bridge.verl_backend import workers as verl_workers
 from spanrl.trainer_bridge.verl_backend.config import VerlConfig
+from tests.ports import port_is_free
 
 
 class StoppedBeforeWorkers(Exception):
@@ -31,24 +33,11 @@ class WorkersStartWatch:
         raise StoppedBeforeWorkers
 
 
-def port_is_free(port: int) -> bool:
-    with socket.socket() as probe:
-        try:
-            probe.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
-
 
 def settings_on(port: int, model: str, tmp_path) -> TrainSettings:
     return TrainSettings(tasks="unused.jsonl", model=model, backend="verl", output_dir=str(tmp_path / "run"),
                          policy_port=port, checkpoint_every=0, verl=VerlConfig(cpu_mode="on"))
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def test_a_taken_gateway_port_fails_before_any_worker_starts(tiny_models, tmp_path, monkeypatch):
