@@ -7,8 +7,8 @@ reason is listed under "skips that are not allowed" and turns the exit status to
 Folders whose environment a run lacks (tests/verl_backend without vLLM, tests/frameworks before
 their venvs are built) are not collected there (``collect_ignore``), which is no skip.
 
-Under pytest-xdist (``-n 2`` in CI) each worker runs torch on one thread, and the long folders
-are collected first (below).
+Under pytest-xdist (``-n 3`` for the main suite in CI, ``-n 2`` for the verl step) each worker runs
+torch on one thread, and the long folders are collected first (below).
 
 And fixtures every test folder may use: a self-signed TLS certificate made here (``cryptography``),
 for the servers that speak HTTPS from ``tls_cert``/``tls_key`` (receiver, bridge, policy
@@ -44,7 +44,7 @@ def _check(report: pytest.CollectReport | pytest.TestReport) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """Under pytest-xdist (CI runs ``-n 2`` on 2 cores) each worker, and every process it starts,
+    """Under pytest-xdist (CI runs ``-n 3`` and ``-n 2`` on 2 cores) each worker, and every process it starts,
     runs torch and OpenMP on one thread: two workers with a thread per core each oversubscribe
     the cores, and OpenMP's spinning threads then make torch several times slower."""
     if os.environ.get("PYTEST_XDIST_WORKER"):
@@ -61,14 +61,29 @@ LONG_FOLDERS_FIRST = ("tests/loop/", "tests/trainer_bridge/", "tests/verl_backen
 COLLECTED_LAST = ("tests/loop/test_loop_demo_short.py",)
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    def rank(item: pytest.Item) -> int:
-        if item.nodeid.startswith(COLLECTED_LAST):
-            return len(LONG_FOLDERS_FIRST) + 1
-        return next((i for i, folder in enumerate(LONG_FOLDERS_FIRST) if item.nodeid.startswith(folder)),
-                    len(LONG_FOLDERS_FIRST))
+# The verl step's files (each starts Ray, verl's workers and vLLM), longest first as measured in
+# CI (2026-12-02: 204, ~165 for the three sharing one vLLM server, 131, 129, 118, 102, 74, 68 s):
+# with xdist handing each worker the next file as it nears the end of its own, the longest files
+# then overlap and the last ones are short, instead of one worker running the adapters test alone
+# for its last ~2 minutes. Files not named here follow, in their own order.
+VERL_LONGEST_FIRST = tuple(f"tests/verl_backend/{name}.py" for name in (
+    "test_verl_adapters", "test_proxy_vllm", "test_verl_gateway_structured", "test_vllm_live",
+    "test_verl_merge_update", "test_verl_apo", "test_verl_update", "test_verl_demo", "test_verl_off_policy",
+    "test_verl_sft"))
 
-    items.sort(key=rank)  # stable: each folder keeps its own order
+
+def collection_rank(nodeid: str) -> tuple[int, int]:
+    """Where a test goes in the run: its folder's place in LONG_FOLDERS_FIRST, then its file's in
+    VERL_LONGEST_FIRST; COLLECTED_LAST after everything."""
+    if nodeid.startswith(COLLECTED_LAST):
+        return len(LONG_FOLDERS_FIRST) + 1, 0
+    folder = next((i for i, name in enumerate(LONG_FOLDERS_FIRST) if nodeid.startswith(name)), len(LONG_FOLDERS_FIRST))
+    file = next((i for i, name in enumerate(VERL_LONGEST_FIRST) if nodeid.startswith(name)), len(VERL_LONGEST_FIRST))
+    return folder, file
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    items.sort(key=lambda item: collection_rank(item.nodeid))  # stable: each file keeps its own order
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log):
