@@ -14,3 +14,17 @@ def port_is_free(port: int) -> bool:
         except OSError:
             return False
     return True
+
+
+def port_is_released(port: int) -> bool:
+    """True when a server can listen on ``port`` again, as servers do (SO_REUSEADDR): a connection
+    the server closed leaves the port in TIME_WAIT for a minute, which blocks a plain bind
+    (``port_is_free``) but not a server's; the task API test failed on it once (2026-12-02)."""
+    with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(("127.0.0.1", port))
+            probe.listen()
+        except OSError:
+            return False
+    return True

@@ -17,7 +17,7 @@ from spanrl.trainer_bridge import session
 from spanrl.trainer_bridge.bridge_api import BridgeAPI, PolicyInfo
 from spanrl.trainer_bridge.task_dispatch import TaskDispatcher
 from spanrl.trainer_bridge.train_settings import TrainSettings
-from tests.ports import port_is_free
+from tests.ports import port_is_free, port_is_released
 
 
 def refuses_connections(port: int) -> bool:
@@ -42,7 +42,7 @@ def test_the_task_api_holds_its_port_from_the_start_and_serves_once_started():
     finally:
         dispatcher.close()
         api.stop()
-    assert port_is_free(port)
+    assert port_is_released(port)
 
 
 class BackendStartWatch:
@@ -68,4 +68,4 @@ def test_a_session_holds_the_task_api_port_while_the_backend_starts_and_lets_it_
     with ExitStack() as cleanup, pytest.raises(RuntimeError, match="did not start"):
         session.start_session(settings, loop, cleanup)
     assert watch.port_was_free is False
-    assert port_is_free(port)
+    assert port_is_released(port)

@@ -13,7 +13,7 @@ from spanrl.errors import UserError
 from spanrl.trainer_bridge.train_settings import TrainSettings
 from spanrl.trainer_bridge.verl_backend import workers as verl_workers
 from spanrl.trainer_bridge.verl_backend.config import VerlConfig
-from tests.ports import port_is_free
+from tests.ports import port_is_free, port_is_released
 
 
 class StoppedBeforeWorkers(Exception):
@@ -64,4 +64,4 @@ def test_the_gateway_port_is_held_while_the_workers_start_and_let_go_if_they_fai
     with pytest.raises(StoppedBeforeWorkers):
         start_backend(settings_on(port, tiny_models["tied"], tmp_path).backend_run())
     assert watch.calls == 1 and watch.port_was_free is False
-    assert port_is_free(port)
+    assert port_is_released(port)
