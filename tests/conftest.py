@@ -44,8 +44,8 @@ def _check(report: pytest.CollectReport | pytest.TestReport) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """Under pytest-xdist (CI runs ``-n 3`` and ``-n 2`` on 2 cores) each worker, and every process it starts,
-    runs torch and OpenMP on one thread: two workers with a thread per core each oversubscribe
+    """Under pytest-xdist (CI runs ``-n 3`` and ``-n 2`` on 2 cores) each worker, and every process
+    it starts, runs torch and OpenMP on one thread: workers with a thread per core each oversubscribe
     the cores, and OpenMP's spinning threads then make torch several times slower."""
     if os.environ.get("PYTEST_XDIST_WORKER"):
         os.environ.setdefault("OMP_NUM_THREADS", "1")
