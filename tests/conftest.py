@@ -62,14 +62,14 @@ COLLECTED_LAST = ("tests/loop/test_loop_demo_short.py",)
 
 
 # The verl step's files (each starts Ray, verl's workers and vLLM), longest first as measured in
-# CI (2026-12-02: 204, ~165 for the three sharing one vLLM server, 131, 129, 118, 102, 74, 68 s):
+# CI (2026-12-02, a slower machine: the update file ~210 for its two cases, 181, 152, 125, 95,
+# ~85 for the three sharing one vLLM server, 70 s):
 # with xdist handing each worker the next file as it nears the end of its own, the longest files
 # then overlap and the last ones are short, instead of one worker running the adapters test alone
 # for its last ~2 minutes. Files not named here follow, in their own order.
 VERL_LONGEST_FIRST = tuple(f"tests/verl_backend/{name}.py" for name in (
-    "test_verl_adapters", "test_proxy_vllm", "test_verl_gateway_structured", "test_vllm_live",
-    "test_verl_merge_update", "test_verl_apo", "test_verl_update", "test_verl_demo", "test_verl_off_policy",
-    "test_verl_sft"))
+    "test_verl_update", "test_verl_adapters", "test_verl_apo", "test_verl_demo", "test_verl_off_policy",
+    "test_proxy_vllm", "test_verl_gateway_structured", "test_vllm_live", "test_verl_sft"))
 
 
 def collection_rank(nodeid: str) -> tuple[int, int]:

@@ -1,8 +1,12 @@
 """One update through the verl backend on CPU, for real: verl's FSDP2 worker vs the embedded
 trainer on the same samples, and the vLLM endpoint (behind the gateway) serving exactly the
-trained weights, for a model with tied embeddings (what `spanrl model init` writes) and an
-untied one. And what the run exposes: no socket of any of its processes (Ray, verl, vLLM, the
-gateway) listens beyond loopback, the gateway takes the agents' token, the replicas their own key."""
+trained weights, for a model with tied embeddings (what `spanrl model init` writes) trained on
+one row per call, and an untied one trained on merged rows (``merge_trajectories``: one masked
+row per multi-turn rollout, which must make the update the embedded trainer makes on the same
+calls one row each: token-mean, so the same loss, gradient norm and weights after). One verl
+start per case: the merged rows ride on the untied case instead of starting verl a third time.
+And what the run exposes: no socket of any of its processes (Ray, verl, vLLM, the gateway)
+listens beyond loopback, the gateway takes the agents' token, the replicas their own key."""
 
 from __future__ import annotations
 
@@ -17,6 +21,7 @@ import torch
 from spanrl.trainer_bridge.backend import TrainingSample
 from spanrl.trainer_bridge.torch_backend.trainer import TorchTrainer
 from spanrl.trainer_bridge.train_settings import TrainSettings
+from spanrl.trainer_bridge.trajectory_merge import merge_trajectories
 from spanrl.trainer_bridge.verl_backend.config import VerlConfig
 
 LEARNING_RATE = 1e-3
@@ -31,6 +36,33 @@ def random_samples(count: int = 6, seed: int = 0, vocab: int = 300) -> list[Trai
                            response_token_ids=[rng.randrange(3, vocab) for _ in range(rng.randrange(2, 8))],
                            advantage=rng.uniform(-1, 1), group_id=f"g{i // 2}", rollout_id=f"r{i}")
             for i in range(count)]
+
+
+def multi_turn_samples(rollouts: int = 4, calls: int = 3, seed: int = 0, vocab: int = 300) -> list[TrainingSample]:
+    """Each rollout's calls: prompt = previous prompt + response + a tool result; an advantage per call."""
+    rng = random.Random(seed)
+    samples = []
+    for rollout in range(rollouts):
+        prompt = [rng.randrange(3, vocab) for _ in range(rng.randrange(4, 9))]
+        for call in range(calls):
+            response = [rng.randrange(3, vocab) for _ in range(rng.randrange(2, 6))]
+            samples.append(TrainingSample(prompt_token_ids=list(prompt), response_token_ids=response,
+                                          advantage=rng.uniform(-1, 1), group_id=f"g{rollout // 2}",
+                                          rollout_id=f"r{rollout}", turn_index=call))
+            prompt = prompt + response + [rng.randrange(3, vocab) for _ in range(rng.randrange(1, 4))]
+    return samples
+
+
+def update_rows(rows: str) -> tuple[list[TrainingSample], list[TrainingSample]]:
+    """The calls a case checks and the rows its update trains on: random single calls one row
+    each (``transitions``), or multi-turn rollouts' calls merged into one row per rollout."""
+    if rows == "transitions":
+        samples = random_samples()
+        return samples, samples
+    calls = multi_turn_samples()
+    merged, stats = merge_trajectories(calls)
+    assert stats.rows == 4 and stats.prefix_mismatches == 0
+    return calls, merged
 
 
 def free_port() -> int:
@@ -83,13 +115,14 @@ def max_difference(a: list[list[float]], b: list[list[float]]) -> float:
 
 
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("embeddings", ["tied", "untied"])
-def test_verl_update_equals_embedded_trainer_and_the_endpoint_serves_it(embeddings, tiny_models, tmp_path,
+@pytest.mark.parametrize(("embeddings", "rows"), [("tied", "transitions"), ("untied", "merged")],
+                         ids=["tied", "untied-merged-rows"])
+def test_verl_update_equals_embedded_trainer_and_the_endpoint_serves_it(embeddings, rows, tiny_models, tmp_path,
                                                                        exposed_sockets):
     from spanrl.trainer_bridge.verl_backend.backend import VerlWorkerFailed, start_backend
 
     model_dir = tiny_models[embeddings]
-    samples = random_samples()
+    samples, trained_rows = update_rows(rows)
     settings = TrainSettings(tasks="unused.jsonl", model=model_dir, backend="verl", learning_rate=LEARNING_RATE,
                              output_dir=str(tmp_path / "run"), policy_port=free_port(), policy_model_name="policy",
                              checkpoint_every=0, verl=VerlConfig(cpu_mode="on"), policy_token=POLICY_TOKEN)
@@ -114,10 +147,11 @@ def test_verl_update_equals_embedded_trainer_and_the_endpoint_serves_it(embeddin
         assert max_difference(served_before, initial) < 1e-4
         assert max_difference(backend.log_probs(samples), initial) < 1e-5  # verl's actor forward
 
-        stats = backend.update(samples)
+        stats = backend.update(trained_rows)
         assert stats.policy_version == 1 and backend.policy_version == 1
+        assert stats.details["samples"] == len(trained_rows)
         assert abs(stats.loss - expected_stats["pg_loss"]) < 1e-5
-        assert stats.grad_norm == pytest.approx(expected_stats["grad_norm"], rel=1e-5)
+        assert stats.grad_norm == pytest.approx(expected_stats["grad_norm"], rel=1e-4)
         for part in ("old_log_prob_s", "update_s", "weight_sync_s", "batch_s"):
             assert stats.details[part] >= 0
 
@@ -125,7 +159,7 @@ def test_verl_update_equals_embedded_trainer_and_the_endpoint_serves_it(embeddin
         assert versions == {"1"}
         assert max_difference(served_after, served_before) > 1e-3  # the endpoint serves new weights
         trained = backend.log_probs(samples)
-        assert max_difference(trained, initial) > 0.1  # a real step (AdamW at 1e-3 moved every weight)
+        assert max_difference(trained, initial) > 0.05  # a real step (AdamW at 1e-3 moved every weight)
         assert max_difference(trained, expected_after) < 1e-5  # the same update as the embedded trainer
         assert max_difference(served_after, trained) < 1e-4  # the endpoint serves what verl trained
 
