@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 
+from spanrl.server_connections import IDLE_CONNECTION_TIMEOUT_S
 from spanrl.settings_loader import CommandSettings
 
 from .settings import ENV_PREFIX_NAME, DashboardSettings
@@ -48,7 +49,8 @@ def handle(settings: DashboardSettings) -> int:
     family = socket.AF_INET6 if ":" in settings.host else socket.AF_INET
     sock = socket.create_server((settings.host, settings.port), family=family)
     port = sock.getsockname()[1]
-    config = uvicorn.Config(create_app(settings), log_level="warning", access_log=False)
+    config = uvicorn.Config(create_app(settings), log_level="warning", access_log=False,
+                            timeout_keep_alive=IDLE_CONNECTION_TIMEOUT_S)
     server = uvicorn.Server(config)
     logging.getLogger("spanrl.dashboard").info("serving store %s and run %s", settings.store, settings.output_dir)
     print(f"spanrl dashboard: ready, http://{settings.host}:{port}/", flush=True)

@@ -35,3 +35,40 @@ def test_a_body_over_the_limit_is_refused_and_the_server_goes_on(engine, mode):
         assert ok.status_code == 200
     finally:
         handle.stop()
+
+
+def test_a_connection_idle_longer_than_the_agents_clients_keep_theirs_still_serves(engine):
+    """httpx (the OpenAI and Anthropic SDKs) reuses a connection idle for up to 5 s, which was
+    uvicorn's limit too: a call sent as the server closed the connection failed (an agent with
+    ``max_retries=0`` lost a rollout in CI). The policy server, both ways it runs, and ``spanrl
+    proxy`` in front of it keep an idle connection past the clients' limit: a request on one idle
+    for 6 s is answered on that same connection."""
+    import http.client
+    import time
+    from urllib.parse import urlsplit
+
+    from spanrl.trainer_bridge.relay.proxy import ProxySettings, start_proxy
+    from spanrl.trainer_bridge.torch_backend.server.api_process import serve_in_process
+    from spanrl.trainer_bridge.torch_backend.server.app import serve_in_thread
+
+    handles = [serve_in_process(engine, "127.0.0.1", 0), serve_in_thread(engine, "127.0.0.1", 0)]
+    handles.append(start_proxy(ProxySettings(upstream=handles[0].url + "/v1", port=0, spans_endpoint="off")))
+    try:
+        connections = []
+        for handle in handles:
+            url = urlsplit(handle.url)
+            connection = http.client.HTTPConnection(url.hostname, url.port, timeout=30)
+            connection.request("GET", "/v1/models")
+            first = connection.getresponse()
+            assert first.status == 200 and b"data" in first.read()
+            connections.append((connection, connection.sock))
+        time.sleep(6.0)  # past httpx's keep-alive expiry and uvicorn's default timeout_keep_alive
+        for connection, sock in connections:
+            connection.request("GET", "/v1/models")  # http.client reconnects only when its socket is gone
+            again = connection.getresponse()
+            assert again.status == 200 and b"data" in again.read()
+            assert connection.sock is sock
+            connection.close()
+    finally:
+        for handle in reversed(handles):
+            handle.stop()

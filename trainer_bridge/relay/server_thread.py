@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 from starlette.applications import Starlette
 
 from spanrl.errors import UserError
+from spanrl.server_connections import IDLE_CONNECTION_TIMEOUT_S
 from spanrl.server_security import check_tls_pair, warn_if_exposed
 from spanrl.trainer_bridge.relay.config import RelayConfig
 from spanrl.trainer_bridge.relay.forwarding import watch_upstreams
@@ -120,7 +121,8 @@ class RelayServer:
         state = self._state = self._make_state()
         app = self._make_app(state)
         config = uvicorn.Config(app, log_level=self._log_level, access_log=False, lifespan="off",
-                                timeout_graceful_shutdown=5, limit_concurrency=self.config.max_concurrency,
+                                timeout_graceful_shutdown=5, timeout_keep_alive=IDLE_CONNECTION_TIMEOUT_S,
+                                limit_concurrency=self.config.max_concurrency,
                                 ssl_certfile=self.config.tls_cert, ssl_keyfile=self.config.tls_key)
         self._server = server = uvicorn.Server(config)
         watcher = None

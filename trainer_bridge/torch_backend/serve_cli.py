@@ -182,6 +182,7 @@ def _serve_in_this_process(settings: ServeSettings, engine: Any, weights_admin: 
     """``--single-process``: uvicorn in this process, over the engine's own thread."""
     import uvicorn
 
+    from spanrl.server_connections import IDLE_CONNECTION_TIMEOUT_S
     from spanrl.trainer_bridge.torch_backend.server.app import check_server_security, create_app
 
     check_server_security(settings.host, settings.token, settings.tls_cert, settings.tls_key)
@@ -191,6 +192,7 @@ def _serve_in_this_process(settings: ServeSettings, engine: Any, weights_admin: 
                                model_names=settings.served_model_name, prompts=settings.prompts or None),
                     host=settings.host,
                     port=settings.port, log_level="info", access_log=False, limit_concurrency=settings.max_concurrency,
+                    timeout_keep_alive=IDLE_CONNECTION_TIMEOUT_S,
                     ssl_certfile=settings.tls_cert, ssl_keyfile=settings.tls_key)
     finally:
         engine.stop()

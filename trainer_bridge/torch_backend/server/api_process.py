@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from spanrl.server_connections import IDLE_CONNECTION_TIMEOUT_S
 from spanrl.trainer_bridge.torch_backend.engine.link import EngineHost, FrameChannel, RemoteEngine
 
 if TYPE_CHECKING:  # this module never imports torch at run time
@@ -179,6 +180,7 @@ def _run_front_end(engine_fd: int, listen_fd: int, args: argparse.Namespace) -> 
                      validation_temperature=None if validation_temperature is None else float(validation_temperature),
                      model_names=args.model_name, prompts=args.prompts)
     config = uvicorn.Config(app, log_level=args.log_level, access_log=False, lifespan="off",
+                            timeout_keep_alive=IDLE_CONNECTION_TIMEOUT_S,
                             limit_concurrency=args.max_concurrency, ssl_certfile=args.tls_cert,
                             ssl_keyfile=args.tls_key)
     server = uvicorn.Server(config)

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from fastapi import Depends, FastAPI, Request
 
 from spanrl.instrumentation import semconv
+from spanrl.server_connections import IDLE_CONNECTION_TIMEOUT_S
 from spanrl.server_security import agent_token_matches, check_tls_pair, warn_if_exposed
 from spanrl.trainer_bridge.endpoint_prompts import install_prompt_resources
 from spanrl.trainer_bridge.endpoint_spans import EndpointSpans
@@ -207,6 +208,7 @@ def serve_in_thread(engine: PolicyEngine, host: str = "127.0.0.1", port: int = 0
     app = create_app(engine, api_token, validation_temperature=validation_temperature, weights_admin=weights_admin,
                      model_names=model_names, prompts=prompts)
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False, lifespan="off",
+                            timeout_keep_alive=IDLE_CONNECTION_TIMEOUT_S,
                             limit_concurrency=max_concurrency, ssl_certfile=tls_cert, ssl_keyfile=tls_key)
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, name="spanrl-policy-server", daemon=True)

@@ -1,0 +1,20 @@
+"""How long spanrl's HTTP servers keep a caller's idle connection open: one figure for all of them.
+
+An agent's SDK keeps its connections to the policy endpoint open between calls and reuses them
+(httpx, under the OpenAI and Anthropic SDKs, for up to 5 s idle). uvicorn closes an idle
+connection after 5 s by default too: a call sent on a connection as the server closes it fails
+with a connection error, and an agent built with ``max_retries=0`` loses that rollout (a test
+saw it: a call made 5.0 s after the connection's last one). A server that keeps idle connections
+longer than its callers do leaves the closing to the caller, which never races with itself.
+
+Used by the policy server (``torch_backend/server/``), the relay (``spanrl proxy``, the verl
+gateway) and the dashboard. Stdlib only.
+"""
+
+from __future__ import annotations
+
+__all__ = ["IDLE_CONNECTION_TIMEOUT_S"]
+
+# Above the idle limits of the clients agents use (httpx 5 s, aiohttp 15 s) and of the load
+# balancers in front of services (60 s is common), so the caller closes first.
+IDLE_CONNECTION_TIMEOUT_S = 75
