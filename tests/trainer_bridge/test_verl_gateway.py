@@ -444,3 +444,57 @@ def test_the_relays_settings_print_without_their_secrets():
     relay = RelayConfig(name="proxy", api_token="agents-secret-1", upstream_api_key="upstream-secret-2",
                         upstream_headers=(("x-api-key", "upstream-secret-3"),))
     assert "secret" not in repr(relay), repr(relay)
+
+
+def test_the_gateway_reuses_an_upstreams_idle_connection_only_while_the_upstream_keeps_it(start):
+    """vLLM's server (uvicorn) closes a connection idle for 5 s; a request the gateway sent on one
+    as it closed would fail. The gateway reuses a connection idle for a moment, and opens a new
+    one once it has been idle for longer than ``IDLE_CONNECTION_REUSE_S`` (3 s)."""
+    import http.server
+
+    from spanrl.server_connections import IDLE_CONNECTION_REUSE_S
+
+    asked_on = []  # the gateway's end of the connection each request came on
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"  # keep-alive, as uvicorn
+
+        def log_message(self, *args):
+            pass
+
+        def _send(self, body: dict) -> None:
+            data = json.dumps(body).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_GET(self):  # the gateway's health probe
+            self._send({"object": "list", "data": [{"id": "counted", "object": "model"}]})
+
+        def do_POST(self):
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            asked_on.append(self.client_address)
+            self._send({"id": "c", "object": "chat.completion", "created": 0, "model": "counted",
+                               "choices": [{"index": 0, "finish_reason": "stop",
+                                            "message": {"role": "assistant", "content": "82"}}]})
+
+    upstream = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=upstream.serve_forever, daemon=True).start()
+    try:
+        gateway = start(urls=[f"http://127.0.0.1:{upstream.server_address[1]}"])
+        agent = client(gateway)
+
+        def ask() -> None:
+            assert agent.chat.completions.create(model=SERVED, messages=MESSAGES).choices[0].message.content == "82"
+
+        ask()
+        ask()
+        assert asked_on[0] == asked_on[1]  # a connection idle for a moment is reused
+        time.sleep(IDLE_CONNECTION_REUSE_S + 0.5)
+        ask()
+        assert asked_on[2] != asked_on[1]  # one idle for longer is not
+    finally:
+        upstream.shutdown()
+        upstream.server_close()

@@ -14,6 +14,7 @@ from typing import Any
 import httpx
 from starlette.requests import Request
 
+from spanrl.server_connections import IDLE_CONNECTION_REUSE_S
 from spanrl.server_security import agent_token_matches
 from spanrl.trainer_bridge.relay.config import RelayConfig
 from spanrl.trainer_bridge.relay.rewrite import MESSAGES_PATH, anthropic_error_body, error_body
@@ -72,7 +73,9 @@ class RelayState:
         self.policy_version: int | None = 0 if config.stamp_policy_version else None
         self.probe_timeout_s = min(PROBE_TIMEOUT_S, config.request_timeout_s)
         timeout = httpx.Timeout(config.request_timeout_s, connect=min(config.request_timeout_s, 10.0))
-        limits = httpx.Limits(max_connections=None, max_keepalive_connections=256)
+        # an idle connection is reused only while the upstream surely keeps it (server_connections)
+        limits = httpx.Limits(max_connections=None, max_keepalive_connections=256,
+                              keepalive_expiry=IDLE_CONNECTION_REUSE_S)
         self.client = httpx.AsyncClient(timeout=timeout, limits=limits)
 
     @staticmethod
