@@ -332,6 +332,16 @@ def test_upstreams_join_by_set_upstreams_and_come_back_when_healthy(start, upstr
     assert served_by(gateway, before) == upstreams[1].url
 
 
+def send_json(handler, body: dict) -> None:
+    """A stdlib ``BaseHTTPRequestHandler``'s 200 answer with ``body`` as JSON."""
+    data = json.dumps(body).encode()
+    handler.send_response(200)
+    handler.send_header("Content-Type", "application/json")
+    handler.send_header("Content-Length", str(len(data)))
+    handler.end_headers()
+    handler.wfile.write(data)
+
+
 class SlowStreamingUpstream:
     """An OpenAI-compatible upstream whose chat stream sends one chunk every 50 ms for 20 s, on
     a free loopback port: long enough that an agent leaving mid-stream is certainly early.
@@ -348,16 +358,8 @@ class SlowStreamingUpstream:
             def log_message(self, *args):  # keep the test output clean
                 pass
 
-            def _json(self, body: dict) -> None:
-                data = json.dumps(body).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
             def do_GET(self):
-                self._json({"object": "list", "data": [{"id": "slow", "object": "model"}]})
+                send_json(self, {"object": "list", "data": [{"id": "slow", "object": "model"}]})
 
             def do_POST(self):
                 self.rfile.read(int(self.headers.get("Content-Length") or 0))
@@ -462,23 +464,15 @@ def test_the_gateway_reuses_an_upstreams_idle_connection_only_while_the_upstream
         def log_message(self, *args):
             pass
 
-        def _send(self, body: dict) -> None:
-            data = json.dumps(body).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
         def do_GET(self):  # the gateway's health probe
-            self._send({"object": "list", "data": [{"id": "counted", "object": "model"}]})
+            send_json(self, {"object": "list", "data": [{"id": "counted", "object": "model"}]})
 
         def do_POST(self):
             self.rfile.read(int(self.headers.get("Content-Length") or 0))
             asked_on.append(self.client_address)
-            self._send({"id": "c", "object": "chat.completion", "created": 0, "model": "counted",
-                               "choices": [{"index": 0, "finish_reason": "stop",
-                                            "message": {"role": "assistant", "content": "82"}}]})
+            send_json(self, {"id": "c", "object": "chat.completion", "created": 0, "model": "counted",
+                             "choices": [{"index": 0, "finish_reason": "stop",
+                                          "message": {"role": "assistant", "content": "82"}}]})
 
     upstream = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     threading.Thread(target=upstream.serve_forever, daemon=True).start()
