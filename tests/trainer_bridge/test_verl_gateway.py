@@ -448,7 +448,7 @@ def test_the_relays_settings_print_without_their_secrets():
     assert "secret" not in repr(relay), repr(relay)
 
 
-def test_the_gateway_reuses_an_upstreams_idle_connection_only_while_the_upstream_keeps_it(start):
+def test_the_gateway_reuses_an_upstreams_idle_connection_only_while_the_upstream_keeps_it():
     """vLLM's server (uvicorn) closes a connection idle for 5 s; a request the gateway sent on one
     as it closed would fail. The gateway reuses a connection idle for a moment, and opens a new
     one once it has been idle for longer than ``IDLE_CONNECTION_REUSE_S`` (3 s)."""
@@ -476,8 +476,9 @@ def test_the_gateway_reuses_an_upstreams_idle_connection_only_while_the_upstream
 
     upstream = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     threading.Thread(target=upstream.serve_forever, daemon=True).start()
-    try:
-        gateway = start(urls=[f"http://127.0.0.1:{upstream.server_address[1]}"])
+    gateway = None
+    try:  # only this upstream: the fixture's two policy servers would load models for nothing
+        gateway = start_gateway(GatewayConfig(served_model_name=SERVED), [f"http://127.0.0.1:{upstream.server_address[1]}"])
         agent = client(gateway)
 
         def ask() -> None:
@@ -490,5 +491,7 @@ def test_the_gateway_reuses_an_upstreams_idle_connection_only_while_the_upstream
         ask()
         assert asked_on[2] != asked_on[1]  # one idle for longer is not
     finally:
+        if gateway is not None:
+            gateway.stop()
         upstream.shutdown()
         upstream.server_close()
