@@ -92,9 +92,15 @@ class Assembler:
         self.feedback = feedback  # late feedback joined as rollouts are assembled
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="spanrl-assembler", daemon=True)
+        # one pass at a time: two passes would both see a rollout ready and assemble it twice
+        self._pass_lock = threading.Lock()
 
     def run_once(self, now: float | None = None) -> list[AssembledRollout]:
-        now = time.time() if now is None else now
+        """Assemble every rollout ready at ``now``; safe to call while the thread runs."""
+        with self._pass_lock:
+            return self._assemble_ready(time.time() if now is None else now)
+
+    def _assemble_ready(self, now: float) -> list[AssembledRollout]:
         done = []
         for ready in self.store.rollouts_ready(
             now,

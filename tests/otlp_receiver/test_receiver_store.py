@@ -7,6 +7,8 @@ import sqlite3
 import subprocess
 import sys
 import textwrap
+import threading
+import time
 from dataclasses import replace
 
 import pytest
@@ -233,4 +235,43 @@ def test_store_error_while_reading_spans_is_retried_not_broken(tmp_path, caplog)
     (done,) = a.run_once(now=103.0)  # the next poll assembles it
     assert done.rollout_id == "r1" and len(done.transitions) == 1
     assert list(store.iter_rollout_ids(state="assembled")) == ["r1"]
+    store.close()
+
+
+class _StoreSlowReads(SpanStore):
+    """A real store whose reads of a rollout's spans take a while, as a large rollout's do: the
+    window in which a second assembly pass would see the same rollouts ready."""
+
+    def rollout_bodies(self, rollout_id):
+        time.sleep(0.01)
+        return super().rollout_bodies(rollout_id)
+
+
+def test_assembly_passes_called_at_once_assemble_each_rollout_once(tmp_path):
+    """``run_once`` called while another pass runs (the receiver's thread and a caller): no error,
+    and each ready rollout is assembled by exactly one of them."""
+    store = _StoreSlowReads(tmp_path / "s.db")
+    ids = [f"r{i}" for i in range(20)]
+    for i, rollout_id in enumerate(ids):
+        store.write_spans(rows(span(1, trace=i + 1, rollout=rollout_id, ids=True)), now=100.0)
+        store.complete_rollout(rollout_id, now=100.0)
+    a = assembler(store, grace_s=0)
+    start = threading.Barrier(2)
+    results: dict[str, list] = {}
+
+    def one_pass(name):
+        start.wait()
+        try:
+            results[name] = [r.rollout_id for r in a.run_once(now=101.0)]
+        except Exception as exc:  # noqa: BLE001 - the assertion below names it
+            results[name] = exc
+
+    threads = [threading.Thread(target=one_pass, args=(n,)) for n in ("first", "second")]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert not any(isinstance(r, Exception) for r in results.values()), results
+    assert sorted(results["first"] + results["second"]) == sorted(ids)
+    assert sorted(store.iter_rollout_ids(state="assembled")) == sorted(ids)
     store.close()
