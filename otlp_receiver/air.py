@@ -16,6 +16,8 @@ Rules file (JSON or YAML)::
           span_kind: TOOL         # openinference.span.kind (optional)
           name: "search*"         # span name, shell-style pattern (optional)
           attributes: {k: v}      # exact attribute values (optional)
+          ungrounded_numbers: true  # an LLM call whose tool arguments hold a number none of
+                                    # its input messages holds (optional; air_grounding.py)
 
 AIR is off unless asked for: ``--air-rules default`` uses ``DEFAULT_RULES`` (any span that
 ended with status ERROR -> ``tool_error`` -0.1), ``--air-rules PATH`` a file of your own.
@@ -30,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from spanrl.otlp_receiver.air_grounding import ungrounded_numbers
 from spanrl.otlp_receiver.span_tree import SpanRecord
 
 STATUSES = ("ERROR", "OK", "UNSET")
@@ -47,6 +50,7 @@ class AirRule:
     span_kind: str | None = None
     name_pattern: str | None = None
     attributes: dict[str, Any] = field(default_factory=dict)
+    ungrounded_numbers: bool = False
 
     def matches(self, span: SpanRecord) -> bool:
         if self.status is not None:
@@ -59,7 +63,9 @@ class AirRule:
             return False
         if self.name_pattern is not None and not fnmatch.fnmatchcase(span.name, self.name_pattern):
             return False
-        return all(span.attributes.get(k) == v for k, v in self.attributes.items())
+        if not all(span.attributes.get(k) == v for k, v in self.attributes.items()):
+            return False
+        return not self.ungrounded_numbers or bool(ungrounded_numbers(span.attributes))
 
 
 DEFAULT_RULES = (AirRule(name="tool_error", reward=-0.1, status="ERROR"),)
@@ -80,7 +86,7 @@ def rule_from_dict(data: Any, where: str) -> AirRule:
     when = data.get("when") or {}
     if not isinstance(when, dict):
         raise AirRuleError(f"{where}: 'when' must be a mapping")
-    unknown = set(when) - {"status", "span_kind", "name", "attributes"}
+    unknown = set(when) - {"status", "span_kind", "name", "attributes", "ungrounded_numbers"}
     if unknown:
         raise AirRuleError(f"{where}: unknown conditions {sorted(unknown)}")
     status = when.get("status")
@@ -91,6 +97,9 @@ def rule_from_dict(data: Any, where: str) -> AirRule:
         raise AirRuleError(f"{where}: 'attributes' must be a mapping")
     if not when:
         raise AirRuleError(f"{where}: a rule needs at least one condition under 'when'")
+    ungrounded = when.get("ungrounded_numbers", False)
+    if not isinstance(ungrounded, bool):
+        raise AirRuleError(f"{where}: 'ungrounded_numbers' must be true or false, got {ungrounded!r}")
     return AirRule(
         name=name,
         reward=float(reward),
@@ -98,6 +107,7 @@ def rule_from_dict(data: Any, where: str) -> AirRule:
         span_kind=None if when.get("span_kind") is None else str(when["span_kind"]).upper(),
         name_pattern=when.get("name"),
         attributes=dict(attributes),
+        ungrounded_numbers=ungrounded,
     )
 
 
