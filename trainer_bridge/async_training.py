@@ -265,11 +265,11 @@ class AsyncTrainingLoop(TrainingLoop):
                 self._assembled[rollout.rollout_id] = rollout
         return list(self._assembled.values())
 
-    def collect(self, attempts: list[Attempt], outcomes: dict[str, Outcome]) -> StepReport:
+    def collect(self, attempts: list[Attempt], outcomes: dict[str, Outcome], held_out: bool = False) -> StepReport:
         """``TrainingLoop.collect`` of groups taken from the dispatcher (training or validation)."""
         self._collecting = {a.rollout_id for a in attempts}
         try:
-            return super().collect(attempts, outcomes)
+            return super().collect(attempts, outcomes, held_out)
         finally:
             for attempt in attempts:
                 self._assembled.pop(attempt.rollout_id, None)

@@ -2,9 +2,11 @@
 
 A rollout's score is its total reward (``reward: events``; only the receiver's AIR rule rewards
 with ``trust_agent_rewards: false``) or the configured reward function's value on its task and
-variables. With ``reward: judge`` the score made here is only the base the judge combines with
-(``judge.combine_with``'s value, or 0 without one): ``judge/group_judge.py`` then scores each group
-in one request and sets every member's score (or leaves the group out, ``LEFT_OUT_JUDGE_FAILED``).
+variables, plus the rollout's AIR rule rewards when it is trained on (a held-out rollout of a
+validation round or ``spanrl eval`` is scored by the function alone: its outcome). With ``reward:
+judge`` the score made here is only the base the judge combines with (``judge.combine_with``'s
+value, or 0 without one): ``judge/group_judge.py`` then scores each group in one request and sets
+every member's score (or leaves the group out, ``LEFT_OUT_JUDGE_FAILED``).
 Only the calls of the selected agents (``agents``) are kept for training. A rollout that failed,
 has no usable transition, no reward, or whose reward function raised is left out with a reason
 the step's metrics count (``LEFT_OUT_*``). Called by ``training_loop.TrainingLoop.collect``;
@@ -72,7 +74,7 @@ class RolloutScorer:
         # False (spanrl eval): a rollout is scored as an outcome even without a transition to train on
         self.require_transitions = True
 
-    def scored(self, attempt: Attempt, rollout: AssembledRollout) -> ScoredRollout | str:
+    def scored(self, attempt: Attempt, rollout: AssembledRollout, held_out: bool = False) -> ScoredRollout | str:
         """``rollout`` (of ``attempt``) scored, or why it is left out (a ``LEFT_OUT_*`` reason)."""
         if rollout.status != "ok":
             return LEFT_OUT_FAILED
@@ -83,29 +85,32 @@ class RolloutScorer:
         if not transitions and self.require_transitions:
             return LEFT_OUT_NO_SELECTED_AGENT
         try:
-            score = self.score(attempt, rollout)
+            score = self.score(attempt, rollout, held_out)
         except RewardFunctionError:
             return LEFT_OUT_REWARD_ERROR
         if score is None:
             return LEFT_OUT_NO_REWARD
-        return ScoredRollout(attempt, score, transitions, self.reward_source(rollout))
+        return ScoredRollout(attempt, score, transitions, self.reward_source(rollout, held_out))
 
     @property
     def by_events(self) -> bool:
         """Whether rollouts are scored by their reward events (``reward: events``)."""
         return self.reward == EVENTS_REWARD
 
-    def reward_source(self, rollout: AssembledRollout) -> str:
+    def reward_source(self, rollout: AssembledRollout, held_out: bool = False) -> str:
         if self.judged:
             return "judge (pending)"  # the judge sets its own source with its score
         if self.reward_fn is not None:
-            return f"reward function {self.reward}"
+            air = "" if held_out or rule_reward(rollout) is None else " + AIR rules"
+            return f"reward function {self.reward}{air}"
         return "events: " + ", ".join(sorted({r.source for r in rollout.rewards}))
 
-    def score(self, attempt: Attempt, rollout: AssembledRollout) -> float | None:
+    def score(self, attempt: Attempt, rollout: AssembledRollout, held_out: bool = False) -> float | None:
         """The rollout's score: its total reward (``reward: events``) or the reward function's
-        value; ``None`` when there is none (no reward event, a non-finite value). Raises
-        ``RewardFunctionError`` (logged, with the task id) when the reward function raised."""
+        value, plus its AIR rule rewards unless ``held_out`` (the intermediate rewards train the
+        calls that earned them; a held-out score is the task's outcome); ``None`` when there is
+        none (no reward event, a non-finite value). Raises ``RewardFunctionError`` (logged, with
+        the task id) when the reward function raised."""
         if self.judged and self.reward_fn is None:
             return 0.0  # no combine_with: the judge's score alone (group_judge sets it)
         if self.reward_fn is None:
@@ -121,4 +126,5 @@ class RolloutScorer:
             logger.warning("reward function %s gave %r for task %s (rollout %s): left out", self.function_spec,
                            score, attempt.task_id, rollout.rollout_id)
             return None
-        return score
+        air = None if held_out or self.judged else rule_reward(rollout)
+        return score if air is None else score + air

@@ -109,8 +109,9 @@ class TrainingLoop:
             chosen.append(self.tasks[self._task_order.pop()])
         return chosen
 
-    def collect(self, attempts: list[Attempt], outcomes: dict[str, Outcome]) -> StepReport:
-        """Read the ok attempts' rollouts from the store and score them."""
+    def collect(self, attempts: list[Attempt], outcomes: dict[str, Outcome], held_out: bool = False) -> StepReport:
+        """Read the ok attempts' rollouts from the store and score them (``held_out``: as outcomes
+        of held-out tasks, ``RolloutScorer.score``)."""
         reasons: dict[str, str] = {}
         waiting = {}
         for attempt in attempts:
@@ -127,7 +128,7 @@ class TrainingLoop:
         receiver_counters: Counter = Counter()
         for rollout_id, rollout in found.items():
             receiver_counters.update(rollout.counters)
-            result = self.scorer.scored(waiting[rollout_id], rollout)
+            result = self.scorer.scored(waiting[rollout_id], rollout, held_out)
             if isinstance(result, str):
                 reasons[rollout_id] = result
             else:

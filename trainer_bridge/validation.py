@@ -103,7 +103,7 @@ def score_round(loop: TrainingLoop, step: int, tasks: Sequence[Task], attempts_p
     started = time.monotonic()
     # relaunched attempts in place of the faulted ones; with async_training, groups among the training ones
     attempts, outcomes = loop.dispatcher.run_round(step, tasks, attempts_per_task, prefix, on_idle, idle_after_s)
-    report = loop.collect(attempts, outcomes)
+    report = loop.collect(attempts, outcomes, held_out=True)
     return ScoredRound(attempts, {item.attempt.rollout_id: item.score for item in report.scored},
                        dict(report.reasons), time.monotonic() - started)
 

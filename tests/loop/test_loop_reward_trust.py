@@ -76,3 +76,21 @@ def test_what_the_receiver_counted_reaches_the_step_metrics(tmp_path):
     assert report.receiver_counters == {"rewards_rejected": 1}
     row = step_row(0, 0, [ATTEMPT], report, StepUpdate([], set(), 0, {}), 1.0, time.monotonic())
     assert row[keys.RECEIVER_COUNTERS] == {"rewards_rejected": 1}
+
+
+def test_a_reward_function_adds_the_air_rewards_when_training_but_not_when_held_out(tmp_path):
+    """With ``reward: module:function`` the receiver's AIR rewards still count for training (the
+    intermediate rewards the rules give the calls that earned them); a held-out rollout (validation,
+    ``spanrl eval``) is scored by the function alone, its outcome."""
+    (tmp_path / "fixed_reward.py").write_text("def reward(task, variables):\n    return 1.0\n")
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text(json.dumps({"id": "t"}) + "\n")
+    loop = TrainingLoop(TrainSettings(tasks=str(tasks), model="unused-by-the-loop", store=str(tmp_path / "s.db"),
+                                      reward="fixed_reward:reward", python_path=[str(tmp_path)]))
+    failing, clean = _rollout(tool_fails=True), _rollout(tool_fails=False)
+    trained = loop.scorer.scored(ATTEMPT, failing)
+    assert trained.score == 0.9  # the function's 1.0 and tool_error's -0.1; the agent's own 5.0 not
+    assert trained.reward_source == "reward function fixed_reward:reward + AIR rules"
+    held_out = loop.scorer.scored(ATTEMPT, failing, held_out=True)
+    assert (held_out.score, held_out.reward_source) == (1.0, "reward function fixed_reward:reward")
+    assert loop.scorer.scored(ATTEMPT, clean).score == 1.0  # no rule matched: the function's value
