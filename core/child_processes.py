@@ -4,21 +4,29 @@ pipeline (``examples/sql_agent/pipeline.py``) and ``bench/``: start, wait for, s
 ``LocalServices`` is a context manager: ``start_receiver`` runs ``spanrl receive`` on free ports
 and waits until it listens, ``start_runner`` runs ``spanrl run`` against the bridge's port; each
 child writes ``<log_dir>/<name>.log``. Leaving the block stops every child (the last started
-first, killed after ``stop_timeout_s``) and closes the logs, also when start-up failed.
+first, killed after ``stop_timeout_s``) and closes the logs, also when start-up failed. While
+children run, SIGTERM to this process raises ``SystemExit`` (in the main thread, when nothing else
+handles SIGTERM), so the block is left and they are stopped rather than left running as orphans.
 Stdlib only.
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import IO
+
+
+def _exit_for_sigterm(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
 
 
 def free_port() -> int:
@@ -61,9 +69,11 @@ class LocalServices:
         self.stop_timeout_s = stop_timeout_s
         self.children: list[subprocess.Popen] = []
         self.logs: list[IO[str]] = []
+        self._sigterm_handled = False  # whether this object installed the SIGTERM handler
 
     def start(self, name: str, argv: Sequence[str], env: Mapping[str, str] | None = None) -> subprocess.Popen:
         """Run ``argv`` with stdout and stderr in ``<log_dir>/<name>.log``."""
+        self._exit_on_sigterm()
         log = open(os.path.join(self.log_dir, f"{name}.log"), "w")  # noqa: SIM115 (closed by stop)
         self.logs.append(log)
         child = subprocess.Popen(list(argv), stdout=log, stderr=subprocess.STDOUT,
@@ -102,6 +112,18 @@ class LocalServices:
                 child.wait()
         for log in self.logs:
             log.close()
+        if self._sigterm_handled:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            self._sigterm_handled = False
+
+    def _exit_on_sigterm(self) -> None:
+        """SIGTERM -> ``SystemExit(143)``, so ``stop`` runs as the exception leaves the block (only
+        the main thread can set handlers; a handler someone else set stays theirs)."""
+        if self._sigterm_handled or threading.current_thread() is not threading.main_thread():
+            return
+        if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+            signal.signal(signal.SIGTERM, _exit_for_sigterm)
+            self._sigterm_handled = True
 
     def __enter__(self) -> LocalServices:
         return self
