@@ -12,8 +12,9 @@ steps. Arms:
 - ``sft``: SFT from rollouts (``algorithm: sft``: the rollouts that scored 1 are learned by NLL);
 - ``reinforce_plus_plus``: GRPO's update with the batch as baseline (``advantage_estimator:
   reinforce_plus_plus``): a task whose rollouts all succeeded is still pushed up, as SFT keeps it;
-- SQL ablations: ``grpo_no_air`` (the receiver's AIR rules off), ``grpo_identical`` (credit
-  ``identical`` instead of ``discounted``), ``grpo_all_agents`` (the checker trained too).
+- ``grpo_no_air``: the receiver's AIR rules off (the tasks that have rules: SQL, the calculator);
+- SQL ablations: ``grpo_identical`` (credit ``identical`` instead of ``discounted``),
+  ``grpo_all_agents`` (the checker trained too).
 
 With ``--repeats N`` each arm is trained N times from each warm start (runs differ: the agents'
 threads and timings are not replayed), its accuracy is the mean of its repeats, and each task's
@@ -49,7 +50,7 @@ from pathlib import Path
 from spanrl.schema import metrics as keys
 
 ARMS = ("grpo", "sft", "reinforce_plus_plus", "grpo_no_air", "grpo_identical", "grpo_all_agents")
-SQL_ONLY_ARMS = ("grpo_no_air", "grpo_identical", "grpo_all_agents")
+SQL_ONLY_ARMS = ("grpo_identical", "grpo_all_agents")  # grpo_no_air: any task with AIR rules
 TASKS = ("sql_agent", "retrieval_qa", "calc_autogen")
 BEGIN, END = "<!-- bench/learning.py: begin -->", "<!-- bench/learning.py: end -->"
 
@@ -127,7 +128,7 @@ def run_seed(task, seed: int, args: argparse.Namespace, out: Path) -> dict:
                        val_every=args.val_every, concurrency=args.concurrency, seed=seed, device=args.device,
                        val_tasks=val_tasks, settings=extra)
     for arm in args.arms:
-        if arm in SQL_ONLY_ARMS and task.name != "sql_agent":
+        if (arm in SQL_ONLY_ARMS and task.name != "sql_agent") or (arm == "grpo_no_air" and task.air_rules == "off"):
             continue
         from spanrl.examples.task_pipeline import train
 

@@ -77,5 +77,10 @@ def test_every_call_is_the_solvers_and_the_warm_start_taught_the_prompt_autogen_
         # demonstrations.TOOL_SCHEMA is the tool exactly as autogen-ext sent it
         messages = [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": task["question"]}]
         assert list(rollout.transitions[0].prompt_token_ids) == encode_chat(tokenizer, messages, [TOOL_SCHEMA])
-        assert trained[rollout.rollout_id].reward == number_match(str(rollout.variables.get("output", "")),
-                                                                  task["answer"])
+        # the reward function's value plus the AIR rule's penalties (air_rules.yaml), each on the
+        # solver call whose calculator expression used a number it was never given
+        air = [r for r in rollout.rewards if r.source == "air:ungrounded_number"]
+        assert {r.call_span_id for r in air} <= {t.span_id for t in rollout.transitions}
+        assert all(r.call_span_id == r.span_id and r.value == -0.3 for r in air)
+        outcome = number_match(str(rollout.variables.get("output", "")), task["answer"])
+        assert trained[rollout.rollout_id].reward == pytest.approx(outcome - 0.3 * len(air))
