@@ -16,9 +16,9 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-INPUT_PREFIX = "llm.input_messages."
-OUTPUT_PREFIX = "llm.output_messages."
-ARGUMENTS_SUFFIX = ".tool_call.function.arguments"
+from spanrl.otlp_receiver.call_text import CALL_ARGUMENTS, INPUT, OUTPUT
+
+INPUT_PREFIX, OUTPUT_PREFIX, ARGUMENTS_SUFFIX = f"{INPUT}.", f"{OUTPUT}.", f".{CALL_ARGUMENTS}"
 # a number not glued to a word or to another number's digits ("x2", "v1.2.3" are not numbers here)
 NUMBER = re.compile(r"(?<![\w.])\d+(?:\.\d+)?(?!\w|\.\d)")
 
