@@ -3,7 +3,10 @@
 A rollout's score is its total reward (``reward: events``; only the receiver's AIR rule rewards
 with ``trust_agent_rewards: false``) or the configured reward function's value on its task and
 variables, plus the rollout's AIR rule rewards when it is trained on (a held-out rollout of a
-validation round or ``spanrl eval`` is scored by the function alone: its outcome). With ``reward:
+validation round or ``spanrl eval`` is scored by the function alone: its outcome). With a reward
+function and ``air_per_call`` (``advantage_level: transition``), each trained call's return is the
+function's value plus the AIR rule rewards of that call alone, so a rule's penalty reaches the call
+that earned it and not its rollout's other calls. With ``reward:
 judge`` the score made here is only the base the judge combines with (``judge.combine_with``'s
 value, or 0 without one): ``judge/group_judge.py`` then scores each group in one request and sets
 every member's score (or leaves the group out, ``LEFT_OUT_JUDGE_FAILED``).
@@ -18,10 +21,11 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from spanrl.bridge_protocol import Attempt
-from spanrl.schema.rollouts import AssembledRollout
+from spanrl.schema.rollouts import AssembledRollout, Transition
 from spanrl.schema.scored import ScoredRollout
 
 logger = logging.getLogger(__name__)
@@ -58,11 +62,21 @@ def rule_reward(rollout: AssembledRollout) -> float | None:
     return sum(values) if values else None
 
 
+def with_call_returns(transitions: tuple[Transition, ...], rollout: AssembledRollout,
+                      outcome: float) -> tuple[Transition, ...]:
+    """``transitions``, each with return ``outcome`` plus the AIR rule rewards of its own call."""
+    by_call: dict[str, float] = {}
+    for r in rollout.rewards:
+        if r.source.startswith(AIR_SOURCE_PREFIX) and r.call_span_id is not None:
+            by_call[r.call_span_id] = by_call.get(r.call_span_id, 0.0) + r.value
+    return tuple(replace(t, return_=outcome + by_call.get(t.span_id, 0.0)) for t in transitions)
+
+
 class RolloutScorer:
     """Scores rollouts as ``reward``, ``trust_agent_rewards`` and ``agents`` say (module docstring)."""
 
     def __init__(self, reward: str, python_path: list, trust_agent_rewards: bool = True,
-                 agents: list | None = None, judge: Any = None) -> None:
+                 agents: list | None = None, judge: Any = None, air_per_call: bool = False) -> None:
         self.reward = reward
         self.judged = reward == JUDGE_REWARD
         # the function scoring each rollout: the reward function, or the judge's combine_with (if any)
@@ -71,6 +85,8 @@ class RolloutScorer:
         self.reward_fn = load_reward_function(self.function_spec, python_path) if self.function_spec else None
         self.trust_agent_rewards = trust_agent_rewards
         self.agents = list(agents or [])
+        # a reward function's rollouts: each trained call's return is the function's value + its own AIR
+        self.air_per_call = air_per_call and self.reward_fn is not None and not self.judged
         # False (spanrl eval): a rollout is scored as an outcome even without a transition to train on
         self.require_transitions = True
 
@@ -90,6 +106,8 @@ class RolloutScorer:
             return LEFT_OUT_REWARD_ERROR
         if score is None:
             return LEFT_OUT_NO_REWARD
+        if self.air_per_call and not held_out:
+            transitions = with_call_returns(transitions, rollout, score - (rule_reward(rollout) or 0.0))
         return ScoredRollout(attempt, score, transitions, self.reward_source(rollout, held_out))
 
     @property

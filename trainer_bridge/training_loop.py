@@ -80,7 +80,8 @@ class TrainingLoop:
         self.settings = settings
         self.tasks = load_tasks(settings.tasks)
         self.scorer = RolloutScorer(settings.reward, settings.python_path, settings.trust_agent_rewards,
-                                    settings.agents, judge=settings.judge)
+                                    settings.agents, judge=settings.judge,
+                                    air_per_call=settings.advantage_level == "transition")
         self.rng = random.Random(settings.seed)
         check_hidden_task_fields(settings.hidden_task_fields, self.tasks, settings.tasks)
         self.dispatcher = TaskDispatcher(settings.rollout_timeout_s, tuple(settings.hidden_task_fields),
@@ -184,10 +185,11 @@ class TrainingLoop:
 
     @property
     def transition_returns(self) -> bool:
-        """Whether each transition is scored by its own return (the agent's rewards, per transition)."""
+        """Whether each transition is scored by its own return: the agent's rewards, per transition,
+        or a reward function's value plus the call's own AIR rule rewards."""
         settings = self.settings
-        return (settings.advantage_level == "transition" and self.scorer.by_events
-                and settings.trust_agent_rewards)
+        return settings.advantage_level == "transition" and (
+            (self.scorer.by_events and settings.trust_agent_rewards) or self.scorer.air_per_call)
 
     def update(self, backend: PolicyBackend, scored: list[ScoredRollout]) -> StepUpdate:
         """Samples of ``scored`` (rejection sampling, or GRPO's advantages, merged into rows with

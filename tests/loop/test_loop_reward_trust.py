@@ -94,3 +94,59 @@ def test_a_reward_function_adds_the_air_rewards_when_training_but_not_when_held_
     held_out = loop.scorer.scored(ATTEMPT, failing, held_out=True)
     assert (held_out.score, held_out.reward_source) == (1.0, "reward function fixed_reward:reward")
     assert loop.scorer.scored(ATTEMPT, clean).score == 1.0  # no rule matched: the function's value
+
+
+def _two_call_rollout(first_tool_fails: bool):
+    """Two LLM calls, each followed by a tool; the first call's tool fails when ``first_tool_fails``."""
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracer = provider.get_tracer("test")
+    with tracer.start_as_current_span(semconv.ROLLOUT_SPAN_NAME):
+        for call in range(2):
+            with tracer.start_as_current_span("llm", attributes=LLM):
+                pass
+            with tracer.start_as_current_span("tool") as tool:
+                if call == 0 and first_tool_fails:
+                    tool.set_status(Status(StatusCode.ERROR, "boom"))
+    provider.shutdown()
+    decoded = decode_request(encode_spans(exporter.get_finished_spans()))
+    records = records_from_bodies(row.body for row in decoded.rows)
+    return assemble_rollout("r", records, "rollout_span", AssemblyOptions(air_rules=load_rules("default")))
+
+
+def test_with_transition_advantages_a_reward_functions_air_reaches_only_the_call_that_earned_it(tmp_path):
+    """``advantage_level: transition`` with a reward function: each call's return is the
+    function's value plus its own call's AIR rewards, and the GRPO samples carry those returns;
+    at ``rollout`` level every call keeps the rollout's score."""
+    from spanrl.trainer_bridge.samples import training_samples
+
+    (tmp_path / "fixed_reward.py").write_text("def reward(task, variables):\n    return 1.0\n")
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text(json.dumps({"id": "t"}) + "\n")
+
+    def loop_at(level: str) -> TrainingLoop:
+        return TrainingLoop(TrainSettings(
+            tasks=str(tasks), model="unused-by-the-loop", store=str(tmp_path / f"{level}.db"),
+            reward="fixed_reward:reward", python_path=[str(tmp_path)], advantage_level=level))
+
+    failing = _two_call_rollout(first_tool_fails=True)
+    air_calls = [r.call_span_id for r in failing.rewards if r.source.startswith("air:")]
+    assert air_calls == [failing.transitions[0].span_id]  # tool_error judges the call before the tool
+    per_call, per_rollout = loop_at("transition"), loop_at("rollout")
+    assert per_call.transition_returns and not per_rollout.transition_returns
+    trained = per_call.scorer.scored(ATTEMPT, failing)
+    assert trained.score == 0.9  # the rollout's score is unchanged: 1.0 - 0.1
+    assert [t.return_ for t in trained.transitions] == [0.9, 1.0]
+    held_out = per_call.scorer.scored(ATTEMPT, failing, held_out=True)
+    assert [t.return_ for t in held_out.transitions] == [t.return_ for t in failing.transitions]
+    assert per_rollout.scorer.scored(ATTEMPT, failing).transitions == failing.transitions
+
+    other = Attempt("r2", "t", 1, {"id": "t"}, 0)
+    clean = per_call.scorer.scored(other, _two_call_rollout(first_tool_fails=False))
+    samples, _ = training_samples([trained, clean], "transition", True,
+                                  transition_returns=per_call.transition_returns)
+    by_turn = {(s.rollout_id, s.turn_index): s.advantage for s in samples}
+    # the failing call alone is below the group's mean; the same rollout's second call is not
+    assert by_turn[("r", 0)] < 0 < by_turn[("r", 1)]
+    assert by_turn[("r", 1)] == by_turn[("r2", 0)] == by_turn[("r2", 1)]
