@@ -96,7 +96,10 @@ class LoopSettings:
                   "down less; docs/algorithms.md)"},
     )
     advantage_level: str = field(
-        default="rollout", metadata={"help": "'rollout' (shared per rollout) or 'transition'"}
+        default="rollout",
+        metadata={"help": "'rollout' (every call gets its rollout's score) or 'transition' (each call its own "
+                  "return: the agent's reward events after credit, or a reward function's value plus the AIR "
+                  "rewards of that call)"},
     )
     kl_coef: float = field(default=0.0, metadata={"help": "KL to the initial policy (0 = off)"})
     merge_trajectories: bool = field(
