@@ -101,14 +101,16 @@ class RolloutScorer:
         if not transitions and self.require_transitions:
             return LEFT_OUT_NO_SELECTED_AGENT
         try:
-            score = self.score(attempt, rollout, held_out)
+            outcome = self.outcome(attempt, rollout)
         except RewardFunctionError:
             return LEFT_OUT_REWARD_ERROR
-        if score is None:
+        if outcome is None:
             return LEFT_OUT_NO_REWARD
+        air = self.air_added(rollout, held_out)
         if self.air_per_call and not held_out:
-            transitions = with_call_returns(transitions, rollout, score - (rule_reward(rollout) or 0.0))
-        return ScoredRollout(attempt, score, transitions, self.reward_source(rollout, held_out))
+            transitions = with_call_returns(transitions, rollout, outcome)
+        return ScoredRollout(attempt, outcome if air is None else outcome + air, transitions,
+                             self.reward_source(rollout, held_out))
 
     @property
     def by_events(self) -> bool:
@@ -124,25 +126,38 @@ class RolloutScorer:
         return "events: " + ", ".join(sorted({r.source for r in rollout.rewards}))
 
     def score(self, attempt: Attempt, rollout: AssembledRollout, held_out: bool = False) -> float | None:
-        """The rollout's score: its total reward (``reward: events``) or the reward function's
-        value, plus its AIR rule rewards unless ``held_out`` (the intermediate rewards train the
-        calls that earned them; a held-out score is the task's outcome); ``None`` when there is
-        none (no reward event, a non-finite value). Raises ``RewardFunctionError`` (logged, with
-        the task id) when the reward function raised."""
+        """The rollout's score: its ``outcome`` plus, with a reward function, its AIR rule rewards
+        unless ``held_out`` (the intermediate rewards train the calls that earned them; a held-out
+        score is the task's outcome); ``None`` when there is no outcome. Raises
+        ``RewardFunctionError`` as ``outcome`` does."""
+        outcome = self.outcome(attempt, rollout)
+        air = self.air_added(rollout, held_out)
+        return outcome if outcome is None or air is None else outcome + air
+
+    def air_added(self, rollout: AssembledRollout, held_out: bool) -> float | None:
+        """The AIR rule rewards added to a reward function's value (None: nothing added; with
+        ``reward: events`` they are already in the total)."""
+        if self.reward_fn is None or held_out or self.judged:
+            return None
+        return rule_reward(rollout)
+
+    def outcome(self, attempt: Attempt, rollout: AssembledRollout) -> float | None:
+        """The rollout's total reward (``reward: events``) or the reward function's value; ``None``
+        when there is none (no reward event, a non-finite value). Raises ``RewardFunctionError``
+        (logged, with the task id) when the reward function raised."""
         if self.judged and self.reward_fn is None:
             return 0.0  # no combine_with: the judge's score alone (group_judge sets it)
         if self.reward_fn is None:
             total = rollout.total_reward if self.trust_agent_rewards else rule_reward(rollout)
             return total if total is not None and math.isfinite(total) else None
         try:
-            score = float(self.reward_fn(attempt.task, dict(rollout.variables)))
+            value = float(self.reward_fn(attempt.task, dict(rollout.variables)))
         except Exception as exc:  # a broken reward function must not kill training: skip the rollout
             logger.exception("reward function %s failed on task %s (rollout %s): rollout left out",
                              self.function_spec, attempt.task_id, rollout.rollout_id)
             raise RewardFunctionError(f"reward function failed on task {attempt.task_id}") from exc
-        if not math.isfinite(score):
+        if not math.isfinite(value):
             logger.warning("reward function %s gave %r for task %s (rollout %s): left out", self.function_spec,
-                           score, attempt.task_id, rollout.rollout_id)
+                           value, attempt.task_id, rollout.rollout_id)
             return None
-        air = None if held_out or self.judged else rule_reward(rollout)
-        return score if air is None else score + air
+        return value
