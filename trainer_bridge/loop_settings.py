@@ -95,6 +95,11 @@ class LoopSettings:
                   "only; between: a failed rollout's tokens, most of them shared with the successes, are pushed "
                   "down less; docs/algorithms.md)"},
     )
+    positive_advantage_scale: float = field(
+        default=1.0,
+        metadata={"help": "GRPO: multiply positive advantages by this (1 = GRPO; 0.1 = mostly push the failed "
+                  "rollouts down, W-REINFORCE's weighting; 0 = learn from the failures only; docs/algorithms.md)"},
+    )
     advantage_level: str = field(
         default="rollout",
         metadata={"help": "'rollout' (every call gets its rollout's score) or 'transition' (each call its own "
@@ -285,6 +290,11 @@ class LoopSettings:
             raise SettingError("--val-only scores the held-out tasks: give val_tasks (a task JSONL file)")
         if not 0.0 <= self.negative_advantage_scale <= 1.0:
             raise SettingError(f"negative_advantage_scale must be from 0 to 1, got {self.negative_advantage_scale}")
+        if not 0.0 <= self.positive_advantage_scale <= 1.0:
+            raise SettingError(f"positive_advantage_scale must be from 0 to 1, got {self.positive_advantage_scale}")
+        if self.positive_advantage_scale == 0.0 and self.negative_advantage_scale == 0.0:
+            raise SettingError("positive_advantage_scale and negative_advantage_scale are both 0: GRPO would "
+                               "learn nothing; keep at least one above 0")
         self._check_advantage_estimator()
         if self.advantage_level not in ADVANTAGE_LEVELS:
             raise SettingError(f"advantage_level must be one of {ADVANTAGE_LEVELS}, got {self.advantage_level!r}")

@@ -40,7 +40,7 @@ def sample_advantages(samples: list[TrainingSample]) -> dict[tuple[str, int], fl
 
 def training_samples(scored: list[ScoredRollout], level: str, norm_adv_by_std: bool,
                      transition_returns: bool = False, loss_weighting: str = "token",
-                     negative_advantage_scale: float = 1.0,
+                     negative_advantage_scale: float = 1.0, positive_advantage_scale: float = 1.0,
                      estimator: str = "grpo") -> tuple[list[TrainingSample], set[str]]:
     """GRPO samples of all usable transitions, with their group advantages.
 
@@ -48,7 +48,8 @@ def training_samples(scored: list[ScoredRollout], level: str, norm_adv_by_std: b
     (the batch as baseline: ``advantages.reinforce_plus_plus_outcome_advantage``).
     ``transition_returns``: score each transition by its own credit-assigned return (reward
     events with ``level="transition"``) instead of its rollout's score.
-    ``negative_advantage_scale``: negative advantages are multiplied by it (1: GRPO as is).
+    ``negative_advantage_scale`` / ``positive_advantage_scale``: negative / positive advantages are
+    multiplied by it (1: GRPO as is).
     ``loss_weighting="rollout"``: fold ``advantages.weigh_rollouts_equally`` into the advantages.
     Returns ``(samples, dropped_rollout_ids)``: rollouts of a group of one are dropped.
     """
@@ -73,8 +74,8 @@ def training_samples(scored: list[ScoredRollout], level: str, norm_adv_by_std: b
         returns, groups, rollout_ids, level=level,
         estimator="drgrpo" if estimator == "grpo" and not norm_adv_by_std else estimator,
     )
-    if negative_advantage_scale != 1.0:
-        advantages = [a * negative_advantage_scale if a < 0 else a for a in advantages]
+    if negative_advantage_scale != 1.0 or positive_advantage_scale != 1.0:
+        advantages = [a * (negative_advantage_scale if a < 0 else positive_advantage_scale) for a in advantages]
     samples = [
         TrainingSample(
             prompt_token_ids=list(t.prompt_token_ids),

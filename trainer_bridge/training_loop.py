@@ -203,7 +203,8 @@ class TrainingLoop:
         samples, dropped = training_samples(
             scored, settings.advantage_level, settings.norm_adv_by_std,
             transition_returns=self.transition_returns, loss_weighting=settings.loss_weighting,
-            negative_advantage_scale=settings.negative_advantage_scale, estimator=settings.advantage_estimator)
+            negative_advantage_scale=settings.negative_advantage_scale,
+            positive_advantage_scale=settings.positive_advantage_scale, estimator=settings.advantage_estimator)
         uniform: set[str] = set()
         uniform_groups = 0
         if settings.drop_uniform_groups:

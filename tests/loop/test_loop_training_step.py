@@ -393,6 +393,29 @@ def test_drop_uniform_groups_trains_only_the_groups_whose_rewards_differ(tmp_pat
     assert len(used) == 6 and all(flag is ("-mixed-" in rollout_id) for rollout_id, flag in used), used
 
 
+def test_the_advantage_scales_reach_the_update(tmp_path, receiver, torch_backend):
+    """``positive_advantage_scale`` / ``negative_advantage_scale`` from the settings scale the
+    advantages the backend trains on: the success's by one factor, the failure's by the other."""
+    _, tracer = receiver()
+    settings = make_settings(tmp_path, [{"id": "mixed"}], positive_advantage_scale=0.1,
+                             negative_advantage_scale=0.5)
+    loop = TrainingLoop(settings)
+    backend = RecordingBackend(torch_backend)
+
+    def play(tracer, attempt: Attempt) -> None:  # attempt 0 solves the task, attempt 1 fails it
+        emit_rollout(tracer, attempt, [("solver", None), ("solver", 1.0 - attempt.attempt)])
+
+    run_one_step(loop, tracer, backend, play)
+    loop.dispatcher.close()
+
+    (samples,) = backend.updates
+    grpo = 0.5 / (0.5 ** 0.5 + GRPO_EPSILON)  # GRPO's advantage of a 1-of-2 group
+    assert len(samples) == 4 and {s.reward for s in samples} == {1.0, 0.0}
+    for sample in samples:
+        expected = 0.1 * grpo if sample.reward == 1.0 else -0.5 * grpo
+        assert sample.group_advantage == pytest.approx(expected, rel=1e-6), sample
+
+
 def test_reinforce_plus_plus_pushes_groups_that_all_scored_the_same(tmp_path, receiver, torch_backend):
     """``advantage_estimator: reinforce_plus_plus``: the whole batch is the baseline, so a task
     whose attempts all succeeded is pushed up and one whose attempts all failed down, where GRPO

@@ -137,3 +137,25 @@ def test_negative_advantages_are_scaled_and_positive_ones_kept(tmp_path):
     for wrong in (-0.1, 1.5):
         with pytest.raises(SettingError, match="negative_advantage_scale must be from 0 to 1"):
             TrainSettings(**base, negative_advantage_scale=wrong)
+
+
+def test_positive_advantages_are_scaled_and_negative_ones_kept(tmp_path):
+    """W-REINFORCE's weighting (positive_advantage_scale 0.1): the failures' push down stays whole,
+    the successes' push up is a tenth; 0 leaves only the failures' push."""
+    rollouts = [scored("win", 0, 1.0, [2]), scored("loss-a", 1, 0.0, [3]), scored("loss-b", 2, 0.0, [1, 2])]
+    plain = {s.rollout_id: s.advantage for s in training_samples(rollouts, "rollout", True)[0]}
+    tenth, _ = training_samples(rollouts, "rollout", True, positive_advantage_scale=0.1)
+    assert {s.rollout_id: s.advantage for s in tenth} == pytest.approx(
+        {"win": plain["win"] / 10, "loss-a": plain["loss-a"], "loss-b": plain["loss-b"]})
+    only_failures, _ = training_samples(rollouts, "rollout", True, positive_advantage_scale=0.0)
+    assert sorted(s.rollout_id for s in only_failures if s.advantage != 0) == ["loss-a", "loss-b", "loss-b"]
+    both, _ = training_samples(rollouts, "rollout", True, positive_advantage_scale=0.5, negative_advantage_scale=0.5)
+    assert [s.advantage for s in both] == pytest.approx([plain[s.rollout_id] / 2 for s in both])
+
+    base = dict(tasks=str(tmp_path / "tasks.jsonl"), model="model")
+    assert TrainSettings(**base).positive_advantage_scale == 1.0
+    for wrong in (-0.1, 1.5):
+        with pytest.raises(SettingError, match="positive_advantage_scale must be from 0 to 1"):
+            TrainSettings(**base, positive_advantage_scale=wrong)
+    with pytest.raises(SettingError, match="both 0"):
+        TrainSettings(**base, positive_advantage_scale=0.0, negative_advantage_scale=0.0)
