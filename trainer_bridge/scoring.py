@@ -62,6 +62,11 @@ def rule_reward(rollout: AssembledRollout) -> float | None:
     return sum(values) if values else None
 
 
+def with_air(outcome: float, air: float | None) -> float:
+    """A rollout's score: its outcome plus the AIR rewards added to it (``air_added``; None: none)."""
+    return outcome if air is None else outcome + air
+
+
 def with_call_returns(transitions: tuple[Transition, ...], rollout: AssembledRollout,
                       outcome: float) -> tuple[Transition, ...]:
     """``transitions``, each with return ``outcome`` plus the AIR rule rewards of its own call."""
@@ -109,8 +114,7 @@ class RolloutScorer:
         air = self.air_added(rollout, held_out)
         if self.air_per_call and not held_out:
             transitions = with_call_returns(transitions, rollout, outcome)
-        return ScoredRollout(attempt, outcome if air is None else outcome + air, transitions,
-                             self.reward_source(rollout, held_out))
+        return ScoredRollout(attempt, with_air(outcome, air), transitions, self.reward_source(rollout, held_out))
 
     @property
     def by_events(self) -> bool:
@@ -131,8 +135,7 @@ class RolloutScorer:
         score is the task's outcome); ``None`` when there is no outcome. Raises
         ``RewardFunctionError`` as ``outcome`` does."""
         outcome = self.outcome(attempt, rollout)
-        air = self.air_added(rollout, held_out)
-        return outcome if outcome is None or air is None else outcome + air
+        return None if outcome is None else with_air(outcome, self.air_added(rollout, held_out))
 
     def air_added(self, rollout: AssembledRollout, held_out: bool) -> float | None:
         """The AIR rule rewards added to a reward function's value (None: nothing added; with
