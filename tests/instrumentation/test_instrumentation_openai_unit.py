@@ -297,6 +297,35 @@ def test_a_method_another_library_wrapped_first_keeps_its_wrapper(vllm_recording
     assert attributes[semconv.llm_response_token_ids(0)] == tuple(sent)
 
 
+def test_the_sdks_keyword_only_method_is_replaced_by_one_of_the_same_shape():
+    """Every chunk of a stream passes ``_process_response_data``: with the installed SDK's
+    ``(self, *, data, cast_to, response)`` spanrl's replacement takes the same keywords (no
+    ``**kwargs`` dict a chunk); another shape gets a replacement that passes on whatever it is given
+    (the wrapped method above, streamed and not, in the tests of the whole SDK)."""
+    import inspect
+
+    instrumentor = SpanrlOpenAIInstrumentor()
+    instrumentor.instrument()
+    try:
+        ours = base_client.BaseClient.__dict__["_process_response_data"]
+        parameters = inspect.signature(ours, follow_wrapped=False).parameters.values()
+    finally:
+        instrumentor.uninstrument()
+    assert [(p.name, p.kind) for p in parameters] == [("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)] + [
+        (name, inspect.Parameter.KEYWORD_ONLY) for name in ("data", "cast_to", "response")]
+
+    from spanrl.instrumentation.sdk_calls import _process_response_data_patch
+
+    def positional(self, data, cast_to, response):  # an SDK of another shape
+        return (self, data, cast_to, response)
+
+    other = _process_response_data_patch(positional)
+    assert [p.kind for p in inspect.signature(other, follow_wrapped=False).parameters.values()] == [
+        inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD]
+    assert other("client", {"id": "x"}, dict, None) == ("client", {"id": "x"}, dict, None)
+    assert other("client", data=1, cast_to=int, response=None) == ("client", 1, int, None)
+
+
 def test_a_call_outside_openinferences_span_carries_no_recorder(private_tracing, vllm_recording):
     # the recorder rides on the httpx request only when the call has its own LLM span
     client = openai.OpenAI(base_url=vllm_recording.base_url, api_key="k")
