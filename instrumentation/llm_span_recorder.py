@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import logging
 from array import array
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -146,6 +146,28 @@ def response_logprobs(response: dict[str, Any]) -> tuple[float, ...] | None:
     return tuple(values) if found else None
 
 
+def remove_token_id_fields(data: dict[str, Any]) -> None:
+    """Take the engine's token-id fields (the ones spanrl's request flag adds, module docstring) out
+    of a parsed body or stream chunk, in place; everything else stays."""
+    if isinstance(data.get("event"), str) and isinstance(data.get("data"), dict):
+        data = data["data"]  # the SDK's {"event", "data"} form of a server-sent event
+    data.pop(_PROMPT_IDS, None)
+    data.pop(_CHOICE_IDS, None)  # Anthropic's message_delta
+    choices = data.get("choices")
+    if type(choices) is list:
+        for choice in choices:
+            if type(choice) is dict:
+                choice.pop(_CHOICE_IDS, None)
+                choice.pop(_PROMPT_IDS, None)  # completions
+    for nested in (data, data.get("response"), data.get("message")):  # a response, its event, a message_start
+        if type(nested) is dict:
+            nested.pop(semconv.RESPONSE_INPUT_MESSAGES, None)
+            nested.pop(semconv.RESPONSE_OUTPUT_MESSAGES, None)
+            if nested is not data:
+                nested.pop(_PROMPT_IDS, None)
+                nested.pop(_CHOICE_IDS, None)
+
+
 @dataclass
 class _ChoiceTokens:
     token_ids: array = field(default_factory=lambda: array(TOKEN_ID_TYPECODE))
@@ -167,7 +189,7 @@ class LLMSpanRecorder:
 
     __slots__ = ("_target", "streaming", "_choices", "_pending", "_warned", "_response_id_written",
                  "_policy_version_written", "_prompt_ids_written", "_common_written", "_header_policy_version",
-                 "_headers")
+                 "_headers", "removes_id_fields")
 
     def __init__(self, span: Span, streaming: bool, header_policy_version: Any = None,
                  headers: Mapping[str, str] | None = None) -> None:
@@ -186,6 +208,10 @@ class LLMSpanRecorder:
         self._common_written = False  # response id and policy version: nothing more to look for
         self._header_policy_version = header_policy_version
         self._headers = headers
+        # True when spanrl asked the endpoint for the ids: once read, they are taken out of the
+        # body or chunk, so the agent's response object and openinference's ``output.value`` are
+        # what they would be without spanrl (and the ids are not carried twice, as JSON text too)
+        self.removes_id_fields = False
 
     def observe(self, data: Any, headers: Mapping[str, str] | None = None) -> None:
         """Read one parsed JSON object: the whole body, or one stream chunk; ``headers``, the
@@ -196,11 +222,17 @@ class LLMSpanRecorder:
             return
         if self._headers is None:
             self._headers = headers
+        self._observe_any(data)
+
+    def _observe_any(self, data: Any) -> None:
+        """Read a body or chunk by its shape; what it sets is flushed to the span at the end."""
         try:
             if type(data) is dict and data.get("object") in _CHOICE_OBJECTS:
                 self._observe_choices(data)  # chat and completions bodies and chunks: the common case
             elif isinstance(data, dict):  # parsed JSON: plain dicts and lists
                 self._observe(data)
+                if self.removes_id_fields:
+                    remove_token_id_fields(data)
         except Exception as exc:  # noqa: BLE001 - instrumentation must never break the agent
             if not self._warned:
                 self._warned = True
@@ -237,6 +269,8 @@ class LLMSpanRecorder:
         except (TypeError, OverflowError):
             return False  # the general path sees the same error (the ids are then never written)
         tokens.has_token_ids = True
+        if self.removes_id_fields:
+            del choice[_CHOICE_IDS]
         return True
 
     def _observe(self, data: dict[str, Any]) -> None:
@@ -262,7 +296,8 @@ class LLMSpanRecorder:
         if not self._common_written:
             self._observe_common(data)
         problems: list[MalformedTokenData] = []
-        prompt_ids = data.get(semconv.RESPONSE_PROMPT_TOKEN_IDS)
+        take = dict.pop if self.removes_id_fields else dict.get  # read, and taken out when spanrl asked
+        prompt_ids = take(data, semconv.RESPONSE_PROMPT_TOKEN_IDS, None)
         if prompt_ids is not None:
             try:
                 self._set_prompt_ids(prompt_ids, semconv.RESPONSE_PROMPT_TOKEN_IDS)
@@ -275,7 +310,7 @@ class LLMSpanRecorder:
             for position, choice in enumerate(choices):
                 if isinstance(choice, dict):
                     try:
-                        self._observe_choice(position, choice)
+                        self._observe_choice(position, choice, take)
                     except MalformedTokenData as exc:
                         problems.append(exc)
         if problems:
@@ -333,12 +368,13 @@ class LLMSpanRecorder:
             self._set_token_ids(semconv.llm_response_token_ids(0),
                                 parse_token_ids(ids, semconv.RESPONSE_CHOICE_TOKEN_IDS))
 
-    def _observe_choice(self, position: int, choice: dict[str, Any]) -> None:
+    def _observe_choice(self, position: int, choice: dict[str, Any], take: Callable[..., Any] = dict.get) -> None:
+        """One choice of a body or chunk; ``take`` reads its id fields (``dict.pop``: and takes them out)."""
         index = choice.get("index", position)
         if type(index) is not int or index < 0:
             raise MalformedTokenData(f"choice index should be a non-negative int, got {index!r}")
         problem: MalformedTokenData | None = None
-        prompt_ids = choice.get(semconv.RESPONSE_PROMPT_TOKEN_IDS)
+        prompt_ids = take(choice, semconv.RESPONSE_PROMPT_TOKEN_IDS, None)
         if prompt_ids is not None:
             try:
                 self._set_prompt_ids(prompt_ids, f"choices[{index}].{semconv.RESPONSE_PROMPT_TOKEN_IDS}")
@@ -348,7 +384,7 @@ class LLMSpanRecorder:
         if tokens is None:
             tokens = self._choices[index] = _ChoiceTokens()
         got_new = False
-        raw_ids = choice.get(semconv.RESPONSE_CHOICE_TOKEN_IDS)
+        raw_ids = take(choice, semconv.RESPONSE_CHOICE_TOKEN_IDS, None)
         if raw_ids is not None:
             wrong = _extend_token_ids(tokens.token_ids, raw_ids)
             if wrong is None:

@@ -256,6 +256,8 @@ def _recorded_call(instance: Any, options: Any, calls: SdkCalls, request_token_i
     # again); openinference's input capture reads only the JSON body.
     if extra_json is not None:
         options.extra_json = extra_json
+        if recorder is not None:  # the ids come because spanrl asked: the agent does not see them
+            recorder.removes_id_fields = True
     if headers is not None:
         options.headers = headers
     return recorder

@@ -122,6 +122,37 @@ def test_a_retried_call_asks_for_ids_and_names_its_rollout_once_per_attempt(priv
     assert attributes[semconv.LLM_PROMPT_TOKEN_IDS] and attributes[semconv.llm_response_token_ids(0)]
 
 
+def test_the_agent_sees_no_id_fields_it_did_not_ask_for_and_keeps_those_it_did(private_tracing, vllm_recording):
+    """The ids come because spanrl asked: once recorded they are taken out of the body and the
+    chunks, so the agent's objects and openinference's ``output.value`` are as without spanrl (the
+    ids travel once, packed). An agent that asks for them itself gets them."""
+    client = openai.OpenAI(base_url=vllm_recording.base_url, api_key="k")
+    chat = client.chat.completions.create(
+        model="policy", messages=[{"role": "user", "content": "What is 2+3?"}], n=2, logprobs=True)
+    chunks = list(client.chat.completions.create(model="p", messages=MESSAGES, stream=True))
+    completion = client.completions.create(model="policy", prompt="2+3=")
+    for response in (chat, completion, *chunks):
+        extras = [response.model_extra or {}] + [choice.model_extra or {} for choice in response.choices]
+        assert not any(key in extra for extra in extras for key in ("prompt_token_ids", "token_ids")), response
+    spans = [s for s in private_tracing.exporter.get_finished_spans()
+             if s.attributes.get("openinference.span.kind") == "LLM"]
+    assert len(spans) == 3
+    for span in spans:
+        assert "token_ids" not in span.attributes["output.value"]
+    sent = [vllm_recording.sent[r.id] for r in (chat, chunks[0], completion)]
+    for attributes, plan in zip(llm_attributes(private_tracing.exporter), sent, strict=True):
+        for i, choice in enumerate(plan["choices"]):
+            assert attributes[semconv.llm_response_token_ids(i)] == tuple(choice["token_ids"])
+    assert len(sent[0]["choices"]) == 2
+    assert semconv.llm_response_logprobs(1) in llm_attributes(private_tracing.exporter)[0]
+
+    asked = client.chat.completions.create(model="p", messages=MESSAGES, extra_body={"return_token_ids": True})
+    plan = vllm_recording.sent[asked.id]
+    assert asked.model_extra["prompt_token_ids"] == plan["prompt_token_ids"]
+    assert asked.choices[0].model_extra["token_ids"] == plan["choices"][0]["token_ids"]
+    assert llm_attributes(private_tracing.exporter)[-1][semconv.LLM_PROMPT_TOKEN_IDS] == tuple(plan["prompt_token_ids"])
+
+
 def test_ids_never_land_on_a_span_that_is_not_the_calls_llm_span(private_tracing, vllm_recording):
     client = openai.OpenAI(base_url=vllm_recording.base_url, api_key="k")
     tracer = private_tracing.provider.get_tracer("outer")

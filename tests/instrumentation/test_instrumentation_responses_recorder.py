@@ -84,3 +84,38 @@ def test_without_ids_or_with_broken_ones_nothing_is_made_up(record, caplog):
         attributes = record([broken])
     assert semconv.llm_response_token_ids(0) not in attributes
     assert "output_messages[0].tokens" in caplog.text
+
+
+def test_ids_spanrl_asked_for_are_recorded_then_taken_out_of_every_shape():
+    """With ``removes_id_fields`` (spanrl added the request flag) the recorder reads the ids, then
+    takes them out of the body or event in place: Responses bodies and final events, Anthropic's
+    message, ``message_start`` and ``message_delta``; the other fields stay."""
+    provider, exporter = TracerProvider(), InMemorySpanExporter()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracer = provider.get_tracer("test")
+    anthropic_start = {"type": "message_start", "message": {
+        "id": "msg_1", "type": "message", "role": "assistant", "content": [], "prompt_token_ids": [5, 6]}}
+    cases = [
+        ([response_body()], False),
+        ([{"type": "response.completed", "sequence_number": 3, "response": response_body()}], True),
+        ([{"event": "response.completed", "data": {"type": "response.completed", "response": response_body()}}], True),
+        ([{"id": "msg_1", "type": "message", "role": "assistant", "content": [], "prompt_token_ids": [5, 6],
+           "token_ids": [8, 9]}], False),
+        ([anthropic_start, {"type": "message_delta", "delta": {"stop_reason": "end_turn"}, "token_ids": [8, 9]}], True),
+    ]
+    for payloads, streaming in cases:
+        with tracer.start_as_current_span("llm") as span:
+            recorder = LLMSpanRecorder(span, streaming=streaming)
+            recorder.removes_id_fields = True
+            for payload in payloads:
+                recorder.observe(payload)
+        (finished,) = exporter.get_finished_spans()
+        exporter.clear()
+        attributes = unpacked_attributes(finished.attributes)
+        assert attributes[semconv.llm_response_token_ids(0)] == (8, 9), payloads
+        assert attributes[semconv.LLM_PROMPT_TOKEN_IDS] in ((5, 6, 7), (5, 6)), payloads
+        text = repr(payloads)
+        for field in ("input_messages", "output_messages", "prompt_token_ids", "token_ids"):
+            assert f"'{field}'" not in text, (field, text)
+        assert "'output'" in text or "'type'" in text  # the rest of each payload is still there
+    provider.shutdown()
