@@ -20,7 +20,8 @@ each server-sent-event chunk for a streaming one. Response shapes are vLLM's (do
 Ids and logprobs go on the span packed (``packed_values``: one base64 string each). Streams
 concatenate ``token_ids`` (and logprobs) per choice index; a choice's attributes are
 written when its ``finish_reason`` arrives (and again if more ids follow), so the cost stays
-linear in the number of tokens.
+linear in the number of tokens. Reading each field, checked, and taking the id fields out once
+read (``removes_id_fields``: spanrl asked for them) is ``response_token_fields``'s.
 """
 
 from __future__ import annotations
@@ -35,6 +36,16 @@ from opentelemetry.trace import Span
 
 from spanrl.instrumentation import semconv
 from spanrl.instrumentation.packed_values import TOKEN_ID_TYPECODE, pack_logprobs, pack_token_ids
+from spanrl.instrumentation.response_token_fields import (
+    MalformedTokenData,
+    choice_logprobs,
+    extend_token_ids,
+    message_tokens,
+    parse_policy_version,
+    parse_token_ids,
+    remove_token_id_fields,
+    response_logprobs,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -50,122 +61,6 @@ _FINAL_RESPONSE_EVENTS = frozenset({"response.completed", "response.incomplete",
 _MESSAGE_TYPES = frozenset({"message", "message_start", "message_delta"})
 _OTHER_MESSAGE_EVENTS = frozenset({"content_block_start", "content_block_delta", "content_block_stop",
                                    "message_stop", "ping", "error"})
-
-
-class MalformedTokenData(ValueError):
-    """A token-id or logprob field of a response is present but not the documented shape."""
-
-
-def parse_token_ids(value: Any, where: str) -> array:
-    """``value`` as an array of token ids, or MalformedTokenData naming ``where`` it came from."""
-    ids = array(TOKEN_ID_TYPECODE)
-    problem = _extend_token_ids(ids, value)
-    if problem is not None:
-        raise MalformedTokenData(f"{where} {problem}")
-    return ids
-
-
-def _extend_token_ids(ids: array, value: Any) -> str | None:
-    """Append the list ``value`` to ``ids`` (checked in C as it is copied); what is wrong with it, or None.
-
-    A JSON ``true`` / ``false`` passes as 1 / 0: no server sends one, and ruling it out would
-    cost a second pass over every id."""
-    if type(value) is not list and not isinstance(value, (list, tuple)):
-        return f"should be a list of ints, got {type(value).__name__}"
-    try:
-        ids.extend(value)
-    except (TypeError, OverflowError) as exc:
-        return f"should hold only ints from 0 to 2**32-1 ({exc})"
-    return None
-
-
-def parse_policy_version(value: Any) -> int | None:
-    """An int policy version from a body field or header value, or None when unusable."""
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int):
-        return value
-    if isinstance(value, str):
-        try:
-            return int(value.strip())
-        except ValueError:
-            return None
-    return None
-
-
-def choice_logprobs(choice: dict[str, Any]) -> tuple[float, ...] | None:
-    """The sampled tokens' logprobs of one choice (chat or completions shape), or None."""
-    logprobs = choice.get("logprobs")
-    if not isinstance(logprobs, dict):
-        return None
-    content = logprobs.get("content")
-    if isinstance(content, list):  # chat shape
-        values = [entry.get("logprob") if isinstance(entry, dict) else None for entry in content]
-    elif isinstance(logprobs.get("token_logprobs"), list):  # completions shape
-        values = list(logprobs["token_logprobs"])
-    else:
-        return None
-    result = []
-    for value in values:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise MalformedTokenData(f"logprobs should be numbers, found {value!r}")
-        result.append(float(value))
-    return tuple(result)
-
-
-def _message_tokens(messages: Any, where: str) -> array | None:
-    """The ids of vLLM's ``input_messages`` / ``output_messages`` concatenated, None when absent."""
-    if messages is None:
-        return None
-    if not isinstance(messages, list):
-        raise MalformedTokenData(f"{where} should be a list, got {type(messages).__name__}")
-    ids = array(TOKEN_ID_TYPECODE)
-    for index, message in enumerate(messages):
-        tokens = message.get(semconv.RESPONSE_MESSAGE_TOKENS) if isinstance(message, dict) else None
-        problem = _extend_token_ids(ids, tokens)
-        if problem is not None:
-            raise MalformedTokenData(f"{where}[{index}].{semconv.RESPONSE_MESSAGE_TOKENS} {problem}")
-    return ids
-
-
-def response_logprobs(response: dict[str, Any]) -> tuple[float, ...] | None:
-    """The sampled tokens' logprobs of a Responses API response's ``output_text`` parts, or None."""
-    values: list[float] = []
-    found = False
-    for item in response.get("output") or ():
-        if not isinstance(item, dict) or item.get("type") != "message":
-            continue
-        for part in item.get("content") or ():
-            if isinstance(part, dict) and part.get("type") == "output_text" and isinstance(part.get("logprobs"), list):
-                found = True
-                for entry in part["logprobs"]:
-                    value = entry.get("logprob") if isinstance(entry, dict) else None
-                    if isinstance(value, bool) or not isinstance(value, (int, float)):
-                        raise MalformedTokenData(f"logprobs should be numbers, found {value!r}")
-                    values.append(float(value))
-    return tuple(values) if found else None
-
-
-def remove_token_id_fields(data: dict[str, Any]) -> None:
-    """Take the engine's token-id fields (the ones spanrl's request flag adds, module docstring) out
-    of a parsed body or stream chunk, in place; everything else stays."""
-    if isinstance(data.get("event"), str) and isinstance(data.get("data"), dict):
-        data = data["data"]  # the SDK's {"event", "data"} form of a server-sent event
-    data.pop(_PROMPT_IDS, None)
-    data.pop(_CHOICE_IDS, None)  # Anthropic's message_delta
-    choices = data.get("choices")
-    if type(choices) is list:
-        for choice in choices:
-            if type(choice) is dict:
-                choice.pop(_CHOICE_IDS, None)
-                choice.pop(_PROMPT_IDS, None)  # completions
-    for nested in (data, data.get("response"), data.get("message")):  # a response, its event, a message_start
-        if type(nested) is dict:
-            nested.pop(semconv.RESPONSE_INPUT_MESSAGES, None)
-            nested.pop(semconv.RESPONSE_OUTPUT_MESSAGES, None)
-            if nested is not data:
-                nested.pop(_PROMPT_IDS, None)
-                nested.pop(_CHOICE_IDS, None)
 
 
 @dataclass
@@ -226,18 +121,19 @@ class LLMSpanRecorder:
 
     def _observe_any(self, data: Any) -> None:
         """Read a body or chunk by its shape; what it sets is flushed to the span at the end."""
+        choices_shape = type(data) is dict and data.get("object") in _CHOICE_OBJECTS
         try:
-            if type(data) is dict and data.get("object") in _CHOICE_OBJECTS:
+            if choices_shape:
                 self._observe_choices(data)  # chat and completions bodies and chunks: the common case
             elif isinstance(data, dict):  # parsed JSON: plain dicts and lists
                 self._observe(data)
-                if self.removes_id_fields:
-                    remove_token_id_fields(data)
         except Exception as exc:  # noqa: BLE001 - instrumentation must never break the agent
             if not self._warned:
                 self._warned = True
                 logger.warning("spanrl: could not record token ids of an LLM call: %s", exc)
         finally:
+            if self.removes_id_fields and not choices_shape and isinstance(data, dict):
+                remove_token_id_fields(data)  # (the choices shape takes them out as it reads them)
             if self._pending:
                 self._flush()
 
@@ -265,7 +161,7 @@ class LLMSpanRecorder:
         if tokens is None or tokens.finished or tokens.broken_token_ids or type(raw_ids) is not list:
             return False
         try:
-            tokens.token_ids.extend(raw_ids)  # checked in C as copied, as _extend_token_ids does
+            tokens.token_ids.extend(raw_ids)  # checked in C as copied, as extend_token_ids does
         except (TypeError, OverflowError):
             return False  # the general path sees the same error (the ids are then never written)
         tokens.has_token_ids = True
@@ -341,11 +237,11 @@ class LLMSpanRecorder:
     def _observe_response(self, response: dict[str, Any]) -> None:
         """A whole Responses API response object: one reply, written as choice 0."""
         self._observe_common(response)
-        prompt_ids = _message_tokens(response.get(semconv.RESPONSE_INPUT_MESSAGES), semconv.RESPONSE_INPUT_MESSAGES)
+        prompt_ids = message_tokens(response.get(semconv.RESPONSE_INPUT_MESSAGES), semconv.RESPONSE_INPUT_MESSAGES)
         if prompt_ids is not None:
             self._set_token_ids(semconv.LLM_PROMPT_TOKEN_IDS, prompt_ids)
             self._prompt_ids_written = True
-        output_ids = _message_tokens(response.get(semconv.RESPONSE_OUTPUT_MESSAGES),
+        output_ids = message_tokens(response.get(semconv.RESPONSE_OUTPUT_MESSAGES),
                                      semconv.RESPONSE_OUTPUT_MESSAGES)
         if output_ids is None:
             return
@@ -386,7 +282,7 @@ class LLMSpanRecorder:
         got_new = False
         raw_ids = take(choice, semconv.RESPONSE_CHOICE_TOKEN_IDS, None)
         if raw_ids is not None:
-            wrong = _extend_token_ids(tokens.token_ids, raw_ids)
+            wrong = extend_token_ids(tokens.token_ids, raw_ids)
             if wrong is None:
                 tokens.has_token_ids = got_new = True
             else:
