@@ -37,6 +37,8 @@ from opentelemetry.trace import Span
 from spanrl.instrumentation import semconv
 from spanrl.instrumentation.packed_values import TOKEN_ID_TYPECODE, pack_logprobs, pack_token_ids
 from spanrl.instrumentation.response_token_fields import (
+    _CHOICE_IDS,
+    _PROMPT_IDS,
     MalformedTokenData,
     choice_logprobs,
     extend_token_ids,
@@ -50,8 +52,6 @@ from spanrl.instrumentation.response_token_fields import (
 logger = logging.getLogger(__name__)
 
 
-# vLLM's fields of a body or chunk: the prompt's ids (top level or per choice), a choice's ids
-_PROMPT_IDS, _CHOICE_IDS = semconv.RESPONSE_PROMPT_TOKEN_IDS, semconv.RESPONSE_CHOICE_TOKEN_IDS
 # ``object`` of the bodies and chunks that carry ``choices`` (the common case, checked first)
 _CHOICE_OBJECTS = frozenset({"chat.completion", "chat.completion.chunk", "text_completion"})
 # Stream events of the Responses API whose ``response`` is the finished response object.
