@@ -61,24 +61,28 @@ LONG_FOLDERS_FIRST = ("tests/loop/", "tests/trainer_bridge/", "tests/verl_backen
 COLLECTED_LAST = ("tests/loop/test_loop_demo_short.py",)
 
 
-# The verl step's files (each starts Ray, verl's workers and vLLM), longest first as measured in
-# CI (2026-12-02, a slower machine: the update file ~210 for its two cases, 181, 152, 125, 95,
-# ~85 for the three sharing one vLLM server, 70 s):
-# with xdist handing each worker the next file as it nears the end of its own, the longest files
-# then overlap and the last ones are short, instead of one worker running the adapters test alone
-# for its last ~2 minutes. Files not named here follow, in their own order.
-VERL_LONGEST_FIRST = tuple(f"tests/verl_backend/{name}.py" for name in (
-    "test_verl_update", "test_verl_adapters", "test_verl_apo", "test_verl_demo", "test_verl_off_policy",
-    "test_proxy_vllm", "test_verl_gateway_structured", "test_vllm_live", "test_verl_sft"))
+# The verl step's files (each starts Ray, verl's workers and vLLM), in an order that splits them
+# evenly over the step's two workers. xdist (``--dist loadfile``) hands a worker the next file
+# whenever two or fewer of its tests are left, so each worker's share is settled early and the order
+# is the split: the first worker takes the update file (two tests, ~175 + ~125 s in CI on
+# 2026-12-04) and then the adapters file (~175 s); the second apo (~135) and the demo (~150), then
+# every shorter file as it frees up (~65, ~65 for the three sharing one vLLM server, ~60, ~15):
+# ~475 s against ~490. Longest first instead (update, adapters, apo, demo, ...) put update, apo and
+# the off-policy and SFT files on one worker: ~560 s against ~400 (the 575 s verl step of that run).
+# Files not named here follow, in their own order.
+VERL_FILE_ORDER = tuple(f"tests/verl_backend/{name}.py" for name in (
+    "test_verl_update", "test_verl_apo", "test_verl_adapters", "test_verl_demo", "test_verl_gateway_port",
+    "test_avx2_emulation", "test_verl_off_policy", "test_proxy_vllm", "test_verl_gateway_structured",
+    "test_vllm_live", "test_verl_sft"))
 
 
 def collection_rank(nodeid: str) -> tuple[int, int]:
     """Where a test goes in the run: its folder's place in LONG_FOLDERS_FIRST, then its file's in
-    VERL_LONGEST_FIRST; COLLECTED_LAST after everything."""
+    VERL_FILE_ORDER; COLLECTED_LAST after everything."""
     if nodeid.startswith(COLLECTED_LAST):
         return len(LONG_FOLDERS_FIRST) + 1, 0
     folder = next((i for i, name in enumerate(LONG_FOLDERS_FIRST) if nodeid.startswith(name)), len(LONG_FOLDERS_FIRST))
-    file = next((i for i, name in enumerate(VERL_LONGEST_FIRST) if nodeid.startswith(name)), len(VERL_LONGEST_FIRST))
+    file = next((i for i, name in enumerate(VERL_FILE_ORDER) if nodeid.startswith(name)), len(VERL_FILE_ORDER))
     return folder, file
 
 
