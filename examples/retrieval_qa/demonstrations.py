@@ -25,6 +25,7 @@ writes a file for ``spanrl sft`` / ``warm_start:`` and the tokenizer's corpus fo
 from __future__ import annotations
 
 import argparse
+import copy
 import functools
 import json
 import random
@@ -67,7 +68,13 @@ def demonstration_questions() -> list[dict]:
 
 def tool_schema() -> dict:
     """``search`` as the policy server renders it: the Agents SDK's Responses tool (what the SDK
-    sends) in the chat-completions form (``type`` and ``strict`` left out, as the server does)."""
+    sends) in the chat-completions form (``type`` and ``strict`` left out, as the server does).
+    A copy of its own for each demonstration (the SDK's conversion is made once)."""
+    return copy.deepcopy(_converted_tool_schema())
+
+
+@functools.cache
+def _converted_tool_schema() -> dict:
     from agents.models.openai_responses import Converter
 
     sent = Converter.convert_tools([search], handoffs=[]).tools[0]

@@ -117,6 +117,27 @@ def test_sft_learns_assistant_tokens_only(tiny_model_dir, make_calc_example, tmp
         trainer.sft_from_jsonl(path, steps=1)
 
 
+
+def test_sft_encodes_an_example_drawn_again_once_and_trains_on_the_same_tokens(tiny_model_dir, make_calc_example):
+    from spanrl.trainer_bridge.backend import TokenExample
+    from spanrl.trainer_bridge.torch_backend import sft
+
+    trainer = TorchTrainer(tiny_model_dir, TrainerConfig(device=TEST_DEVICE))
+    pool = [make_calc_example(random.Random(i)) for i in range(4)]
+    # fresh dicts every step, as the warm-start generators build them
+    summary = trainer.sft_steps(([json.loads(json.dumps(e)) for e in pool * 2] for _ in range(3)),
+                                lr=1e-3, progress=False)
+    assert summary["steps"] == 3 and summary["examples_encoded"] == 4
+
+    cache = sft.EncodingCache(trainer.tokenizer, max_entries=2)
+    for example in pool + pool:
+        ids, mask = cache.encode(json.loads(json.dumps(example)))
+        assert (ids, mask) == sft.encode_example(trainer.tokenizer, example)
+        ids.append(0)  # the caller's own lists: what the cache keeps does not change
+        mask.append(1)
+    assert cache.encoded == 2 + 2 + 2  # two kept and read back; the two past max_entries encoded each time
+    assert cache.encode(TokenExample((1, 2), (3,))) == ([1, 2, 3], [0, 0, 1])
+
 CRASHING_RUN = textwrap.dedent("""
     import os, random, signal, sys
     from spanrl.trainer_bridge.backend import TrainingSample

@@ -381,7 +381,8 @@ class TorchTrainer:
         curriculum). Loss: cross-entropy averaged over every assistant token of the batch.
         The SFT optimizer is separate from GRPO's and persists across calls. Bumps
         ``policy_version`` once per call. Returns ``steps``, ``loss_first``, ``loss_last``,
-        ``tokens``, ``seconds``, ``policy_version``.
+        ``tokens``, ``examples_encoded`` (examples drawn again are encoded once: ``sft.EncodingCache``),
+        ``seconds``, ``policy_version``.
         """
         return sft.sft_steps(self, batches, lr=lr, max_steps=max_steps, progress=progress, on_step=on_step)
 
