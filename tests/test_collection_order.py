@@ -1,6 +1,6 @@
 """The suite's collection order (tests/conftest.py): long folders first, the verl step's files in
-the order that splits them evenly over its two workers, the short demo last; and every file the order names exists, so a renamed file
-cannot drop out of it unnoticed."""
+the order that splits them evenly over its two workers, the short demo last; and every file the
+order names exists, so a renamed file cannot drop out of it unnoticed."""
 
 from __future__ import annotations
 
