@@ -64,6 +64,20 @@ def served_candidates(db: str) -> dict[str, set[str]]:
     return served
 
 
+TOLD = (" WARNING ", " ERROR ", "runner finished", "Traceback")  # lines of a process's log a failure shows
+
+
+def run_story(logs: dict) -> str:
+    """What a failed APO test's message should show: each process's ``apo`` lines, warnings and
+    errors (a rollout that failed, timed out or was lost says why) and the runner's counts."""
+    told = []
+    for name, path in logs.items():
+        if path.exists():
+            told += [f"{name}: {line}" for line in path.read_text().splitlines()
+                     if line.startswith(("apo", "rollouts:")) or any(mark in line for mark in TOLD)]
+    return "\n".join(told[-60:])
+
+
 class SpanrlProcesses:
     """``spanrl`` commands started as child processes of a test, each logging to ``<name>.log``
     in ``folder``, with no OTLP or spanrl variable of this environment; ``stop_all`` stops them."""

@@ -30,6 +30,7 @@ from .apo_support import (
     TEST_DEVICE,
     SpanrlProcesses,
     format_model,
+    run_story,
     served_candidates,
     wait_for_text,
 )
@@ -167,7 +168,7 @@ def test_apo_on_an_endpoint_spanrl_does_not_train_through_spanrl_proxy(tmp_path,
 
     record = json.loads((run_dir / "apo.json").read_text())[0]
     scores = {c["name"]: c["scores"][0] for c in record["candidates"]}
-    assert record["best"] == "brackets" and scores["brackets"] > scores["original"], record
+    assert record["best"] == "brackets" and scores["brackets"] > scores["original"], f"{record}\n{run_story(logs)}"
     assert yaml.safe_load((run_dir / "prompts.yaml").read_text()) == {
         "policy": {"active": "brackets", "candidates": {"brackets": BRACKETS}}}
     assert shown["resources"]["policy"]["active"] == "brackets", shown

@@ -23,6 +23,7 @@ from ..trainer_bridge.apo_support import (
     REWARD,
     SpanrlProcesses,
     format_model,
+    run_story,
     served_candidates,
     wait_for_text,
 )
@@ -38,12 +39,12 @@ def test_apo_on_verl_selects_from_the_pool_then_one_grpo_update_under_the_best(t
     pool.write_text(yaml.safe_dump({"policy": {"active": "original", "candidates": {
         "original": "Reply to the user.", "quotes": styles["quotes"], "brackets": styles["brackets"]}}}))
     db, run_dir = tmp_path / "spanrl.db", tmp_path / "run"
-    grpc_port, bridge_port = free_port(), free_port()
+    grpc_port, bridge_port, policy_port = free_port(), free_port(), free_port()
     config = tmp_path / "train.yaml"
     config.write_text(json.dumps({
         "algorithm": "apo", "backend": "verl", "tasks": tasks, "val_tasks": val_tasks, "val_attempts": 1,
         "val_temperature": 0, "model": model, "output_dir": str(run_dir), "store": str(db), "reward": REWARD,
-        "bridge_port": bridge_port, "rollout_timeout_s": 120, "checkpoint_every": 0,
+        "bridge_port": bridge_port, "policy_port": policy_port, "rollout_timeout_s": 120, "checkpoint_every": 0,
         "group_size": 2, "tasks_per_step": 2, "steps": 1,
         "apo": {"prompts": str(pool), "rounds": 0, "batch_tasks": 8, "then_grpo": True},
     }))  # JSON is YAML
@@ -61,26 +62,33 @@ def test_apo_on_verl_selects_from_the_pool_then_one_grpo_update_under_the_best(t
     finally:
         spanrl.stop_all()
 
-    record = json.loads((run_dir / "apo.json").read_text())[0]
-    scores = {c["name"]: c["scores"][0] for c in record["candidates"]}
-    assert set(scores) == {"original", "quotes", "brackets"}, record
-    assert record["best"] == "brackets" and scores["brackets"] > max(scores["original"], scores["quotes"]), record
-    assert yaml.safe_load((run_dir / "prompts.yaml").read_text()) == {
-        "policy": {"active": "brackets", "candidates": {"brackets": BRACKETS}}}
-
+    # what the run did, for any assertion below that fails (a message string, which pytest does not
+    # shorten): the trainer's and runner's own account, and each round's metrics row (its rollouts
+    # left out, by reason)
     rows = read_metrics(run_dir)
-    assert [r.get("apo/round") for r in rows] == [0, None], rows
-    assert rows[0]["actor/policy_version"] == 0  # frozen during the search
-    assert rows[1]["actor/policy_version"] == 1 and rows[1]["actor/update_s"] > 0  # then one verl update
+    story = f"{run_story(logs)}\nmetrics rows: {rows}"
 
     # the gateway's spans: each rollout was served one candidate: round 0 the whole pool on the same
     # 8 tasks, the held-out round the best and the starting prompt on 10 tasks each, and the GRPO
     # step's 4 rollouts the best (the counts tell: 8 + 4 of "brackets")
     served = served_candidates(str(db))
-    assert all(len(candidates) == 1 for candidates in served.values()), served
+    assert all(len(candidates) == 1 for candidates in served.values()), f"{served}\n{story}"
     counts = Counter((rid[0], next(iter(candidates))) for rid, candidates in served.items())
     assert counts == {("s", "original"): 8, ("s", "quotes"): 8, ("s", "brackets"): 8 + 4,
-                      ("v", "brackets"): 10, ("v", "original"): 10}, counts
+                      ("v", "brackets"): 10, ("v", "original"): 10}, f"{counts}\n{story}"
+
+    record = json.loads((run_dir / "apo.json").read_text())[0]
+    scores = {c["name"]: c["scores"][0] for c in record["candidates"]}
+    assert set(scores) == {"original", "quotes", "brackets"}, f"{record}\n{story}"
+    assert record["best"] == "brackets" and scores["brackets"] > max(scores["original"], scores["quotes"]), \
+        f"{record}\n{story}"
+    assert yaml.safe_load((run_dir / "prompts.yaml").read_text()) == {
+        "policy": {"active": "brackets", "candidates": {"brackets": BRACKETS}}}
+
+    assert [r.get("apo/round") for r in rows] == [0, None], rows
+    assert rows[0]["actor/policy_version"] == 0  # frozen during the search
+    assert rows[1]["actor/policy_version"] == 1 and rows[1]["actor/update_s"] > 0  # then one verl update
+
     store = SpanStore(str(db))
     rollouts, _ = store.completed_rollouts(since=0)
     store.close()
