@@ -211,9 +211,13 @@ def test_spanrl_serve_with_spans_endpoint_gives_a_raw_agent_its_transitions(tmp_
         wait_for_port(port, process, "spanrl serve", timeout_s=120)
         replies = run_raw_agent_in_a_rollout(f"http://127.0.0.1:{port}/v1", receiver, "serve-cli-rollout",
                                              lambda: time.sleep(1.5))  # > the spans' 0.5 s export delay
-    finally:
+    except AssertionError as failure:  # the agent failed: what the server said is the other half
         process.terminate()
-        process.communicate(timeout=30)
+        raise AssertionError(f"{failure}\nspanrl serve said:\n{process.communicate(timeout=30)[1][-3000:]}") from None
+    finally:
+        if process.poll() is None:
+            process.terminate()
+            process.communicate(timeout=30)
     store = SpanStore(receiver["db"])
     try:
         assembled = wait_assembled(store, "serve-cli-rollout")

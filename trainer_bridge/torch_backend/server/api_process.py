@@ -85,8 +85,15 @@ class ProcessServerHandle:
             self.engine.stop()
 
 
+# How long the HTTP process may take to import and report ready: seconds on an idle 2-core machine,
+# far longer beside a loaded test suite; a server given up on closes the port a client may already
+# have connected to (the likely cause, not confirmed, of a connection refused in a slow CI run of
+# 2026-12-04, when this was 60 s)
+API_STARTUP_TIMEOUT_S = 180.0
+
+
 def serve_in_process(engine: PolicyEngine, host: str = "127.0.0.1", port: int = 0, api_token: str | None = None,
-                     log_level: str = "warning", startup_timeout: float = 60.0,
+                     log_level: str = "warning", startup_timeout: float = API_STARTUP_TIMEOUT_S,
                      validation_temperature: float | None = None, weights_admin: WeightsAdmin | None = None,
                      tls_cert: str | None = None, tls_key: str | None = None,
                      max_concurrency: int | None = None, model_names: Sequence[str] = (),
