@@ -68,27 +68,40 @@ def test_the_layout_puts_every_packed_token_back_where_it_was():
     starts = [sum(lengths[:i]) for i in range(len(lengths))]
     layout = row_layout([range(start, start + n) for start, n in zip(starts, lengths, strict=True)], sum(lengths))
     positions = torch.arange(sum(lengths))
-    bucketed = torch.cat([positions[bucket].reshape(-1) for bucket in layout.buckets])
+    bucketed = torch.cat([positions[bucket.queries].reshape(-1) for bucket in layout.buckets])
     assert torch.equal(bucketed[layout.unpack_index], positions)
     assert len(layout.buckets) > 1  # lengths 1..90 do not share one bucket
-    for bucket in layout.buckets:  # each row is one sequence from its start, in order
-        for row in bucket.tolist():
+    for bucket in layout.buckets:  # nothing shared: each row is one sequence from its start, in order, unmasked
+        assert bucket.mask is None and torch.equal(bucket.queries, bucket.keys)
+        for row in bucket.keys.tolist():
             start = row[0]
             length = lengths[starts.index(start)]
             assert row[:length] == list(range(start, start + length))
 
 
-def test_rows_that_share_a_beginning_take_each_token_from_a_row_that_reads_it():
-    rows = [[0, 1, 2, 3], [0, 1, 4], [0, 1, 2, 5, 6, 7, 8, 9, 10], [11, 12]]
+def test_rows_that_share_a_beginning_compute_only_their_own_tails():
+    rows = [[0, 1, 2, 3], [0, 1, 4], [0, 1, 2, 5, 6, 7, 8, 9, 10], [11, 12], [0, 1, 2]]
     layout = row_layout(rows, 13)
-    bucketed = torch.cat([bucket.reshape(-1) for bucket in layout.buckets])
+    bucketed = torch.cat([bucket.queries.reshape(-1) for bucket in layout.buckets])
     assert torch.equal(bucketed[layout.unpack_index], torch.arange(13))
-    for bucket in layout.buckets:  # each row as given, right-padded with its first position
-        for row in bucket.tolist():
-            given = next(r for r in rows if r[0] == row[0] and row[: len(r)] == r)
-            assert row[len(given):] == [given[0]] * (len(row) - len(given))
+    found = []
+    for bucket in layout.buckets:  # each row's keys as given, its queries its own tail, both right-padded
+        for slot, (keys, queries) in enumerate(zip(bucket.keys.tolist(), bucket.queries.tolist(), strict=True)):
+            given = next(r for r in rows if keys[: len(r)] == r and set(keys[len(r):]) <= {r[0]})
+            shared = {0: 0, 1: 2, 2: 3, 3: 0}[rows.index(given)]
+            tail = given[shared:]
+            assert queries[: len(tail)] == tail and set(queries[len(tail):]) <= {given[0]}
+            if bucket.mask is not None:  # query i sees the keys up to its own place in the row
+                seen = bucket.mask[slot, 0].sum(dim=1).tolist()  # how many keys each query sees
+                assert seen[: len(tail)] == [shared + i + 1 for i in range(len(tail))]
+            else:
+                assert shared == 0
+            found.append(rows.index(given))
+    assert sorted(found) == [0, 1, 2, 3]  # a row that brings nothing new ([0, 1, 2]) computes nothing
     with pytest.raises(ValueError, match="1 of 14 packed tokens are in no row"):
         row_layout(rows, 14)
+    with pytest.raises(ValueError, match="row 1 shares positions after its beginning"):
+        row_layout([[0, 1, 2], [3, 1]], 4)
 
 
 def test_shared_beginnings_are_packed_once_and_read_by_every_sequence():
@@ -212,9 +225,9 @@ def test_other_families_with_grouped_query_attention_pack_the_same(family):
     model = model_class(config_class(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                                      num_attention_heads=4, num_key_value_heads=2)).eval()
     assert enable_packing(model, 300, "cpu")
-    sequences = random_sequences(5, 9, 60)
-    rows = list(range(len(sequences)))
-    with torch.no_grad():
-        packed = token_logprobs(model, pack_batch(sequences, rows, "cpu"), nullcontext())
-        padded = token_logprobs(model, pad_batch(sequences, rows, 0, "cpu"), nullcontext())
-    assert torch.allclose(packed, padded, atol=1e-5)
+    for sequences, share in ((random_sequences(5, 9, 60), False), (grouped_sequences(5, 3, 4), True)):
+        rows = list(range(len(sequences)))
+        with torch.no_grad():
+            packed = token_logprobs(model, pack_batch(sequences, rows, "cpu", share_prefixes=share), nullcontext())
+            padded = token_logprobs(model, pad_batch(sequences, rows, 0, "cpu"), nullcontext())
+        assert torch.allclose(packed, padded, atol=1e-5), share
