@@ -37,8 +37,10 @@ from spanrl.trainer_bridge.torch_backend.packed_attention import (
 logger = logging.getLogger(__name__)
 
 # A micro-batch with shared beginnings may read this many times its token budget through them:
-# attention keeps a copy of what it reads per row (queries, keys, values, output: ~4 hidden
-# sizes a token) where the rest of a layer keeps ~15-20 hidden sizes per packed token.
+# attention keeps a copy of the keys and values each row reads (~2 hidden sizes a token read;
+# queries and outputs only for the row's own tokens, packed_attention) where the rest of a layer
+# keeps ~15-20 hidden sizes per packed token. (Set when every row also copied its queries and
+# outputs over what it read, ~4 hidden sizes; kept, so a micro-batch now needs less than then.)
 SHARED_READS_PER_TOKEN = 4
 
 # (token ids, 0/1 mask of the tokens whose logprob is scored)
