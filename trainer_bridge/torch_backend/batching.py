@@ -255,16 +255,18 @@ def token_logprobs(model: Any, batch: TokenBatch,
 
 def enable_packing(model: Any, vocab_size: int, device: torch.device | str, tolerance: float = 1e-4) -> bool:
     """Switch ``model`` to packed attention if it then gives the same logprobs packed as padded,
-    on two short random sequences; otherwise leave it as it was and return ``False``."""
+    on three short random sequences, two of them sharing a beginning (the masked path of
+    ``packed_attention``); otherwise leave it as it was and return ``False``."""
     if decoder_and_head(model) == (None, None) or not use_packed_attention(model):
         return False
     generator = torch.Generator().manual_seed(0)
-    sequences = [(torch.randint(0, vocab_size, (length,), generator=generator).tolist(), [0, *[1] * (length - 1)])
-                 for length in (5, 11)]
+    first, second, third = (torch.randint(0, vocab_size, (length,), generator=generator).tolist()
+                            for length in (5, 11, 4))
+    sequences = [(ids, [0, *[1] * (len(ids) - 1)]) for ids in (first, second, second[:6] + third)]
     try:
         with torch.no_grad():
-            packed = token_logprobs(model, pack_batch(sequences, [0, 1], device), nullcontext())
-            padded = token_logprobs(model, pad_batch(sequences, [0, 1], 0, device), nullcontext())
+            packed = token_logprobs(model, pack_batch(sequences, [0, 1, 2], device, share_prefixes=True), nullcontext())
+            padded = token_logprobs(model, pad_batch(sequences, [0, 1, 2], 0, device), nullcontext())
         matches = bool(torch.allclose(packed, padded, atol=tolerance, rtol=0))
     except (ValueError, TypeError, RuntimeError, KeyError):
         matches = False
