@@ -10,11 +10,13 @@ this module in the launcher also checks that the OTel SDK will start in the agen
 
 from spanrl.exporter import telemetry_status as _telemetry_status
 from spanrl.instrumentation.settings import (  # the instrumentation's own, read there
+    OTEL_SPANRL_DEFER_INSTRUMENTORS,
     OTEL_SPANRL_REQUEST_TOKEN_IDS,
     OTEL_SPANRL_SAFE_DEFAULTS,
 )
 
-__all__ = ["OTEL_SPANRL_RECEIVER_TOKEN", "OTEL_SPANRL_REQUEST_TOKEN_IDS", "OTEL_SPANRL_SAFE_DEFAULTS"]
+__all__ = ["OTEL_SPANRL_DEFER_INSTRUMENTORS", "OTEL_SPANRL_RECEIVER_TOKEN", "OTEL_SPANRL_REQUEST_TOKEN_IDS",
+           "OTEL_SPANRL_SAFE_DEFAULTS"]
 
 OTEL_SPANRL_RECEIVER_TOKEN = "OTEL_SPANRL_RECEIVER_TOKEN"
 """Bearer token sent to the spanrl receiver as ``authorization: Bearer <token>`` by

@@ -8,9 +8,11 @@ instrumentors, post-instrument hooks.
 
 ``pre_instrument`` runs before any instrumentor asks for a tracer, so it is where the provider
 gets the rollout-identity span processor and its safe defaults (``safe_defaults``).
-``post_instrument`` turns on openinference's OpenAI instrumentor if spanrl's is on and
-openinference's own entry point did not (spanrl's needs its LLM span), and makes sure of the
-above in case another hook replaced the provider. When telemetry is off (the SDK disabled, spanrl's
+``pre_instrument`` also makes the instrumentors of the LLM SDKs and frameworks spanrl depends on
+wait until the agent imports their library (``deferred_instrumentors``; ``post_instrument``
+gives the loader back). ``post_instrument`` turns on openinference's OpenAI instrumentor if
+spanrl's is on and openinference's own entry point did not (spanrl's needs its LLM span), and
+makes sure of the above in case another hook replaced the provider. When telemetry is off (the SDK disabled, spanrl's
 instrumentor skipped) they say so once on stderr (``telemetry_status``). Neither ever raises: a
 failure is logged and the agent starts anyway.
 """
@@ -23,8 +25,8 @@ import os
 from opentelemetry import trace as trace_api
 from opentelemetry.sdk.trace import TracerProvider
 
+from spanrl.exporter import deferred_instrumentors, safe_defaults, telemetry_status
 from spanrl.exporter import environment_variables as env
-from spanrl.exporter import safe_defaults, telemetry_status
 from spanrl.exporter.span_processor import install_identity_processor
 from spanrl.instrumentation import openai_instrumentor
 from spanrl.instrumentation.settings import InstrumentationSettings
@@ -87,6 +89,8 @@ def pre_instrument(tracer_provider: TracerProvider | None = None) -> None:
         if done:
             logger.info("spanrl: %s", "; ".join(done))
         openai_instrumentor.auto_instrumentation_started()
+        if InstrumentationSettings.from_env().defer_instrumentors:
+            deferred_instrumentors.defer_until_imported()
     except Exception:  # noqa: BLE001 - never stop the agent from starting
         logger.exception("spanrl: pre-instrument hook failed")
 
@@ -94,6 +98,7 @@ def pre_instrument(tracer_provider: TracerProvider | None = None) -> None:
 def post_instrument(tracer_provider: TracerProvider | None = None) -> None:
     """Called by opentelemetry-instrument after all instrumentors; idempotent with the above."""
     try:
+        deferred_instrumentors.stop_deferring()
         openai_instrumentor.ensure_openinference_after_auto()
         telemetry_status.say_if_instrumentor_skipped(
             openai_instrumentor.SpanrlOpenAIInstrumentor().is_instrumented_by_opentelemetry)

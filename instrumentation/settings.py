@@ -23,6 +23,11 @@ OTEL_SPANRL_SAFE_DEFAULTS = "OTEL_SPANRL_SAFE_DEFAULTS"
 """``true`` (default) or ``false``: let spanrl raise the span attribute count limit, sample
 every span and turn off the metrics/logs exporters the user did not ask for."""
 
+OTEL_SPANRL_DEFER_INSTRUMENTORS = "OTEL_SPANRL_DEFER_INSTRUMENTORS"
+"""``true`` (default) or ``false``: under ``opentelemetry-instrument``, turn on the instrumentors of
+the LLM SDKs and agent frameworks spanrl depends on when the agent imports their library, not at
+start-up (``spanrl.exporter.deferred_instrumentors``)."""
+
 
 @dataclass(frozen=True)
 class InstrumentationSettings:
@@ -30,6 +35,7 @@ class InstrumentationSettings:
 
     request_token_ids: bool = True
     safe_defaults: bool = True
+    defer_instrumentors: bool = True
 
     @classmethod
     def from_env(cls) -> InstrumentationSettings:
@@ -39,6 +45,7 @@ class InstrumentationSettings:
                 OTEL_SPANRL_REQUEST_TOKEN_IDS, defaults.request_token_ids
             ),
             safe_defaults=_env_or_default(OTEL_SPANRL_SAFE_DEFAULTS, defaults.safe_defaults),
+            defer_instrumentors=_env_or_default(OTEL_SPANRL_DEFER_INSTRUMENTORS, defaults.defer_instrumentors),
         )
 
 
