@@ -43,7 +43,7 @@ DEFERRED_UNTIL_IMPORTED = {
 def defer_until_imported() -> bool:
     """Make ``BaseDistro.load_instrumentor`` defer the instrumentors above until their library is
     imported; False when it already does (a second call) or cannot (an OTel without the method)."""
-    from opentelemetry.instrumentation.distro import BaseDistro
+    from opentelemetry.instrumentation.distro import BaseDistro  # type: ignore[attr-defined]
 
     loader = BaseDistro.__dict__.get("load_instrumentor")
     if loader is None or getattr(loader, "spanrl_original", None) is not None:
@@ -61,17 +61,17 @@ def defer_until_imported() -> bool:
         return None
 
     load_instrumentor.spanrl_original = loader  # type: ignore[attr-defined]
-    BaseDistro.load_instrumentor = load_instrumentor  # type: ignore[method-assign]
+    BaseDistro.load_instrumentor = load_instrumentor
     return True
 
 
 def stop_deferring() -> None:
     """Give ``BaseDistro`` its own ``load_instrumentor`` back (the hooks registered stay)."""
-    from opentelemetry.instrumentation.distro import BaseDistro
+    from opentelemetry.instrumentation.distro import BaseDistro  # type: ignore[attr-defined]
 
     original = getattr(BaseDistro.__dict__.get("load_instrumentor"), "spanrl_original", None)
     if original is not None:
-        BaseDistro.load_instrumentor = original  # type: ignore[method-assign]
+        BaseDistro.load_instrumentor = original
 
 
 def _load_now(loader: Any, distro: Any, entry_point: Any, kwargs: dict[str, Any], module: Any) -> None:
