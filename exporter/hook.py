@@ -8,13 +8,13 @@ instrumentors, post-instrument hooks.
 
 ``pre_instrument`` runs before any instrumentor asks for a tracer, so it is where the provider
 gets the rollout-identity span processor and its safe defaults (``safe_defaults``).
-``pre_instrument`` also makes the instrumentors of the LLM SDKs and frameworks spanrl depends on
-wait until the agent imports their library (``deferred_instrumentors``; ``post_instrument``
-gives the loader back). ``post_instrument`` turns on openinference's OpenAI instrumentor if
-spanrl's is on and openinference's own entry point did not (spanrl's needs its LLM span), and
-makes sure of the above in case another hook replaced the provider. When telemetry is off (the SDK disabled, spanrl's
-instrumentor skipped) they say so once on stderr (``telemetry_status``). Neither ever raises: a
-failure is logged and the agent starts anyway.
+It also makes the instrumentors of the LLM SDKs and frameworks spanrl depends on wait until the
+agent imports their library (``deferred_instrumentors``; ``post_instrument`` gives the loader
+back). ``post_instrument`` turns on openinference's OpenAI instrumentor if spanrl's is on and
+openinference's own entry point did not (spanrl's needs its LLM span), and makes sure of the
+above in case another hook replaced the provider. When telemetry is off (the SDK disabled,
+spanrl's instrumentor skipped) they say so once on stderr (``telemetry_status``). Neither ever
+raises: a failure is logged and the agent starts anyway.
 """
 
 from __future__ import annotations
