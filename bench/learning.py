@@ -120,9 +120,7 @@ def run_seed(task, seed: int, args: argparse.Namespace, out: Path) -> dict:
     result["warm"]["by_kind"] = held_out_by_kind(task, str(seed_dir / "warm-validation"), val_tasks)
     print(f"{task.name} seed {seed}: warm start {warm_accuracy:.3f} ({result['warm']['seconds']:.0f} s)"
           f"{kinds_text(result['warm']['by_kind'])}", flush=True)
-    extra = dict(json.loads(args.settings)) if args.settings else {}
-    if args.sft_arm_learning_rate is not None:
-        extra["sft_learning_rate"] = args.sft_arm_learning_rate
+    extra = arm_settings(args)
     base = TrainingRun(output_dir="", model_dir=warm_dir, steps=args.steps, group_size=args.group_size,
                        tasks_per_step=args.tasks_per_step, learning_rate=args.learning_rate,
                        val_every=args.val_every, concurrency=args.concurrency, seed=seed, device=args.device,
@@ -148,6 +146,18 @@ def run_seed(task, seed: int, args: argparse.Namespace, out: Path) -> dict:
                   f"{kinds_text(runs[-1]['by_kind'])}", flush=True)
         result[arm] = over_repeats(runs)
     return result
+
+
+def arm_settings(args: argparse.Namespace) -> dict:
+    """The train settings every arm shares: ``--settings``, the SFT arm's learning rate, and
+    ``max_empty_steps: 0`` unless ``--settings`` sets it. The arms are compared at the same number
+    of rollouts, so an arm that has nothing to learn for a while (SFT from rollouts before any
+    rollout succeeds) samples on with the others instead of stopping the whole run with an error."""
+    extra = dict(json.loads(args.settings)) if args.settings else {}
+    if args.sft_arm_learning_rate is not None:
+        extra["sft_learning_rate"] = args.sft_arm_learning_rate
+    extra.setdefault("max_empty_steps", 0)
+    return extra
 
 
 def over_repeats(runs: list[dict]) -> dict:

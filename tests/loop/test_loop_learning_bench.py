@@ -181,3 +181,19 @@ def test_the_section_has_a_table_by_kind_when_the_tasks_have_kinds(bench):
     section = bench.table({"tasks": {"calc_autogen": {"summary": bench.summarise(seeds), "seeds": seeds}}}, args,
                           "python x")["calc_autogen"]
     assert "| kind | warm |" in section and "| kind | warm | grpo |" not in section
+
+
+def test_every_arm_runs_all_its_steps_even_while_it_has_nothing_to_learn(bench):
+    """A weak warm start gives SFT from rollouts no success for steps on end; at the trainer's default
+    (``max_empty_steps: 3``) its ``NothingToTrain`` ended the whole benchmark, every later arm and seed
+    with it. The arms share ``max_empty_steps: 0`` unless ``--settings`` says otherwise."""
+    import dataclasses
+
+    from spanrl.trainer_bridge.train_settings import TrainSettings
+
+    default = {f.name: f.default for f in dataclasses.fields(TrainSettings)}["max_empty_steps"]
+    assert default > 0  # the trainer's own default stops, which is why the bench sets it
+    assert bench.arm_settings(bench.parse_args([])) == {"max_empty_steps": 0}
+    given = bench.parse_args(["--settings", '{"max_empty_steps": 5, "kl_coef": 0.01}',
+                              "--sft-arm-learning-rate", "1e-4"])
+    assert bench.arm_settings(given) == {"max_empty_steps": 5, "kl_coef": 0.01, "sft_learning_rate": 1e-4}
