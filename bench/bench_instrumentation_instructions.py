@@ -33,14 +33,16 @@ WARM_CALLS = 5
 _INSTRUCTIONS = re.compile(r"I\s+refs:\s+([\d,]+)")
 
 
-def run_calls(mode: str, kind: str, calls: int, tokens: int) -> None:
-    """Child process: ``calls`` calls of ``kind`` under set-up ``mode`` against the vLLM-like server."""
+def run_calls(mode: str, kind: str, calls: int, tokens: int, server_kind: str) -> None:
+    """Child process: ``calls`` calls of ``kind`` under set-up ``mode`` against the vLLM-like server
+    (answering as ``server_kind``: ``bench_instrumentation_overhead.SERVERS``)."""
     sys.path.insert(0, str(BENCH_DIR))
     import openai
     from bench_instrumentation_overhead import _Modes
 
     server = subprocess.Popen([sys.executable, str(BENCH_DIR / "bench_instrumentation_overhead.py"), "--serve",
-                               "--tokens", str(tokens)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+                               "--tokens", str(tokens), "--server", server_kind],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         url = server.stdout.readline().strip()
         modes = _Modes()
@@ -61,10 +63,11 @@ def run_calls(mode: str, kind: str, calls: int, tokens: int) -> None:
         server.wait()
 
 
-def count_instructions(mode: str, kind: str, calls: int, tokens: int) -> int:
+def count_instructions(mode: str, kind: str, calls: int, tokens: int, server_kind: str) -> int:
     """Instructions of one whole child process (cachegrind's ``I refs``)."""
     command = ["valgrind", "--tool=cachegrind", "--cache-sim=no", "--cachegrind-out-file=/dev/null",
-               sys.executable, __file__, "--child", mode, kind, str(calls), "--tokens", str(tokens)]
+               sys.executable, __file__, "--child", mode, kind, str(calls), "--tokens", str(tokens),
+               "--server", server_kind]
     result = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "PYTHONHASHSEED": "0"})
     found = _INSTRUCTIONS.search(result.stderr)
     if result.returncode != 0 or found is None:
@@ -76,26 +79,28 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--kinds", nargs="+", choices=KINDS, default=list(KINDS))
     parser.add_argument("--tokens", type=int, default=64, help="response tokens per call")
+    parser.add_argument("--server", choices=("spanrl", "vllm"), default="spanrl",
+                        help="the endpoint's answer to spanrl's request for ids: packed (spanrl's server) or lists")
     parser.add_argument("--calls-small", type=int, default=10)
     parser.add_argument("--calls-large", type=int, default=60)
     parser.add_argument("--child", nargs=3, metavar=("MODE", "KIND", "CALLS"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        run_calls(args.child[0], args.child[1], int(args.child[2]), args.tokens)
+        run_calls(args.child[0], args.child[1], int(args.child[2]), args.tokens, args.server)
         return 0
     if shutil.which("valgrind") is None:
         raise SystemExit("valgrind is not installed (Debian: apt-get install valgrind)")
     if args.calls_large <= args.calls_small:
         raise SystemExit("--calls-large must be more than --calls-small")
-    print(f"instructions per call (cachegrind), {args.tokens} response tokens, "
+    print(f"instructions per call (cachegrind), {args.tokens} response tokens, {args.server}'s answers "
           f"({args.calls_large} - {args.calls_small} calls)")
     print("| kind | none | openinference adds | spanrl adds | spanrl's own | ratio (goal <= 1.1) |")
     print("|---|---|---|---|---|---|")
     for kind in args.kinds:
         per_call = {}
         for mode in MODES:
-            small = count_instructions(mode, kind, args.calls_small, args.tokens)
-            large = count_instructions(mode, kind, args.calls_large, args.tokens)
+            small = count_instructions(mode, kind, args.calls_small, args.tokens, args.server)
+            large = count_instructions(mode, kind, args.calls_large, args.tokens, args.server)
             per_call[mode] = (large - small) / (args.calls_large - args.calls_small)
         theirs = per_call["openinference"] - per_call["none"]
         ours = per_call["spanrl"] - per_call["none"]

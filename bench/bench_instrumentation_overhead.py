@@ -40,12 +40,16 @@ KINDS = ("chat", "chat_stream", "completion")
 WARM_CALLS = 3  # untimed calls after each switch of set-up (the first calls after instrument() pay once)
 
 
-def serve(tokens: int) -> None:
-    """Child process: run the vLLM-like server, print its URL, serve until stdin closes."""
+SERVERS = ("spanrl", "vllm")  # how the endpoint answers spanrl's request for ids: packed strings, or lists
+
+
+def serve(tokens: int, server_kind: str = "spanrl") -> None:
+    """Child process: run the vLLM-like server, print its URL, serve until stdin closes; as
+    ``spanrl`` it answers ``x-spanrl-token-ids: packed`` as spanrl's server does."""
     spec = importlib.util.spec_from_file_location("vllm_like_server", SERVER_FILE)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    server = module.VLLMLikeServer(tokens=tokens)
+    server = module.VLLMLikeServer(tokens=tokens, packs_ids=server_kind == "spanrl")
     print(server.start(), flush=True)
     sys.stdin.read()
     server.stop()
@@ -135,13 +139,17 @@ def main() -> int:
     parser.add_argument("--calls", type=int, default=20, help="calls per kind per block")
     parser.add_argument("--rounds", type=int, default=30, help="interleaved rounds of the 3 modes")
     parser.add_argument("--tokens", type=int, default=64, help="response tokens per call")
+    parser.add_argument("--server", choices=SERVERS, default="spanrl",
+                        help="the endpoint's answer to spanrl's request for ids: spanrl's server packs them "
+                        "(the default), vLLM sends lists")
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve:
-        serve(args.tokens)
+        serve(args.tokens, args.server)
         return 0
 
-    server = subprocess.Popen([sys.executable, __file__, "--serve", "--tokens", str(args.tokens)],
+    server = subprocess.Popen([sys.executable, __file__, "--serve", "--tokens", str(args.tokens),
+                               "--server", args.server],
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         base_url = server.stdout.readline().strip()
@@ -150,7 +158,8 @@ def main() -> int:
         server.stdin.close()
         server.wait(timeout=10)
 
-    print(f"{args.calls} calls per kind x {args.rounds} rounds, {args.tokens} response tokens; "
+    print(f"{args.calls} calls per kind x {args.rounds} rounds, {args.tokens} response tokens, "
+          f"{args.server}'s answers; "
           "microseconds per call (CPU: fastest block; wall: median block)")
     ratios = []
     for metric, title in (("cpu", "client-thread CPU time per call (robust to a busy machine)"),

@@ -6,7 +6,8 @@ Real HTTP/1.1 on 127.0.0.1 (stdlib ``http.server``), JSON bodies and server-sent
 in vLLM's shapes (docs/interfaces.md §1): token ids only when the request asks with
 ``return_token_ids: true`` (or never, with ``token_ids=False``; or broken, with
 ``malformed_choice_ids=True``), logprobs when asked, ``policy_version`` in every body/chunk and
-the ``x-spanrl-policy-version`` header.
+the ``x-spanrl-policy-version`` header. With ``packs_ids=True`` it answers a request that carries
+``x-spanrl-token-ids: packed`` with each id list as one packed string, as spanrl's server does.
 
 Every id it sends is kept in ``sent[response_id]``.
 """
@@ -19,13 +20,17 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from spanrl.instrumentation import semconv
+from spanrl.instrumentation.packed_values import pack_token_ids
+
 TOKENS_PER_CHUNK = 2
 
 
 class VLLMLikeServer:
     def __init__(self, token_ids: bool = True, policy_version: int = 7, tokens: int = 5,
-                 delay_s: float = 0.0, malformed_choice_ids: bool = False) -> None:
+                 delay_s: float = 0.0, malformed_choice_ids: bool = False, packs_ids: bool = False) -> None:
         self.token_ids = token_ids
+        self.packs_ids = packs_ids
         self.malformed_choice_ids = malformed_choice_ids
         self.policy_version = policy_version
         self.tokens = tokens
@@ -62,7 +67,7 @@ class VLLMLikeServer:
             self._httpd = None
 
     # --- answers ----------------------------------------------------------------------------
-    def plan(self, kind: str, body: dict[str, Any]) -> dict[str, Any]:
+    def plan(self, kind: str, body: dict[str, Any], packed: bool = False) -> dict[str, Any]:
         """Decide the ids of one answer and remember them under its response id."""
         with self._lock:
             self._counter += 1
@@ -83,7 +88,7 @@ class VLLMLikeServer:
             })
         response_id = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{number}"
         plan = {"id": response_id, "kind": kind, "prompt_token_ids": prompt_ids, "choices": choices,
-                "with_ids": want_ids, "with_logprobs": want_logprobs,
+                "with_ids": want_ids, "with_logprobs": want_logprobs, "packed": self.packs_ids and packed,
                 "policy_version": self.policy_version, "malformed": self.malformed_choice_ids}
         with self._lock:
             self.sent[response_id] = plan
@@ -104,6 +109,10 @@ def _logprobs_obj(kind: str, values: list[float], texts: list[str]) -> dict[str,
     return {"tokens": texts, "token_logprobs": values, "top_logprobs": None, "text_offset": []}
 
 
+def _wire(plan: dict[str, Any], ids: list[int]) -> list[int] | str:
+    return pack_token_ids(ids) if plan["packed"] else ids
+
+
 def full_body(plan: dict[str, Any], model: str) -> dict[str, Any]:
     kind = plan["kind"]
     choices = []
@@ -117,9 +126,9 @@ def full_body(plan: dict[str, Any], model: str) -> dict[str, Any]:
         if plan["with_logprobs"]:
             entry["logprobs"] = _logprobs_obj(kind, choice["logprobs"], texts)
         if plan["with_ids"]:
-            entry["token_ids"] = "not-a-list" if plan["malformed"] else choice["token_ids"]
+            entry["token_ids"] = "not-a-list" if plan["malformed"] else _wire(plan, choice["token_ids"])
             if kind == "completions":
-                entry["prompt_token_ids"] = plan["prompt_token_ids"]
+                entry["prompt_token_ids"] = _wire(plan, plan["prompt_token_ids"])
         choices.append(entry)
     body: dict[str, Any] = {
         "id": plan["id"],
@@ -131,7 +140,7 @@ def full_body(plan: dict[str, Any], model: str) -> dict[str, Any]:
         "policy_version": plan["policy_version"],
     }
     if plan["with_ids"] and kind == "chat":
-        body["prompt_token_ids"] = plan["prompt_token_ids"]
+        body["prompt_token_ids"] = _wire(plan, plan["prompt_token_ids"])
     return body
 
 
@@ -148,7 +157,7 @@ def stream_chunks(plan: dict[str, Any], model: str) -> list[dict[str, Any]]:
                                        **({"token_ids": []} if plan["with_ids"] else {})}
                                       for i in range(len(plan["choices"]))])
         if plan["with_ids"]:
-            first["prompt_token_ids"] = plan["prompt_token_ids"]
+            first["prompt_token_ids"] = _wire(plan, plan["prompt_token_ids"])
         chunks.append(first)
     longest = max(len(c["token_ids"]) for c in plan["choices"])
     for start in range(0, longest, TOKENS_PER_CHUNK):
@@ -168,9 +177,10 @@ def stream_chunks(plan: dict[str, Any], model: str) -> list[dict[str, Any]]:
                 entry["logprobs"] = _logprobs_obj(kind, choice["logprobs"][start:start + len(ids)], texts)
             if plan["with_ids"]:
                 # malformed: one chunk in the middle of the stream is broken
-                entry["token_ids"] = "not-a-list" if plan["malformed"] and start == TOKENS_PER_CHUNK else ids
+                malformed = plan["malformed"] and start == TOKENS_PER_CHUNK
+                entry["token_ids"] = "not-a-list" if malformed else ids  # per-token chunks: lists, as spanrl's server
                 if kind == "completions" and start == 0:
-                    entry["prompt_token_ids"] = plan["prompt_token_ids"]
+                    entry["prompt_token_ids"] = _wire(plan, plan["prompt_token_ids"])
             chunks.append(dict(common, choices=[entry]))
     chunks.append(dict(common, choices=[], usage={"prompt_tokens": len(plan["prompt_token_ids"]),
                                                   "completion_tokens": 0, "total_tokens": 0}))
@@ -207,7 +217,8 @@ class _Handler(BaseHTTPRequestHandler):
             return self._send_json(404, {"error": {"message": f"no route {self.path}"}})
         if self.owner.delay_s:
             time.sleep(self.owner.delay_s)
-        plan = self.owner.plan(kind, body)
+        packed = self.headers.get(semconv.TOKEN_IDS_FORM_HEADER) == semconv.TOKEN_IDS_FORM_PACKED
+        plan = self.owner.plan(kind, body, packed)
         model = str(body.get("model", "policy"))
         if body.get("stream"):
             return self._send_stream(plan, model)

@@ -35,7 +35,12 @@ from typing import Any
 from opentelemetry.trace import Span
 
 from spanrl.instrumentation import semconv
-from spanrl.instrumentation.packed_values import TOKEN_ID_TYPECODE, pack_logprobs, pack_token_ids
+from spanrl.instrumentation.packed_values import (
+    TOKEN_ID_TYPECODE,
+    extend_packed_token_ids,
+    pack_logprobs,
+    pack_token_ids,
+)
 from spanrl.instrumentation.response_token_fields import (
     _CHOICE_IDS,
     _PROMPT_IDS,
@@ -158,12 +163,15 @@ class LLMSpanRecorder:
             return False
         tokens = self._choices.get(choice.get("index", 0))
         raw_ids = choice.get(_CHOICE_IDS)
-        if tokens is None or tokens.finished or tokens.broken_token_ids or type(raw_ids) is not list:
+        if tokens is None or tokens.finished or tokens.broken_token_ids:
             return False
-        try:
-            tokens.token_ids.extend(raw_ids)  # checked in C as copied, as extend_token_ids does
-        except (TypeError, OverflowError):
-            return False  # the general path sees the same error (the ids are then never written)
+        if type(raw_ids) is list:
+            try:
+                tokens.token_ids.extend(raw_ids)  # checked in C as copied, as extend_token_ids does
+            except (TypeError, OverflowError):
+                return False  # the general path sees the same error (the ids are then never written)
+        elif type(raw_ids) is not str or extend_packed_token_ids(tokens.token_ids, raw_ids) is not None:
+            return False  # (a bad packed string appends nothing)
         tokens.has_token_ids = True
         if self.removes_id_fields:
             del choice[_CHOICE_IDS]

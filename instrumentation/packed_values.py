@@ -43,6 +43,25 @@ def pack_logprobs(values: Iterable[float]) -> str:
     return _encode(values if type(values) is array and values.typecode == "d" else array("d", values))
 
 
+def extend_packed_token_ids(ids: array, text: str) -> str | None:
+    """Append the ids packed in ``text`` to ``ids`` (an array of ``TOKEN_ID_TYPECODE``); what is
+    wrong with ``text``, or None. The form spanrl's server answers in when asked with
+    ``x-spanrl-token-ids: packed`` (docs/interfaces.md §1): one C pass, no int per id."""
+    try:
+        raw = binascii.a2b_base64(text, strict_mode=True)
+    except (binascii.Error, ValueError) as exc:
+        return f"should be packed ids (base64): {exc}"
+    if len(raw) % ids.itemsize:
+        return f"should be packed whole {ids.itemsize}-byte ids, got {len(raw)} bytes"
+    if _SWAP:
+        values = array(ids.typecode, raw)
+        values.byteswap()
+        ids.extend(values)
+    else:
+        ids.frombytes(raw)
+    return None
+
+
 def unpack_token_ids(text: str) -> list[int]:
     """The ids of a packed token-id attribute; PackedValueError naming what is wrong."""
     return _decode(text, TOKEN_ID_TYPECODE, "token ids").tolist()

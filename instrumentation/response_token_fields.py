@@ -9,7 +9,7 @@ from array import array
 from typing import Any
 
 from spanrl.instrumentation import semconv
-from spanrl.instrumentation.packed_values import TOKEN_ID_TYPECODE
+from spanrl.instrumentation.packed_values import TOKEN_ID_TYPECODE, extend_packed_token_ids
 
 # vLLM's fields of a body or chunk: the prompt's ids (top level or per choice), a choice's ids
 _PROMPT_IDS, _CHOICE_IDS = semconv.RESPONSE_PROMPT_TOKEN_IDS, semconv.RESPONSE_CHOICE_TOKEN_IDS
@@ -29,12 +29,15 @@ def parse_token_ids(value: Any, where: str) -> array:
 
 
 def extend_token_ids(ids: array, value: Any) -> str | None:
-    """Append the list ``value`` to ``ids`` (checked in C as it is copied); what is wrong with it, or None.
+    """Append the list ``value`` to ``ids`` (checked in C as it is copied), or the ids a packed
+    string holds (spanrl's server, asked for that form); what is wrong with it, or None.
 
     A JSON ``true`` / ``false`` passes as 1 / 0: no server sends one, and ruling it out would
     cost a second pass over every id."""
+    if type(value) is str:
+        return extend_packed_token_ids(ids, value)
     if type(value) is not list and not isinstance(value, (list, tuple)):
-        return f"should be a list of ints, got {type(value).__name__}"
+        return f"should be a list of ints or packed ids, got {type(value).__name__}"
     try:
         ids.extend(value)
     except (TypeError, OverflowError) as exc:

@@ -250,7 +250,7 @@ def _recorded_call(instance: Any, options: Any, calls: SdkCalls, request_token_i
     if _host_of(instance) in calls.strict_hosts:
         return recorder
     extra_json = _extra_json_with_flag(options, flag) if request_token_ids else None
-    headers = _headers_with_rollout_id(options, sdk_span, ctx)
+    headers = _request_headers(options, sdk_span, ctx, packed_ids=extra_json is not None)
     # Set on the options without a copy, as new dicts (the agent's own are never changed): the SDK
     # builds each attempt from a copy made before it, so a retry starts clean (and adds them
     # again); openinference's input capture reads only the JSON body.
@@ -313,19 +313,23 @@ def _extra_json_with_flag(options: Any, flag: str) -> dict | None:
     return {**extra_json, flag: True}
 
 
-def _headers_with_rollout_id(options: Any, sdk_span: Any, ctx: Any) -> dict | None:
-    """The request's headers with the rollout header added, or None outside a rollout or when
-    the agent sent one itself. The rollout: ``rollout()`` / W3C baggage, else the resource
-    attribute of the current span's process (what ``spanrl run`` gives each agent process)."""
+def _request_headers(options: Any, sdk_span: Any, ctx: Any, packed_ids: bool) -> dict | None:
+    """The request's headers with spanrl's added, or None when none is: the rollout header inside
+    a rollout (unless the agent sent one itself), and, when spanrl asked for the ids
+    (``packed_ids``), ``x-spanrl-token-ids: packed``, which spanrl's server answers with one
+    string per id list (vLLM ignores it and sends lists; the recorder reads both). The rollout:
+    ``rollout()`` / W3C baggage, else the resource attribute of the current span's process (what
+    ``spanrl run`` gives each agent process)."""
     rollout_id = current_rollout_id(ctx)
     if rollout_id is None:
         rollout_id = _resource_rollout_id(getattr(sdk_span, "resource", None))
-    if rollout_id is None:
+    if rollout_id is None and not packed_ids:
         return None
     headers = options.headers if isinstance(options.headers, dict) else {}
-    if any(k.lower() == semconv.ROLLOUT_ID_HEADER for k in headers):
-        return None
-    return {**headers, semconv.ROLLOUT_ID_HEADER: rollout_id}
+    added = {semconv.TOKEN_IDS_FORM_HEADER: semconv.TOKEN_IDS_FORM_PACKED} if packed_ids else {}
+    if rollout_id is not None and not any(k.lower() == semconv.ROLLOUT_ID_HEADER for k in headers):
+        added[semconv.ROLLOUT_ID_HEADER] = rollout_id
+    return {**headers, **added} if added else None
 
 
 # (a tracer provider's resource, its rollout id): a resource is immutable and a process has one.

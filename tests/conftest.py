@@ -161,3 +161,32 @@ def self_signed(tmp_path_factory):
     key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
                                            serialization.NoEncryption()))
     return str(cert_path), str(key_path)
+
+
+@pytest.fixture()
+def private_tracing():
+    """A private SDK TracerProvider exporting to memory, with the OpenAI SDK instrumented
+    (openinference + spanrl) against it; uninstrumented in teardown."""
+    from types import SimpleNamespace
+
+    from openinference.instrumentation.openai import OpenAIInstrumentor
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from spanrl.instrumentation.openai_instrumentor import SpanrlOpenAIInstrumentor
+
+    for already_on in (OpenAIInstrumentor(), SpanrlOpenAIInstrumentor()):
+        assert not already_on.is_instrumented_by_opentelemetry, (
+            f"{type(already_on).__name__} is already on in this process (left by another test?)"
+        )
+    provider = TracerProvider()
+    exporter = InMemorySpanExporter()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    instrumentor = SpanrlOpenAIInstrumentor()
+    instrumentor.instrument(tracer_provider=provider)
+    try:
+        yield SimpleNamespace(provider=provider, exporter=exporter, instrumentor=instrumentor)
+    finally:
+        instrumentor.uninstrument()
+        provider.shutdown()

@@ -173,13 +173,13 @@ def build_completion(engine: ServedEngine, body: ChatCompletionRequest, result: 
         choices.append(ChatCompletionChoice(
             index=choice.index, message=assistant_message(output), logprobs=logprobs,
             finish_reason=finish_reason_of(choice.finish_reason, bool(output.tool_calls)),
-            token_ids=choice.token_ids if body.return_token_ids else None))
+            token_ids=body.id_list(choice.token_ids) if body.return_token_ids else None))
     completion_tokens = sum(len(c.token_ids) for c in result.choices)
     prompt_ids = result.prompt_token_ids
     return ChatCompletionResponse(
         id=response_id, created=created, model=body.model, choices=choices,
         usage=Usage.of(len(prompt_ids), completion_tokens),
-        prompt_token_ids=prompt_ids if body.return_token_ids else None,
+        prompt_token_ids=body.id_list(prompt_ids) if body.return_token_ids else None,
         policy_version=result.policy_version)
 
 
@@ -214,7 +214,7 @@ class ChunkWriter:
                             tool_calls=tool_calls or None), bool(stream.calls)
 
     def chunk(self, choices: list[ChatCompletionChunkChoice], usage: Usage | None = None,
-              prompt_token_ids: list[int] | None = None) -> ChatCompletionChunk:
+              prompt_token_ids: list[int] | str | None = None) -> ChatCompletionChunk:
         return ChatCompletionChunk(id=self.response_id, created=self.created, model=self.body.model,
                                    choices=choices, usage=usage, prompt_token_ids=prompt_token_ids,
                                    policy_version=self.version)
@@ -226,7 +226,7 @@ class ChunkWriter:
             yield sse(self.chunk(
                 [ChatCompletionChunkChoice(index=i, delta=DeltaMessage(role="assistant", content=""),
                                            token_ids=[] if with_ids else None) for i in range(job.params.n)],
-                prompt_token_ids=job.prompt_ids if with_ids else None))
+                prompt_token_ids=body.id_list(job.prompt_ids) if with_ids else None))
             completion_tokens = 0
             async for event in token_events(bridge):
                 completion_tokens += 1

@@ -104,8 +104,8 @@ def build_completion(engine: ServedEngine, body: CompletionRequest, result: Gene
                                            choice.top_logprobs)
         choices.append(CompletionChoice(
             index=choice.index, text=choice.text, logprobs=logprobs, finish_reason=choice.finish_reason,
-            prompt_token_ids=result.prompt_token_ids if with_ids else None,
-            token_ids=choice.token_ids if with_ids else None))
+            prompt_token_ids=body.id_list(result.prompt_token_ids) if with_ids else None,
+            token_ids=body.id_list(choice.token_ids) if with_ids else None))
     completion_tokens = sum(len(c.token_ids) for c in result.choices)
     return CompletionResponse(id=response_id, created=created, model=body.model, choices=choices,
                               usage=Usage.of(len(result.prompt_token_ids), completion_tokens),
@@ -141,7 +141,7 @@ class CompletionChunkWriter:
                 started.add(event.choice)
                 yield sse(self.chunk([CompletionChoice(
                     index=event.choice, text=event.text, logprobs=logprobs, finish_reason=event.finish_reason,
-                    prompt_token_ids=job.prompt_ids if with_ids and first else None,
+                    prompt_token_ids=body.id_list(job.prompt_ids) if with_ids and first else None,
                     token_ids=[event.token_id] if with_ids else None)]))
             if job.error is not None:
                 yield sse(error_body(job.error))

@@ -129,8 +129,8 @@ def build_message(engine: ServedEngine, body: MessagesRequest, result: Generatio
     return Message(id=message_id, model=body.model, content=content_blocks(reply),
                    stop_reason=stop_reason(choice.finish_reason, bool(reply.tool_calls), stop), stop_sequence=stop,
                    usage=MessageUsage(input_tokens=len(result.prompt_token_ids), output_tokens=len(choice.token_ids)),
-                   prompt_token_ids=result.prompt_token_ids if with_ids else None,
-                   token_ids=choice.token_ids if with_ids else None, policy_version=result.policy_version)
+                   prompt_token_ids=body.id_list(result.prompt_token_ids) if with_ids else None,
+                   token_ids=body.id_list(choice.token_ids) if with_ids else None, policy_version=result.policy_version)
 
 
 def sse_event(name: str, data: dict[str, Any]) -> str:
@@ -157,7 +157,8 @@ class MessageEvents:
     def start(self) -> str:
         message = Message(id=self.message_id, model=self.body.model, content=[],
                           usage=MessageUsage(input_tokens=len(self.job.prompt_ids), output_tokens=0),
-                          prompt_token_ids=self.job.prompt_ids if self.body.return_token_ids else None,
+                          prompt_token_ids=(self.body.id_list(self.job.prompt_ids) if self.body.return_token_ids
+                                            else None),
                           token_ids=None, policy_version=self.version)
         return sse_event("message_start", {"type": "message_start", "message": message.model_dump(by_alias=True)})
 
@@ -215,7 +216,7 @@ class MessageEvents:
         delta: dict[str, Any] = {"type": "message_delta", "delta": {"stop_reason": reason, "stop_sequence": stop},
                                  "usage": {"output_tokens": len(self.token_ids)}}
         if self.body.return_token_ids:
-            delta["token_ids"] = list(self.token_ids)
+            delta["token_ids"] = self.body.id_list(self.token_ids)
         return [*self._close(), sse_event("message_delta", delta), sse_event("message_stop", {"type": "message_stop"})]
 
     async def events(self, bridge: StreamBridge) -> AsyncIterator[str]:

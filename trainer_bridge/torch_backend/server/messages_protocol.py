@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from spanrl.instrumentation import semconv
 from spanrl.trainer_bridge.torch_backend.server.protocol import ResponseModel
+from spanrl.trainer_bridge.torch_backend.server.token_id_form import TokenIdForm
 
 MESSAGES_PATH = "/v1/messages"
 
@@ -44,7 +45,7 @@ class InputMessage(_Lenient):
     content: str | list[ContentBlock]
 
 
-class MessagesRequest(_Lenient):
+class MessagesRequest(_Lenient, TokenIdForm):
     model: str
     max_tokens: int = Field(ge=1)
     messages: list[InputMessage] = Field(min_length=1)
@@ -111,8 +112,8 @@ class Message(ResponseModel):
     stop_reason: str | None = None  # end_turn | max_tokens | stop_sequence | tool_use
     stop_sequence: str | None = None
     usage: MessageUsage
-    prompt_token_ids: list[int] | None = Field(None, serialization_alias=semconv.RESPONSE_PROMPT_TOKEN_IDS)
-    token_ids: list[int] | None = Field(None, serialization_alias=semconv.RESPONSE_CHOICE_TOKEN_IDS)
+    prompt_token_ids: list[int] | str | None = Field(None, serialization_alias=semconv.RESPONSE_PROMPT_TOKEN_IDS)
+    token_ids: list[int] | str | None = Field(None, serialization_alias=semconv.RESPONSE_CHOICE_TOKEN_IDS)
     policy_version: int = Field(serialization_alias=semconv.RESPONSE_POLICY_VERSION)
 
 

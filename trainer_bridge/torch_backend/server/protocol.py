@@ -22,6 +22,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer
 
 from spanrl.instrumentation import semconv
+from spanrl.trainer_bridge.torch_backend.server.token_id_form import TokenIdForm
 
 # ----------------------------------------------------------------------------- requests
 
@@ -61,7 +62,7 @@ class StreamOptions(_Lenient):
     include_usage: bool = False
 
 
-class SamplingRequest(_Lenient):
+class SamplingRequest(_Lenient, TokenIdForm):
     """The fields chat completions and completions share."""
 
     model: str
@@ -243,7 +244,7 @@ class ChatCompletionChoice(ResponseModel):
     message: AssistantMessage
     logprobs: ChatLogprobs | None = None
     finish_reason: str | None = None
-    token_ids: list[int] | None = Field(None, serialization_alias=semconv.RESPONSE_CHOICE_TOKEN_IDS)
+    token_ids: list[int] | str | None = Field(None, serialization_alias=semconv.RESPONSE_CHOICE_TOKEN_IDS)
 
 
 class ChatCompletionResponse(ResponseModel):
@@ -254,7 +255,7 @@ class ChatCompletionResponse(ResponseModel):
     model: str
     choices: list[ChatCompletionChoice]
     usage: Usage
-    prompt_token_ids: list[int] | None = Field(None, serialization_alias=semconv.RESPONSE_PROMPT_TOKEN_IDS)
+    prompt_token_ids: list[int] | str | None = Field(None, serialization_alias=semconv.RESPONSE_PROMPT_TOKEN_IDS)
     policy_version: int = Field(serialization_alias=semconv.RESPONSE_POLICY_VERSION)
 
 
@@ -271,7 +272,7 @@ class ChatCompletionChunkChoice(ResponseModel):
     delta: DeltaMessage
     logprobs: ChatLogprobs | None = None
     finish_reason: str | None = None
-    token_ids: list[int] | None = Field(None, serialization_alias=semconv.RESPONSE_CHOICE_TOKEN_IDS)
+    token_ids: list[int] | str | None = Field(None, serialization_alias=semconv.RESPONSE_CHOICE_TOKEN_IDS)
 
 
 class ChatCompletionChunk(ResponseModel):
@@ -282,7 +283,7 @@ class ChatCompletionChunk(ResponseModel):
     model: str
     choices: list[ChatCompletionChunkChoice]
     usage: Usage | None = None
-    prompt_token_ids: list[int] | None = Field(None, serialization_alias=semconv.RESPONSE_PROMPT_TOKEN_IDS)
+    prompt_token_ids: list[int] | str | None = Field(None, serialization_alias=semconv.RESPONSE_PROMPT_TOKEN_IDS)
     policy_version: int = Field(serialization_alias=semconv.RESPONSE_POLICY_VERSION)
 
 
@@ -292,8 +293,8 @@ class CompletionChoice(ResponseModel):
     text: str
     logprobs: CompletionLogprobs | None = None
     finish_reason: str | None = None
-    prompt_token_ids: list[int] | None = Field(None, serialization_alias=semconv.RESPONSE_PROMPT_TOKEN_IDS)
-    token_ids: list[int] | None = Field(None, serialization_alias=semconv.RESPONSE_CHOICE_TOKEN_IDS)
+    prompt_token_ids: list[int] | str | None = Field(None, serialization_alias=semconv.RESPONSE_PROMPT_TOKEN_IDS)
+    token_ids: list[int] | str | None = Field(None, serialization_alias=semconv.RESPONSE_CHOICE_TOKEN_IDS)
 
 
 class CompletionResponse(ResponseModel):

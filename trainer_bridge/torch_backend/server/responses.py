@@ -240,9 +240,10 @@ class ResponseTurn:
         status: Literal["incomplete", "completed"] = "incomplete" if incomplete else "completed"
         extras: dict[str, Any] = {}
         if self.body.enable_response_messages:
-            extras["input_messages"] = [RawMessageTokens(message=self.prompt_text, tokens=self.prompt_ids)]
+            extras["input_messages"] = [RawMessageTokens(message=self.prompt_text,
+                                                         tokens=self.body.id_list(self.prompt_ids))]
             output_text = sampled_text if sampled_text is not None else reply.content or ""
-            extras["output_messages"] = [RawMessageTokens(message=output_text, tokens=list(token_ids))]
+            extras["output_messages"] = [RawMessageTokens(message=output_text, tokens=self.body.id_list(token_ids))]
         output: list[OutputItem] = []
         if reply.content or not reply.tool_calls or with_message or logprobs is not None:
             output.append(self.message(reply.content or "", logprobs, status))

@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from spanrl.instrumentation import semconv
 from spanrl.trainer_bridge.torch_backend.server.protocol import ResponseModel, implemented_fields
+from spanrl.trainer_bridge.torch_backend.server.token_id_form import TokenIdForm
 
 INCLUDE_OUTPUT_LOGPROBS = "message.output_text.logprobs"
 
@@ -30,7 +31,7 @@ class _Lenient(BaseModel):
     model_config = ConfigDict(extra="allow", populate_by_name=True)
 
 
-class ResponsesRequest(_Lenient):
+class ResponsesRequest(_Lenient, TokenIdForm):
     model: str
     input: str | list[Any]  # items are validated one by one (responses_input.py)
     instructions: str | None = None
@@ -177,7 +178,7 @@ class RawMessageTokens(ResponseModel):
 
     type: Literal["raw_message_tokens"] = "raw_message_tokens"
     message: str
-    tokens: list[int] = Field(serialization_alias=semconv.RESPONSE_MESSAGE_TOKENS)
+    tokens: list[int] | str = Field(serialization_alias=semconv.RESPONSE_MESSAGE_TOKENS)
 
 
 class IncompleteDetails(ResponseModel):

@@ -37,6 +37,7 @@ from spanrl.trainer_bridge.torch_backend.server.adapter_routing import is_adapte
 from spanrl.trainer_bridge.torch_backend.server.errors import InvalidRequestError, NotFoundError
 from spanrl.trainer_bridge.torch_backend.server.protocol import ResponseModel, SamplingRequest
 from spanrl.trainer_bridge.torch_backend.server.response_store import ResponseStore
+from spanrl.trainer_bridge.torch_backend.server.token_id_form import TokenIdForm
 
 if TYPE_CHECKING:
     from spanrl.trainer_bridge.torch_backend.server.policy import WeightsAdmin
@@ -144,6 +145,8 @@ async def read_body(request: Request, body_type: type[BodyT]) -> BodyT:
     except RecursionError as exc:
         raise InvalidRequestError("the request body is nested too deeply", code="nested_too_deeply") from exc
     pin_validation_temperature(request, body)
+    if isinstance(body, TokenIdForm):
+        body.read_id_form(request.headers)
     if isinstance(body, SamplingRequest):
         ignored = body.ignored_fields()
         if ignored:

@@ -1,0 +1,120 @@
+"""The packed form of token ids: spanrl's server answers ``x-spanrl-token-ids: packed`` with one
+string per id list (but a stream's per-token ids), holding the ids it sends as lists without the
+header, on every route; and an instrumented agent asks for it, records the same ids and sees no id
+field in its objects."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import openai
+import pytest
+
+from spanrl.instrumentation import semconv
+from spanrl.instrumentation.packed_values import unpack_token_ids, unpacked_attributes
+
+PACKED = {semconv.TOKEN_IDS_FORM_HEADER: semconv.TOKEN_IDS_FORM_PACKED}
+GREEDY = {"temperature": 0, "max_tokens": 8}
+
+
+def _answers(server, path: str, body: dict) -> tuple[dict, dict]:
+    """The same greedy request answered with lists (no header) and packed (the header)."""
+    lists = httpx.post(f"{server.url}{path}", json=body, timeout=60)
+    packed = httpx.post(f"{server.url}{path}", json=body, headers=PACKED, timeout=60)
+    assert lists.status_code == packed.status_code == 200, (lists.text, packed.text)
+    return lists.json(), packed.json()
+
+
+def _packed_equals(packed: object, ids: list[int]) -> None:
+    assert isinstance(packed, str), packed
+    assert isinstance(ids, list) and ids, ids
+    assert unpack_token_ids(packed) == ids
+
+
+def test_chat_and_completions_answer_the_same_ids_packed(server, engine):
+    chat = {"model": engine.model_name, "messages": [{"role": "user", "content": "What is 37 + 45?"}],
+            "return_token_ids": True, **GREEDY}
+    lists, packed = _answers(server, "/v1/chat/completions", chat)
+    _packed_equals(packed["prompt_token_ids"], lists["prompt_token_ids"])
+    _packed_equals(packed["choices"][0]["token_ids"], lists["choices"][0]["token_ids"])
+    assert packed["choices"][0]["message"] == lists["choices"][0]["message"]
+
+    completion = {"model": engine.model_name, "prompt": "37 + 45 =", "return_token_ids": True, **GREEDY}
+    lists, packed = _answers(server, "/v1/completions", completion)
+    _packed_equals(packed["choices"][0]["prompt_token_ids"], lists["choices"][0]["prompt_token_ids"])
+    _packed_equals(packed["choices"][0]["token_ids"], lists["choices"][0]["token_ids"])
+
+
+def test_responses_and_messages_answer_the_same_ids_packed(server, engine):
+    responses = {"model": engine.model_name, "input": "What is 37 + 45?", "enable_response_messages": True,
+                 "temperature": 0, "max_output_tokens": 8}
+    lists, packed = _answers(server, "/v1/responses", responses)
+    for field in (semconv.RESPONSE_INPUT_MESSAGES, semconv.RESPONSE_OUTPUT_MESSAGES):
+        _packed_equals(packed[field][0]["tokens"], lists[field][0]["tokens"])
+
+    messages = {"model": engine.model_name, "messages": [{"role": "user", "content": "What is 37 + 45?"}],
+                "return_token_ids": True, **GREEDY}
+    lists, packed = _answers(server, "/v1/messages", messages)
+    _packed_equals(packed["prompt_token_ids"], lists["prompt_token_ids"])
+    _packed_equals(packed["token_ids"], lists["token_ids"])
+
+
+def _stream_ids(server, body: dict, headers: dict) -> tuple[list, list]:
+    """The prompt's ids and the reply's, as each chunk of a chat stream carries them."""
+    prompt, reply = [], []
+    with httpx.stream("POST", f"{server.url}/v1/chat/completions", json=body, headers=headers, timeout=60) as r:
+        for line in r.iter_lines():
+            if not line.startswith("data: {"):
+                continue
+            chunk = json.loads(line[len("data: "):])
+            if "prompt_token_ids" in chunk:
+                prompt.append(chunk["prompt_token_ids"])
+            reply += [choice["token_ids"] for choice in chunk["choices"] if "token_ids" in choice]
+    return prompt, reply
+
+
+def test_a_stream_packs_its_prompts_ids_and_keeps_each_tokens_id_a_list(server, engine):
+    """A stream's first chunk carries the prompt's ids packed; each token's chunk keeps its one id
+    a list (a one-element list parses for less than a packed string decodes)."""
+    body = {"model": engine.model_name, "messages": [{"role": "user", "content": "What is 37 + 45?"}],
+            "return_token_ids": True, "stream": True, **GREEDY}
+    prompt_lists, reply_lists = _stream_ids(server, body, {})
+    prompt_packed, reply_packed = _stream_ids(server, body, PACKED)
+    assert [unpack_token_ids(p) for p in prompt_packed] == prompt_lists and len(prompt_lists) == 1
+    assert reply_packed == reply_lists and sum(reply_lists, [])
+
+
+def test_an_instrumented_agent_records_the_servers_ids_and_never_sees_them(server, engine, private_tracing):
+    """spanrl's instrumentation asks for the packed form; its span holds the ids the engine
+    served (the same request's answer without the header), and the agent's objects hold no ids."""
+    messages = [{"role": "user", "content": "What is 37 + 45?"}]
+    client = openai.OpenAI(base_url=server.base_url, api_key="unused", max_retries=0)
+    raw = client.chat.completions.with_raw_response.create(model=engine.model_name, messages=messages, **GREEDY)
+    assert raw.http_request.headers[semconv.TOKEN_IDS_FORM_HEADER] == semconv.TOKEN_IDS_FORM_PACKED
+    assert isinstance(json.loads(raw.text)["prompt_token_ids"], str)
+    reply = raw.parse()
+    assert "prompt_token_ids" not in (reply.model_extra or {})
+    assert "token_ids" not in (reply.choices[0].model_extra or {})
+    lists = httpx.post(f"{server.url}/v1/chat/completions", timeout=60, json={
+        "model": engine.model_name, "messages": messages, "return_token_ids": True, **GREEDY}).json()
+    (span,) = [unpacked_attributes(s.attributes) for s in private_tracing.exporter.get_finished_spans()
+               if s.attributes.get("openinference.span.kind") == "LLM"]
+    assert span[semconv.LLM_PROMPT_TOKEN_IDS] == tuple(lists["prompt_token_ids"])
+    assert span[semconv.llm_response_token_ids(0)] == tuple(lists["choices"][0]["token_ids"])
+
+
+@pytest.mark.parametrize("value", ["not base64!", "AQAA", "AQAAAAI="])
+def test_a_packed_field_that_is_not_whole_ids_is_named_and_left_out(value):
+    """A string that is not base64 of whole 4-byte ids: the recorder says which field and
+    writes no ids for it, as for a malformed list."""
+    from array import array
+
+    from spanrl.instrumentation.packed_values import TOKEN_ID_TYPECODE
+    from spanrl.instrumentation.response_token_fields import MalformedTokenData, extend_token_ids, parse_token_ids
+
+    ids = array(TOKEN_ID_TYPECODE, [7])
+    assert "packed" in (extend_token_ids(ids, value) or "")
+    assert ids.tolist() == [7]  # nothing appended
+    with pytest.raises(MalformedTokenData, match="prompt_token_ids should be packed"):
+        parse_token_ids(value, "prompt_token_ids")
