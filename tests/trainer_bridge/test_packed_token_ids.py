@@ -118,3 +118,37 @@ def test_a_packed_field_that_is_not_whole_ids_is_named_and_left_out(value):
     assert ids.tolist() == [7]  # nothing appended
     with pytest.raises(MalformedTokenData, match="prompt_token_ids should be packed"):
         parse_token_ids(value, "prompt_token_ids")
+
+
+def test_a_relay_packs_every_shape_and_leaves_per_token_ids_and_non_ids_as_they_came():
+    """``packed_replies`` on the reply shapes a relay passes (vLLM's lists), for a request that asked."""
+    import contextvars
+
+    from spanrl.trainer_bridge.relay.packed_replies import note_id_form, pack_reply_ids
+
+    def packed(data: dict, stream_event: bool = False) -> dict:
+        def run() -> dict:
+            note_id_form(PACKED)
+            pack_reply_ids(data, stream_event)
+            return data
+        return contextvars.copy_context().run(run)
+
+    tokens = {"type": "raw_message_tokens", "message": "x", "tokens": [5, 6]}
+    response = packed({"object": "response", "input_messages": [dict(tokens)], "output_messages": [dict(tokens)]})
+    assert [m["tokens"] for m in response["input_messages"] + response["output_messages"]] == [
+        "BQAAAAYAAAA=", "BQAAAAYAAAA="]
+    event = packed({"type": "response.completed", "response": {"output_messages": [dict(tokens)]}}, True)
+    assert unpack_token_ids(event["response"]["output_messages"][0]["tokens"]) == [5, 6]
+    start = packed({"type": "message_start", "message": {"prompt_token_ids": [1, 2]}}, True)
+    delta = packed({"type": "message_delta", "token_ids": [3, 4]}, True)
+    assert unpack_token_ids(start["message"]["prompt_token_ids"]) == [1, 2]
+    assert unpack_token_ids(delta["token_ids"]) == [3, 4]
+    chunk = packed({"object": "chat.completion.chunk", "prompt_token_ids": [1], "choices": [{"token_ids": [9]}]}, True)
+    assert chunk["choices"][0]["token_ids"] == [9] and unpack_token_ids(chunk["prompt_token_ids"]) == [1]
+    body = packed({"object": "text_completion", "choices": [{"prompt_token_ids": [1], "token_ids": [9, "x"]}]})
+    assert body["choices"][0]["token_ids"] == [9, "x"]  # not ids: as it came, for the agent's reader to name
+    assert unpack_token_ids(body["choices"][0]["prompt_token_ids"]) == [1]
+    note_id_form({})  # a request that did not ask: lists stay lists
+    unasked = {"prompt_token_ids": [1]}
+    pack_reply_ids(unasked, False)
+    assert unasked == {"prompt_token_ids": [1]}

@@ -119,6 +119,43 @@ def test_streams_pass_event_by_event_with_the_version_in_each(start, upstreams):
     assert all(choice["token_ids"] for c in completion_chunks for choice in c["choices"])
 
 
+def _gateway_answers(gateway, path: str, body: dict, packed: bool) -> dict:
+    from spanrl.instrumentation import semconv
+
+    headers = {semconv.TOKEN_IDS_FORM_HEADER: semconv.TOKEN_IDS_FORM_PACKED} if packed else {}
+    reply = httpx.post(f"{gateway.url}{path.removeprefix('/v1')}", json=body, headers=headers, timeout=60)
+    assert reply.status_code == 200, reply.text
+    return reply.json()
+
+
+def test_the_gateway_packs_vllms_id_lists_when_the_agent_asks(start, upstreams, private_tracing):
+    """Its upstreams answer lists; for a request with ``x-spanrl-token-ids: packed`` (what spanrl's
+    instrumentation sends) the gateway packs them, and an instrumented agent records the ids."""
+    from spanrl.instrumentation import semconv
+    from spanrl.instrumentation.packed_values import unpack_token_ids, unpacked_attributes
+
+    gateway = start()
+    chat = {"model": SERVED, "messages": MESSAGES, "max_tokens": 8, "temperature": 0}
+    lists, packed = (_gateway_answers(gateway, "/v1/chat/completions", chat, p) for p in (False, True))
+    assert unpack_token_ids(packed["prompt_token_ids"]) == lists["prompt_token_ids"]
+    assert unpack_token_ids(packed["choices"][0]["token_ids"]) == lists["choices"][0]["token_ids"]
+    completion = {"model": SERVED, "prompt": "12 + 30 =", "max_tokens": 6, "temperature": 0}
+    lists_c, packed_c = (_gateway_answers(gateway, "/v1/completions", completion, p) for p in (False, True))
+    assert unpack_token_ids(packed_c["choices"][0]["prompt_token_ids"]) == lists_c["choices"][0]["prompt_token_ids"]
+    assert unpack_token_ids(packed_c["choices"][0]["token_ids"]) == lists_c["choices"][0]["token_ids"]
+
+    stream = list(client(gateway).chat.completions.create(model=SERVED, messages=MESSAGES, max_tokens=8,
+                                                          temperature=0, stream=True))
+    reply = client(gateway).chat.completions.create(model=SERVED, messages=MESSAGES, max_tokens=8, temperature=0)
+    assert "token_ids" not in (reply.choices[0].model_extra or {}) and stream  # taken out for the agent
+    spans = [unpacked_attributes(s.attributes) for s in private_tracing.exporter.get_finished_spans()
+             if s.attributes.get("openinference.span.kind") == "LLM"]
+    assert len(spans) == 2
+    for span in spans:  # the stream's (prompt ids packed, per-token ids lists) and the body's
+        assert span[semconv.LLM_PROMPT_TOKEN_IDS] == tuple(lists["prompt_token_ids"])
+        assert span[semconv.llm_response_token_ids(0)] == tuple(lists["choices"][0]["token_ids"])
+
+
 def test_a_rollout_sticks_to_one_upstream(start):
     gateway = start()
     chat = client(gateway).chat.completions

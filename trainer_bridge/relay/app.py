@@ -42,6 +42,7 @@ from spanrl.trainer_bridge.relay.forwarding import (
     open_stream,
     unreachable,
 )
+from spanrl.trainer_bridge.relay.packed_replies import note_id_form
 from spanrl.trainer_bridge.relay.rewrite import GENERATION_PATHS, answer_as, encode_json, rewrite_request
 from spanrl.trainer_bridge.relay.spans import RelaySpanMiddleware
 from spanrl.trainer_bridge.relay.state import Lease, RelayError, RelayState
@@ -102,6 +103,7 @@ async def generate(request: Request) -> Response:
         answer_as(str(body["model"]))  # replies carry the name the agent asked for
     elif state.config.upstream_model and isinstance(body.get("model"), str):
         answer_as(body["model"])  # the proxy sends its own name upstream; the agent gets its own back
+    note_id_form(request.headers)  # replies pack their ids when the agent's instrumentation asked
     lease = await state.admit()
     streamed = False
     try:

@@ -11,7 +11,8 @@ request: ``constrains_output``), so every span carries the engine's token ids wh
 asked, or, for an upstream that does not speak vLLM's dialect (a hosted API), those vLLM-only
 fields are removed. On the way out (``rewrite_reply``, ``rewrite_sse_event``): the model name goes
 back to the one the agent used (``answer_as``, set per request: a relay may answer any name) and
-the top-level ``policy_version`` is set, as spanrl's embedded server writes them. Structured-output
+the top-level ``policy_version`` is set, as spanrl's embedded server writes them, and the ids are
+packed when the agent asked for that form (``packed_replies``). Structured-output
 fields (``response_format``, ``text.format``, ``tools``' ``strict``, ``tool_choice``) pass
 unchanged: the upstream (vLLM) enforces them itself.
 """
@@ -28,6 +29,7 @@ from spanrl.bridge_protocol import is_validation_rollout
 from spanrl.instrumentation import semconv
 from spanrl.trainer_bridge.relay import spans
 from spanrl.trainer_bridge.relay.config import RelayConfig
+from spanrl.trainer_bridge.relay.packed_replies import pack_reply_ids
 
 logger = logging.getLogger(__name__)
 
@@ -116,9 +118,10 @@ def constrains_output(body: dict[str, Any]) -> bool:
     return tool_choice == "required" or isinstance(tool_choice, dict) or bool(body.get("structured_outputs"))
 
 
-def rewrite_reply(data: Any, served_model: str | None, version: int | None) -> Any:
-    """A successful JSON reply as the agent gets it: its model name (the one its request asked
-    for, when the relay changed it), the policy version."""
+def rewrite_reply(data: Any, served_model: str | None, version: int | None, stream_event: bool = False) -> Any:
+    """A successful JSON reply (or one stream event's data) as the agent gets it: its model name
+    (the one its request asked for, when the relay changed it), the policy version, its ids packed
+    when the request asked for that form (``packed_replies``)."""
     if isinstance(data, dict) and not data.get("error"):  # Responses bodies carry "error": null
         answered = _answered_name.get() or served_model
         if answered is not None and "model" in data:
@@ -126,6 +129,7 @@ def rewrite_reply(data: Any, served_model: str | None, version: int | None) -> A
         if version is not None:
             data[semconv.RESPONSE_POLICY_VERSION] = version
         spans.observe_reply(data)  # the relay's own LLM span reads what the agent gets
+        pack_reply_ids(data, stream_event)
     return data
 
 
@@ -152,7 +156,7 @@ def rewrite_sse_event(lines: list[str], served_model: str | None, version: int |
             answered = _answered_name.get() or served_model
             if answered is not None and isinstance(response, dict) and "model" in response:
                 response["model"] = answered
-            payload = json.dumps(rewrite_reply(data, served_model, version), separators=(",", ":"))
+            payload = json.dumps(rewrite_reply(data, served_model, version, stream_event=True), separators=(",", ":"))
     return "".join(f"{line}\n" for line in [*other, f"data: {payload}"]).encode() + b"\n"
 
 
