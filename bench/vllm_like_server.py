@@ -20,8 +20,7 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from spanrl.instrumentation import semconv
-from spanrl.instrumentation.packed_values import pack_token_ids
+from spanrl.instrumentation.packed_values import asks_packed_ids, pack_token_ids
 
 TOKENS_PER_CHUNK = 2
 
@@ -217,8 +216,7 @@ class _Handler(BaseHTTPRequestHandler):
             return self._send_json(404, {"error": {"message": f"no route {self.path}"}})
         if self.owner.delay_s:
             time.sleep(self.owner.delay_s)
-        packed = self.headers.get(semconv.TOKEN_IDS_FORM_HEADER) == semconv.TOKEN_IDS_FORM_PACKED
-        plan = self.owner.plan(kind, body, packed)
+        plan = self.owner.plan(kind, body, asks_packed_ids(self.headers))
         model = str(body.get("model", "policy"))
         if body.get("stream"):
             return self._send_stream(plan, model)

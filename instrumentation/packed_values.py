@@ -43,6 +43,12 @@ def pack_logprobs(values: Iterable[float]) -> str:
     return _encode(values if type(values) is array and values.typecode == "d" else array("d", values))
 
 
+def asks_packed_ids(headers: Mapping[str, str]) -> bool:
+    """Whether a request's ``headers`` ask for its answer's ids packed (``x-spanrl-token-ids:
+    packed``, which spanrl's instrumentation sends with the id flag it adds)."""
+    return headers.get(semconv.TOKEN_IDS_FORM_HEADER, "").strip() == semconv.TOKEN_IDS_FORM_PACKED
+
+
 def extend_packed_token_ids(ids: array, text: str) -> str | None:
     """Append the ids packed in ``text`` to ``ids`` (an array of ``TOKEN_ID_TYPECODE``); what is
     wrong with ``text``, or None. The form spanrl's server answers in when asked with

@@ -16,7 +16,7 @@ from contextvars import ContextVar
 from typing import Any
 
 from spanrl.instrumentation import semconv
-from spanrl.instrumentation.packed_values import pack_token_ids
+from spanrl.instrumentation.packed_values import asks_packed_ids, pack_token_ids
 
 # whether the current request asked for packed ids; its reply (each stream event too) reads it
 _packed_asked: ContextVar[bool] = ContextVar("spanrl_relay_packed_ids", default=False)
@@ -25,8 +25,7 @@ _CHUNK_OBJECTS = frozenset({"chat.completion.chunk", "text_completion"})
 
 def note_id_form(headers: Mapping[str, str]) -> None:
     """Remember for the current request whether its ``headers`` ask for packed ids."""
-    asked = headers.get(semconv.TOKEN_IDS_FORM_HEADER, "").strip() == semconv.TOKEN_IDS_FORM_PACKED
-    _packed_asked.set(asked)
+    _packed_asked.set(asks_packed_ids(headers))
 
 
 def pack_reply_ids(data: dict[str, Any], stream_event: bool) -> None:

@@ -16,8 +16,7 @@ from collections.abc import Mapping, Sequence
 
 from pydantic import BaseModel, PrivateAttr
 
-from spanrl.instrumentation import semconv
-from spanrl.instrumentation.packed_values import pack_token_ids
+from spanrl.instrumentation.packed_values import asks_packed_ids, pack_token_ids
 
 
 class TokenIdForm(BaseModel):
@@ -27,11 +26,7 @@ class TokenIdForm(BaseModel):
 
     def read_id_form(self, headers: Mapping[str, str]) -> None:
         """Note the form the request's ``headers`` ask for (lists unless ``x-spanrl-token-ids: packed``)."""
-        self._packed_ids = headers.get(semconv.TOKEN_IDS_FORM_HEADER, "").strip() == semconv.TOKEN_IDS_FORM_PACKED
-
-    @property
-    def packed_ids(self) -> bool:
-        return self._packed_ids
+        self._packed_ids = asks_packed_ids(headers)
 
     def id_list(self, ids: Sequence[int]) -> list[int] | str:
         """``ids`` as the answer carries them: a packed string, or a list of ints."""
