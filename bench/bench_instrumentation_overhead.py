@@ -45,7 +45,7 @@ SERVERS = ("spanrl", "vllm")  # how the endpoint answers spanrl's request for id
 
 def serve(tokens: int, server_kind: str = "spanrl") -> None:
     """Child process: run the vLLM-like server, print its URL, serve until stdin closes; as
-    ``spanrl`` it answers ``x-spanrl-token-ids: packed`` as spanrl's server does."""
+    ``spanrl`` it answers a request for packed ids (``spanrl_token_ids``) as spanrl's server does."""
     spec = importlib.util.spec_from_file_location("vllm_like_server", SERVER_FILE)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

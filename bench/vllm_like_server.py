@@ -6,8 +6,9 @@ Real HTTP/1.1 on 127.0.0.1 (stdlib ``http.server``), JSON bodies and server-sent
 in vLLM's shapes (docs/interfaces.md §1): token ids only when the request asks with
 ``return_token_ids: true`` (or never, with ``token_ids=False``; or broken, with
 ``malformed_choice_ids=True``), logprobs when asked, ``policy_version`` in every body/chunk and
-the ``x-spanrl-policy-version`` header. With ``packs_ids=True`` it answers a request that carries
-``x-spanrl-token-ids: packed`` with each id list as one packed string, as spanrl's server does.
+the ``x-spanrl-policy-version`` header. With ``packs_ids=True`` it answers a request that asks with
+``"spanrl_token_ids": "packed"`` (or the header ``x-spanrl-token-ids: packed``) with each id list
+as one packed string, as spanrl's server does.
 
 Every id it sends is kept in ``sent[response_id]``.
 """
@@ -216,7 +217,7 @@ class _Handler(BaseHTTPRequestHandler):
             return self._send_json(404, {"error": {"message": f"no route {self.path}"}})
         if self.owner.delay_s:
             time.sleep(self.owner.delay_s)
-        plan = self.owner.plan(kind, body, asks_packed_ids(self.headers))
+        plan = self.owner.plan(kind, body, isinstance(body, dict) and asks_packed_ids(self.headers, body))
         model = str(body.get("model", "policy"))
         if body.get("stream"):
             return self._send_stream(plan, model)

@@ -40,6 +40,7 @@ from spanrl.instrumentation.packed_values import (
     extend_packed_token_ids,
     pack_logprobs,
     pack_token_ids,
+    packed_token_ids_problem,
 )
 from spanrl.instrumentation.response_token_fields import (
     _CHOICE_IDS,
@@ -49,7 +50,6 @@ from spanrl.instrumentation.response_token_fields import (
     extend_token_ids,
     message_tokens,
     parse_policy_version,
-    parse_token_ids,
     remove_token_id_fields,
     response_logprobs,
 )
@@ -87,9 +87,16 @@ class LLMSpanRecorder:
     logged (once per call) and the call goes on.
     """
 
-    __slots__ = ("_target", "streaming", "_choices", "_pending", "_warned", "_response_id_written",
-                 "_policy_version_written", "_prompt_ids_written", "_common_written", "_header_policy_version",
-                 "_headers", "removes_id_fields")
+    # What a new recorder starts with (one per LLM call: class defaults, not one store each per call)
+    _warned = False
+    _response_id_written = False
+    _policy_version_written = False
+    _prompt_ids_written = False
+    _common_written = False  # response id and policy version: nothing more to look for
+    # True when spanrl asked the endpoint for the ids: once read, they are taken out of the
+    # body or chunk, so the agent's response object and openinference's ``output.value`` are
+    # what they would be without spanrl (and the ids are not carried twice, as JSON text too)
+    removes_id_fields = False
 
     def __init__(self, span: Span, streaming: bool, header_policy_version: Any = None,
                  headers: Mapping[str, str] | None = None) -> None:
@@ -99,19 +106,10 @@ class LLMSpanRecorder:
         # one by one) is passed by: one SDK set_attributes call per flush.
         self._target = getattr(span, "__wrapped__", span)
         self.streaming = streaming  # a stream's chunks, not one body
-        self._choices: dict[int, _ChoiceTokens] = {}
+        self._choices: dict[int, _ChoiceTokens] = {}  # a stream's choices so far
         self._pending: dict[str, Any] = {}
-        self._warned = False
-        self._response_id_written = False
-        self._policy_version_written = False
-        self._prompt_ids_written = False
-        self._common_written = False  # response id and policy version: nothing more to look for
         self._header_policy_version = header_policy_version
         self._headers = headers
-        # True when spanrl asked the endpoint for the ids: once read, they are taken out of the
-        # body or chunk, so the agent's response object and openinference's ``output.value`` are
-        # what they would be without spanrl (and the ids are not carried twice, as JSON text too)
-        self.removes_id_fields = False
 
     def observe(self, data: Any, headers: Mapping[str, str] | None = None) -> None:
         """Read one parsed JSON object: the whole body, or one stream chunk; ``headers``, the
@@ -199,41 +197,44 @@ class LLMSpanRecorder:
         """A chat or completions body, or one chunk of its stream."""
         if not self._common_written:
             self._observe_common(data)
-        problems: list[MalformedTokenData] = []
+        problem: MalformedTokenData | None = None  # the first one is raised once all was read
         take = dict.pop if self.removes_id_fields else dict.get  # read, and taken out when spanrl asked
         prompt_ids = take(data, semconv.RESPONSE_PROMPT_TOKEN_IDS, None)
         if prompt_ids is not None:
             try:
-                self._set_prompt_ids(prompt_ids, semconv.RESPONSE_PROMPT_TOKEN_IDS)
+                self._set_prompt_ids(prompt_ids)
             except MalformedTokenData as exc:
-                problems.append(exc)
+                problem = MalformedTokenData(f"{semconv.RESPONSE_PROMPT_TOKEN_IDS} {exc}")
         choices = data.get("choices")
         if type(choices) is list:
+            observe_choice = self._observe_choice if self.streaming else self._observe_body_choice
             # every choice is read even when another one is malformed: skipping a stream
             # chunk would silently shorten that choice's concatenated ids
             for position, choice in enumerate(choices):
                 if isinstance(choice, dict):
                     try:
-                        self._observe_choice(position, choice, take)
+                        observe_choice(position, choice, take)
                     except MalformedTokenData as exc:
-                        problems.append(exc)
-        if problems:
-            raise problems[0]
+                        problem = problem or exc
+        if problem is not None:
+            raise problem
 
     def _observe_common(self, data: dict[str, Any]) -> None:
         """The response id and the policy version, from any body."""
         response_id = data.get("id")
-        if isinstance(response_id, str) and not self._response_id_written:
+        if type(response_id) is str and not self._response_id_written:  # parsed JSON: a plain str
             self._response_id_written = True
-            self._set(semconv.GENAI_RESPONSE_ID, response_id)
+            self._pending[semconv.GENAI_RESPONSE_ID] = response_id
         if not self._policy_version_written:
             # the body's value wins over the header's, which is the fallback
-            version = parse_policy_version(data.get(semconv.RESPONSE_POLICY_VERSION))
-            if version is None:
-                version = self._fallback_policy_version()
+            version = data.get(semconv.RESPONSE_POLICY_VERSION)
+            if type(version) is not int:  # (spanrl's server sends an int: no more checks)
+                version = parse_policy_version(version)
+                if version is None:
+                    version = self._fallback_policy_version()
             if version is not None:
                 self._policy_version_written = True
-                self._set(semconv.LLM_POLICY_VERSION, version)
+                self._pending[semconv.LLM_POLICY_VERSION] = version
         self._common_written = self._policy_version_written and self._response_id_written
 
     def _fallback_policy_version(self) -> int | None:
@@ -266,14 +267,20 @@ class LLMSpanRecorder:
         self._observe_common(message)
         prompt_ids = message.get(semconv.RESPONSE_PROMPT_TOKEN_IDS)
         if prompt_ids is not None:
-            self._set_prompt_ids(prompt_ids, semconv.RESPONSE_PROMPT_TOKEN_IDS)
+            try:
+                self._set_prompt_ids(prompt_ids)
+            except MalformedTokenData as exc:
+                raise MalformedTokenData(f"{semconv.RESPONSE_PROMPT_TOKEN_IDS} {exc}") from None
         ids = data.get(semconv.RESPONSE_CHOICE_TOKEN_IDS)
         if ids is not None:
-            self._set_token_ids(semconv.llm_response_token_ids(0),
-                                parse_token_ids(ids, semconv.RESPONSE_CHOICE_TOKEN_IDS))
+            try:
+                self._pending[_response_token_ids_key(0)] = _token_ids_value(ids)
+            except MalformedTokenData as exc:
+                raise MalformedTokenData(f"{semconv.RESPONSE_CHOICE_TOKEN_IDS} {exc}") from None
 
-    def _observe_choice(self, position: int, choice: dict[str, Any], take: Callable[..., Any] = dict.get) -> None:
-        """One choice of a body or chunk; ``take`` reads its id fields (``dict.pop``: and takes them out)."""
+    def _observe_body_choice(self, position: int, choice: dict[str, Any], take: Callable[..., Any]) -> None:
+        """One choice of a whole body: its ids and logprobs written at once, each unless malformed
+        (a packed string as it came); ``take`` reads its id fields (``dict.pop``: and takes them out)."""
         index = choice.get("index", position)
         if type(index) is not int or index < 0:
             raise MalformedTokenData(f"choice index should be a non-negative int, got {index!r}")
@@ -281,9 +288,38 @@ class LLMSpanRecorder:
         prompt_ids = take(choice, semconv.RESPONSE_PROMPT_TOKEN_IDS, None)
         if prompt_ids is not None:
             try:
-                self._set_prompt_ids(prompt_ids, f"choices[{index}].{semconv.RESPONSE_PROMPT_TOKEN_IDS}")
+                self._set_prompt_ids(prompt_ids)
+            except MalformedTokenData as exc:
+                problem = MalformedTokenData(f"choices[{index}].{semconv.RESPONSE_PROMPT_TOKEN_IDS} {exc}")
+        raw_ids = take(choice, semconv.RESPONSE_CHOICE_TOKEN_IDS, None)
+        if raw_ids is not None:
+            try:
+                self._pending[_response_token_ids_key(index)] = _token_ids_value(raw_ids)
+            except MalformedTokenData as exc:
+                problem = MalformedTokenData(f"choices[{index}].{semconv.RESPONSE_CHOICE_TOKEN_IDS} {exc}")
+        if choice.get("logprobs") is not None:
+            try:
+                logprobs = choice_logprobs(choice)
+                if logprobs is not None:
+                    self._set_logprobs(semconv.llm_response_logprobs(index), logprobs)
             except MalformedTokenData as exc:
                 problem = exc
+        if problem is not None:
+            raise problem
+
+    def _observe_choice(self, position: int, choice: dict[str, Any], take: Callable[..., Any] = dict.get) -> None:
+        """One choice of a stream's chunk, its ids and logprobs added to the choice's; ``take``
+        reads its id fields (``dict.pop``: and takes them out)."""
+        index = choice.get("index", position)
+        if type(index) is not int or index < 0:
+            raise MalformedTokenData(f"choice index should be a non-negative int, got {index!r}")
+        problem: MalformedTokenData | None = None
+        prompt_ids = take(choice, semconv.RESPONSE_PROMPT_TOKEN_IDS, None)
+        if prompt_ids is not None:
+            try:
+                self._set_prompt_ids(prompt_ids)
+            except MalformedTokenData as exc:
+                problem = MalformedTokenData(f"choices[{index}].{semconv.RESPONSE_PROMPT_TOKEN_IDS} {exc}")
         tokens = self._choices.get(index)
         if tokens is None:
             tokens = self._choices[index] = _ChoiceTokens()
@@ -313,10 +349,12 @@ class LLMSpanRecorder:
         if problem is not None:
             raise problem
 
-    def _set_prompt_ids(self, value: Any, where: str) -> None:
+    def _set_prompt_ids(self, value: Any) -> None:
+        """The prompt's ids, unless written already; MalformedTokenData saying what is wrong (its
+        caller adds where: the message is built only then)."""
         if self._prompt_ids_written:
             return  # completions repeat the prompt on every choice; the first one wins
-        self._set_token_ids(semconv.LLM_PROMPT_TOKEN_IDS, parse_token_ids(value, where))
+        self._pending[semconv.LLM_PROMPT_TOKEN_IDS] = _token_ids_value(value)
         self._prompt_ids_written = True
 
     def _write_choice(self, index: int, tokens: _ChoiceTokens) -> None:
@@ -325,9 +363,6 @@ class LLMSpanRecorder:
         if tokens.has_logprobs and not tokens.broken_logprobs:
             self._set_logprobs(semconv.llm_response_logprobs(index), tokens.logprobs)
 
-    def _set(self, key: str, value: Any) -> None:
-        self._pending[key] = value
-
     # ids and logprobs go on the span packed (packed_values.py): one string each, not an array
     # the SDK would check, and its exporter encode, element by element
     def _set_token_ids(self, key: str, ids: array) -> None:
@@ -335,3 +370,25 @@ class LLMSpanRecorder:
 
     def _set_logprobs(self, key: str, values: Sequence[float]) -> None:
         self._pending[key] = pack_logprobs(values)
+
+
+def _token_ids_value(value: Any) -> str:
+    """The attribute value of one whole id field: a packed string as it came (checked), a list
+    packed; MalformedTokenData saying what is wrong (its caller adds where)."""
+    if type(value) is str:
+        problem = packed_token_ids_problem(value)
+        if problem is None:
+            return value
+    else:
+        ids = array(TOKEN_ID_TYPECODE)
+        problem = extend_token_ids(ids, value)
+        if problem is None:
+            return pack_token_ids(ids)
+    raise MalformedTokenData(problem)
+
+
+_CHOICE_0_TOKEN_IDS = semconv.llm_response_token_ids(0)
+
+
+def _response_token_ids_key(index: int) -> str:
+    return _CHOICE_0_TOKEN_IDS if index == 0 else semconv.llm_response_token_ids(index)

@@ -8,9 +8,10 @@ field asking each for token ids), and the hosts that refuse unknown fields. Each
 openinference's instrumentor of its SDK, which makes one LLM span per call (and is turned on here
 if it is not already), and adds only what RL needs, on that same span:
 
-- the request asks the endpoint for token ids, unless ``OTEL_SPANRL_REQUEST_TOKEN_IDS=false``; an
-  endpoint that ignores the field still works; and it carries the ``x-spanrl-rollout-id`` header
-  inside a rollout (sticky routing at the verl gateway);
+- the request asks the endpoint for token ids (packed, where spanrl's server or a relay answers),
+  unless ``OTEL_SPANRL_REQUEST_TOKEN_IDS=false``; an endpoint that ignores the fields still works;
+  and it carries the ``x-spanrl-rollout-id`` header inside a rollout (sticky routing at the verl
+  gateway);
 - ``spanrl.llm.prompt_token_ids``, ``spanrl.llm.response.<i>.token_ids``, logprobs when
   present, ``spanrl.llm.policy_version`` and ``gen_ai.response.id`` (``LLMSpanRecorder``).
 
@@ -249,13 +250,13 @@ def _recorded_call(instance: Any, options: Any, calls: SdkCalls, request_token_i
     recorder = _recorder_for(sdk_span, options, calls)
     if _host_of(instance) in calls.strict_hosts:
         return recorder
-    extra_json = _extra_json_with_flag(options, flag) if request_token_ids else None
-    headers = _request_headers(options, sdk_span, ctx, packed_ids=extra_json is not None)
+    json_data = _json_data_with_flag(options, flag) if request_token_ids else None
+    headers = _request_headers(options, sdk_span, ctx)
     # Set on the options without a copy, as new dicts (the agent's own are never changed): the SDK
     # builds each attempt from a copy made before it, so a retry starts clean (and adds them
-    # again); openinference's input capture reads only the JSON body.
-    if extra_json is not None:
-        options.extra_json = extra_json
+    # again); openinference read the request's parameters when the call began and keeps that dict.
+    if json_data is not None:
+        options.json_data = json_data
         if recorder is not None:  # the ids come because spanrl asked: the agent does not see them
             recorder.removes_id_fields = True
     if headers is not None:
@@ -301,35 +302,36 @@ def _host_of(client: Any) -> Any:
     return host
 
 
-def _extra_json_with_flag(options: Any, flag: str) -> dict | None:
-    """The request's ``extra_json`` with ``flag: true`` added, or None when the body is not a JSON
-    object or the agent set the flag itself."""
-    if options.json_data is not None and not isinstance(options.json_data, dict):
+def _json_data_with_flag(options: Any, flag: str) -> dict | None:
+    """A copy of the request's JSON body with ``flag: true`` added, or None when the body is not a
+    JSON object or the agent set the flag itself. With it ``spanrl_token_ids: "packed"``: spanrl's
+    server and its relays then answer each id list as one string (vLLM ignores the field and sends
+    lists; the recorder reads both). Body fields, not a header, and in the body rather than
+    ``extra_json``: the SDK passes a header through ~5 layers of checks (~60k instructions a call,
+    docs/performance.md) and merges ``extra_json`` key by key; a copied dict costs one C call."""
+    json_data = options.json_data
+    if json_data is not None and not isinstance(json_data, dict):
         return None  # not a JSON object body; leave it alone
-    json_data = options.json_data or {}
-    extra_json = options.extra_json if isinstance(options.extra_json, dict) else {}
-    if flag in json_data or flag in extra_json:
+    extra_json = options.extra_json
+    if (json_data is not None and flag in json_data) or (isinstance(extra_json, dict) and flag in extra_json):
         return None  # the agent decided itself
-    return {**extra_json, flag: True}
+    return {**(json_data or {}), flag: True, semconv.TOKEN_IDS_FORM_FIELD: semconv.TOKEN_IDS_FORM_PACKED}
 
 
-def _request_headers(options: Any, sdk_span: Any, ctx: Any, packed_ids: bool) -> dict | None:
-    """The request's headers with spanrl's added, or None when none is: the rollout header inside
-    a rollout (unless the agent sent one itself), and, when spanrl asked for the ids
-    (``packed_ids``), ``x-spanrl-token-ids: packed``, which spanrl's server answers with one
-    string per id list (vLLM ignores it and sends lists; the recorder reads both). The rollout:
-    ``rollout()`` / W3C baggage, else the resource attribute of the current span's process (what
-    ``spanrl run`` gives each agent process)."""
+def _request_headers(options: Any, sdk_span: Any, ctx: Any) -> dict | None:
+    """The request's headers with the rollout header added inside a rollout, or None outside one
+    (or when the agent sent that header itself). The rollout: ``rollout()`` / W3C baggage, else
+    the resource attribute of the current span's process (what ``spanrl run`` gives each agent
+    process)."""
     rollout_id = current_rollout_id(ctx)
     if rollout_id is None:
         rollout_id = _resource_rollout_id(getattr(sdk_span, "resource", None))
-    if rollout_id is None and not packed_ids:
+    if rollout_id is None:
         return None
     headers = options.headers if isinstance(options.headers, dict) else {}
-    added = {semconv.TOKEN_IDS_FORM_HEADER: semconv.TOKEN_IDS_FORM_PACKED} if packed_ids else {}
-    if rollout_id is not None and not any(k.lower() == semconv.ROLLOUT_ID_HEADER for k in headers):
-        added[semconv.ROLLOUT_ID_HEADER] = rollout_id
-    return {**headers, **added} if added else None
+    if any(k.lower() == semconv.ROLLOUT_ID_HEADER for k in headers):
+        return None
+    return {**headers, semconv.ROLLOUT_ID_HEADER: rollout_id}
 
 
 # (a tracer provider's resource, its rollout id): a resource is immutable and a process has one.

@@ -88,9 +88,13 @@ RESPONSE_CHOICE_TOKEN_IDS = "token_ids"  # per choice, per stream chunk when str
 RESPONSE_POLICY_VERSION = "policy_version"  # top-level body field of spanrl's server
 POLICY_VERSION_HEADER = "x-spanrl-policy-version"  # response header of spanrl's server
 ROLLOUT_ID_HEADER = "x-spanrl-rollout-id"  # request header: the gateway routes a rollout's calls to one upstream
-# request header: answer each id list as one packed string (packed_values; spanrl's server; vLLM ignores it)
+# request body field: answer each id list as one packed string (packed_values; spanrl's server and its
+# relays; vLLM ignores it). The header of the same name does the same for a client that cannot add a
+# body field; the instrumentation uses the field: a header costs an agent ~4x more (docs/performance.md).
+TOKEN_IDS_FORM_FIELD = "spanrl_token_ids"
 TOKEN_IDS_FORM_HEADER = "x-spanrl-token-ids"
 TOKEN_IDS_FORM_PACKED = "packed"
+TOKEN_IDS_FORM_LISTS = "lists"  # vLLM's form, the default
 RESPONSE_MODEL_REQUEST_FIELDS = "request_fields"  # /v1/models entry of spanrl's server: implemented/ignored fields
 # the Responses API (/v1/responses): vLLM's names on that route
 REQUEST_ENABLE_RESPONSE_MESSAGES = "enable_response_messages"  # request body flag

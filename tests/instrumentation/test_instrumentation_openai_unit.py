@@ -197,6 +197,30 @@ def test_policy_version_prefers_the_body_and_falls_back_to_the_header():
     assert semconv.LLM_POLICY_VERSION not in _recorded(False, "v2", {"policy_version": True})
 
 
+def test_a_bodys_packed_ids_are_written_as_they_came_and_a_malformed_field_is_named_and_left_out(caplog):
+    """A whole body's packed strings (spanrl's server) become the attributes as they are; a
+    malformed one is named in the log and left out, while the call's other fields are kept."""
+    from spanrl.instrumentation.packed_values import pack_token_ids
+
+    prompt, reply = pack_token_ids([1, 2, 3]), pack_token_ids([40, 41])
+    body = {"id": "b", "object": "chat.completion", "prompt_token_ids": prompt, "policy_version": 4,
+            "choices": [{"index": 0, "token_ids": reply, "logprobs": {"content": [{"logprob": -0.5}] * 2}}]}
+    attributes = _recorded(False, None, body)
+    assert attributes[semconv.LLM_PROMPT_TOKEN_IDS] == (1, 2, 3)
+    assert attributes[semconv.llm_response_token_ids(0)] == (40, 41)
+    assert attributes[semconv.llm_response_logprobs(0)] == (-0.5, -0.5)
+    completion = {"object": "text_completion", "choices": [{"prompt_token_ids": prompt, "token_ids": reply}]}
+    assert _recorded(False, None, completion)[semconv.LLM_PROMPT_TOKEN_IDS] == (1, 2, 3)
+
+    broken = {**body, "choices": [{**body["choices"][0], "token_ids": reply + "!"}]}
+    with caplog.at_level(logging.WARNING, logger="spanrl"):
+        attributes = _recorded(False, None, broken)
+    assert any("choices[0].token_ids should be packed ids (base64)" in r.getMessage() for r in caplog.records)
+    assert semconv.llm_response_token_ids(0) not in attributes
+    assert attributes[semconv.LLM_PROMPT_TOKEN_IDS] == (1, 2, 3) and attributes[semconv.LLM_POLICY_VERSION] == 4
+    assert attributes[semconv.llm_response_logprobs(0)] == (-0.5, -0.5)
+
+
 # Chunks as vLLM sends them (a chunk's object and the policy version: the recorder's fast path for
 # a stream's middle chunks), and bare (the general path)
 VLLM_CHUNK = {"object": "chat.completion.chunk", "policy_version": 3}

@@ -5,17 +5,22 @@ receiver's ingest check of both forms."""
 from __future__ import annotations
 
 import base64
+import binascii
 import math
 import struct
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 
 from spanrl.instrumentation import semconv
 from spanrl.instrumentation.packed_values import (
     PackedValueError,
+    asks_packed_ids,
     pack_logprobs,
     pack_token_ids,
+    packed_token_ids_problem,
     unpack_logprobs,
     unpack_token_ids,
 )
@@ -76,3 +81,53 @@ def test_the_receiver_accepts_both_forms_and_names_a_bad_packed_value():
         f"{logprobs_key}: packed logprobs should be whole 8-byte values, got 4 bytes")
     assert "must be an array of non-negative ints or the packed string of them, got int" in attribute_problem(
         key, AnyValue(int_value=3))
+
+
+_BASE64_AND_JUNK = "ABab09+/=!\n é"
+
+
+@st.composite
+def _edited_packed_ids(draw) -> str:
+    """Packed ids with one character replaced, put in or taken out, or their padding moved inside
+    (or none)."""
+    text = pack_token_ids(draw(st.lists(st.integers(0, 2**32 - 1), max_size=9)))
+    at = draw(st.integers(0, len(text)))
+    char = draw(st.sampled_from(_BASE64_AND_JUNK))
+    edit = draw(st.sampled_from(["none", "replace", "insert", "delete", "move padding"]))
+    if edit == "move padding":
+        data = text.rstrip("=")
+        at = min(at, len(data))
+        return data[:at] + "=" * (len(text) - len(data)) + data[at:]
+    if edit == "replace" and at < len(text):
+        return text[:at] + char + text[at + 1:]
+    if edit == "insert":
+        return text[:at] + char + text[at:]
+    return text[:at] + text[at + 1:] if edit == "delete" else text
+
+
+@given(st.text(alphabet=_BASE64_AND_JUNK, max_size=24) | _edited_packed_ids())
+def test_a_packed_string_is_checked_without_decoding_as_strict_decoding_checks_it(text):
+    """``packed_token_ids_problem`` (no decoding: what a recorder writes as it came) accepts what
+    strict base64 decoding of whole 4-byte ids accepts, and nothing else."""
+    try:
+        raw = binascii.a2b_base64(text, strict_mode=True)
+        decodes = len(raw) % 4 == 0
+    except (binascii.Error, ValueError):
+        decodes = False
+    assert (packed_token_ids_problem(text) is None) == decodes
+
+
+@pytest.mark.parametrize("text, words", [("AQID", "whole 4-byte ids, got 3 bytes"), ("not base64!", "base64"),
+                                         ("AQAAAA==AQAAAA==", "base64"), ("AQAAAAI=", "got 5 bytes"), ("é", "base64"),
+                                         ("AQAAA=AAAAAA", "base64"), ("A===", "base64"), ("AQAAAAIAAA=\n", "base64")])
+def test_a_packed_string_that_is_not_whole_ids_is_named(text, words):
+    assert words in packed_token_ids_problem(text)
+
+
+def test_the_form_of_ids_is_asked_in_the_body_or_a_header_and_a_bad_form_is_named():
+    field, header = semconv.TOKEN_IDS_FORM_FIELD, semconv.TOKEN_IDS_FORM_HEADER
+    assert asks_packed_ids({}, {field: "packed"}) and asks_packed_ids({header: "packed"}, {})
+    assert not asks_packed_ids({header: "packed"}, {field: "lists"})  # the body's word wins
+    assert not asks_packed_ids({}, {}) and not asks_packed_ids({header: "lists"})
+    with pytest.raises(ValueError, match=f"{field} should be 'packed' or 'lists', got 'zipped'"):
+        asks_packed_ids({}, {field: "zipped"})

@@ -1,7 +1,8 @@
-"""The packed form of token ids: spanrl's server answers ``x-spanrl-token-ids: packed`` with one
-string per id list (but a stream's per-token ids), holding the ids it sends as lists without the
-header, on every route; and an instrumented agent asks for it, records the same ids and sees no id
-field in its objects."""
+"""The packed form of token ids: spanrl's server answers a request with ``"spanrl_token_ids":
+"packed"`` (or the header ``x-spanrl-token-ids: packed``) with one string per id list (but a
+stream's per-token ids), holding the ids it sends as lists otherwise, on every route; an
+instrumented agent asks for it in the body, records the same ids and sees no id field in its
+objects; a packed string is checked as it is written, without decoding it."""
 
 from __future__ import annotations
 
@@ -14,14 +15,15 @@ import pytest
 from spanrl.instrumentation import semconv
 from spanrl.instrumentation.packed_values import unpack_token_ids, unpacked_attributes
 
-PACKED = {semconv.TOKEN_IDS_FORM_HEADER: semconv.TOKEN_IDS_FORM_PACKED}
+PACKED = {semconv.TOKEN_IDS_FORM_FIELD: semconv.TOKEN_IDS_FORM_PACKED}  # in the body
+PACKED_HEADER = {semconv.TOKEN_IDS_FORM_HEADER: semconv.TOKEN_IDS_FORM_PACKED}
 GREEDY = {"temperature": 0, "max_tokens": 8}
 
 
 def _answers(server, path: str, body: dict) -> tuple[dict, dict]:
-    """The same greedy request answered with lists (no header) and packed (the header)."""
+    """The same greedy request answered with lists (not asked) and packed (asked in the body)."""
     lists = httpx.post(f"{server.url}{path}", json=body, timeout=60)
-    packed = httpx.post(f"{server.url}{path}", json=body, headers=PACKED, timeout=60)
+    packed = httpx.post(f"{server.url}{path}", json={**body, **PACKED}, timeout=60)
     assert lists.status_code == packed.status_code == 200, (lists.text, packed.text)
     return lists.json(), packed.json()
 
@@ -80,18 +82,20 @@ def test_a_stream_packs_its_prompts_ids_and_keeps_each_tokens_id_a_list(server, 
     body = {"model": engine.model_name, "messages": [{"role": "user", "content": "What is 37 + 45?"}],
             "return_token_ids": True, "stream": True, **GREEDY}
     prompt_lists, reply_lists = _stream_ids(server, body, {})
-    prompt_packed, reply_packed = _stream_ids(server, body, PACKED)
+    prompt_packed, reply_packed = _stream_ids(server, body, PACKED_HEADER)
     assert [unpack_token_ids(p) for p in prompt_packed] == prompt_lists and len(prompt_lists) == 1
     assert reply_packed == reply_lists and sum(reply_lists, [])
 
 
 def test_an_instrumented_agent_records_the_servers_ids_and_never_sees_them(server, engine, private_tracing):
-    """spanrl's instrumentation asks for the packed form; its span holds the ids the engine
-    served (the same request's answer without the header), and the agent's objects hold no ids."""
+    """spanrl's instrumentation asks for the packed form in the body (no header); its span holds
+    the ids the engine served (the same request's answer as lists), and the agent's objects hold no ids."""
     messages = [{"role": "user", "content": "What is 37 + 45?"}]
     client = openai.OpenAI(base_url=server.base_url, api_key="unused", max_retries=0)
     raw = client.chat.completions.with_raw_response.create(model=engine.model_name, messages=messages, **GREEDY)
-    assert raw.http_request.headers[semconv.TOKEN_IDS_FORM_HEADER] == semconv.TOKEN_IDS_FORM_PACKED
+    sent = json.loads(raw.http_request.content)
+    assert sent[semconv.TOKEN_IDS_FORM_FIELD] == semconv.TOKEN_IDS_FORM_PACKED and sent["return_token_ids"] is True
+    assert semconv.TOKEN_IDS_FORM_HEADER not in raw.http_request.headers
     assert isinstance(json.loads(raw.text)["prompt_token_ids"], str)
     reply = raw.parse()
     assert "prompt_token_ids" not in (reply.model_extra or {})
@@ -128,7 +132,7 @@ def test_a_relay_packs_every_shape_and_leaves_per_token_ids_and_non_ids_as_they_
 
     def packed(data: dict, stream_event: bool = False) -> dict:
         def run() -> dict:
-            note_id_form(PACKED)
+            note_id_form({}, PACKED)
             pack_reply_ids(data, stream_event)
             return data
         return contextvars.copy_context().run(run)
@@ -148,7 +152,34 @@ def test_a_relay_packs_every_shape_and_leaves_per_token_ids_and_non_ids_as_they_
     body = packed({"object": "text_completion", "choices": [{"prompt_token_ids": [1], "token_ids": [9, "x"]}]})
     assert body["choices"][0]["token_ids"] == [9, "x"]  # not ids: as it came, for the agent's reader to name
     assert unpack_token_ids(body["choices"][0]["prompt_token_ids"]) == [1]
-    note_id_form({})  # a request that did not ask: lists stay lists
+    note_id_form({}, {})  # a request that did not ask: lists stay lists
     unasked = {"prompt_token_ids": [1]}
     pack_reply_ids(unasked, False)
     assert unasked == {"prompt_token_ids": [1]}
+
+
+def test_the_header_asks_too_the_bodys_word_wins_and_a_bad_form_is_refused(server, engine):
+    """A client that cannot add a body field asks with the header; ``lists`` in the body overrides
+    it; a form the server does not know is refused naming the field."""
+    chat = {"model": engine.model_name, "messages": [{"role": "user", "content": "What is 37 + 45?"}],
+            "return_token_ids": True, **GREEDY}
+    url = f"{server.url}/v1/chat/completions"
+    by_header = httpx.post(url, json=chat, headers=PACKED_HEADER, timeout=60).json()
+    assert isinstance(by_header["prompt_token_ids"], str)
+    overridden = httpx.post(url, json={**chat, semconv.TOKEN_IDS_FORM_FIELD: "lists"}, headers=PACKED_HEADER,
+                            timeout=60).json()
+    assert overridden["prompt_token_ids"] == unpack_token_ids(by_header["prompt_token_ids"])
+    refused = httpx.post(url, json={**chat, semconv.TOKEN_IDS_FORM_FIELD: "zipped"}, timeout=60)
+    assert refused.status_code == 422 and semconv.TOKEN_IDS_FORM_FIELD in refused.text  # as any bad field
+
+
+def test_a_relay_answers_the_form_itself_and_never_sends_the_field_upstream():
+    from spanrl.trainer_bridge.relay.config import RelayConfig
+    from spanrl.trainer_bridge.relay.packed_replies import note_id_form
+    from spanrl.trainer_bridge.relay.rewrite import rewrite_request
+
+    body = {"model": "m", "messages": [], semconv.TOKEN_IDS_FORM_FIELD: "packed"}
+    payload = rewrite_request(body, "/v1/chat/completions", RelayConfig(name="proxy"), None)
+    assert semconv.TOKEN_IDS_FORM_FIELD not in payload and body[semconv.TOKEN_IDS_FORM_FIELD] == "packed"
+    with pytest.raises(ValueError, match=semconv.TOKEN_IDS_FORM_FIELD):
+        note_id_form({}, {semconv.TOKEN_IDS_FORM_FIELD: 3})

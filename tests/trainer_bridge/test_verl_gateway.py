@@ -122,14 +122,14 @@ def test_streams_pass_event_by_event_with_the_version_in_each(start, upstreams):
 def _gateway_answers(gateway, path: str, body: dict, packed: bool) -> dict:
     from spanrl.instrumentation import semconv
 
-    headers = {semconv.TOKEN_IDS_FORM_HEADER: semconv.TOKEN_IDS_FORM_PACKED} if packed else {}
-    reply = httpx.post(f"{gateway.url}{path.removeprefix('/v1')}", json=body, headers=headers, timeout=60)
+    asked = {semconv.TOKEN_IDS_FORM_FIELD: semconv.TOKEN_IDS_FORM_PACKED} if packed else {}
+    reply = httpx.post(f"{gateway.url}{path.removeprefix('/v1')}", json={**body, **asked}, timeout=60)
     assert reply.status_code == 200, reply.text
     return reply.json()
 
 
 def test_the_gateway_packs_vllms_id_lists_when_the_agent_asks(start, upstreams, private_tracing):
-    """Its upstreams answer lists; for a request with ``x-spanrl-token-ids: packed`` (what spanrl's
+    """Its upstreams answer lists; for a request with ``"spanrl_token_ids": "packed"`` (what spanrl's
     instrumentation sends) the gateway packs them, and an instrumented agent records the ids."""
     from spanrl.instrumentation import semconv
     from spanrl.instrumentation.packed_values import unpack_token_ids, unpacked_attributes

@@ -103,7 +103,10 @@ async def generate(request: Request) -> Response:
         answer_as(str(body["model"]))  # replies carry the name the agent asked for
     elif state.config.upstream_model and isinstance(body.get("model"), str):
         answer_as(body["model"])  # the proxy sends its own name upstream; the agent gets its own back
-    note_id_form(request.headers)  # replies pack their ids when the agent's instrumentation asked
+    try:
+        note_id_form(request.headers, body)  # replies pack their ids when the agent's instrumentation asked
+    except ValueError as exc:
+        raise RelayError(400, str(exc), "invalid_value", "invalid_request_error") from None
     lease = await state.admit()
     streamed = False
     try:

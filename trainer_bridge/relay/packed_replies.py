@@ -1,9 +1,11 @@
 """A relay's replies with their token ids packed, when the agent's request asked for that form.
 
-spanrl's instrumentation sends ``x-spanrl-token-ids: packed`` with the id flag it adds; spanrl's
-own server then answers each id list as one packed string (``torch_backend/server/token_id_form.py``,
-docs/interfaces.md §1). A relay (the verl gateway, ``spanrl proxy``) gets lists from its upstream
-(vLLM) and packs them on the way out for such a request, so an agent behind the gateway parses one
+spanrl's instrumentation sends ``"spanrl_token_ids": "packed"`` with the id flag it adds (or a
+client the header ``x-spanrl-token-ids: packed``); spanrl's own server then answers each id list
+as one packed string (``torch_backend/server/token_id_form.py``, docs/interfaces.md §1). A relay
+(the verl gateway, ``spanrl proxy``) gets lists from its upstream (vLLM), never sends it the field
+(``rewrite.rewrite_request``), and packs the lists on the way out for such a request, so an agent
+behind the gateway parses one
 string per list too. The rule is the server's: every list of a body or of a stream's first or last
 event is packed, a stream's per-token ids stay lists (one id parses for less than a string decodes).
 A field that is not a list of ids is left as it came: the agent's reader names the problem.
@@ -23,9 +25,10 @@ _packed_asked: ContextVar[bool] = ContextVar("spanrl_relay_packed_ids", default=
 _CHUNK_OBJECTS = frozenset({"chat.completion.chunk", "text_completion"})
 
 
-def note_id_form(headers: Mapping[str, str]) -> None:
-    """Remember for the current request whether its ``headers`` ask for packed ids."""
-    _packed_asked.set(asks_packed_ids(headers))
+def note_id_form(headers: Mapping[str, str], body: Mapping[str, Any]) -> None:
+    """Remember for the current request whether its ``body`` or ``headers`` ask for packed ids;
+    ValueError naming the body's field when its value is not a form."""
+    _packed_asked.set(asks_packed_ids(headers, body))
 
 
 def pack_reply_ids(data: dict[str, Any], stream_event: bool) -> None:

@@ -75,6 +75,7 @@ def rewrite_request(body: dict[str, Any], path: str, config: RelayConfig, upstre
     """The body sent upstream for an agent's ``body`` on ``path`` (the agent's dict is not changed).
     ``upstream_model``: the upstream's own model name (asked when the relay has a served name)."""
     payload = dict(body)
+    payload.pop(semconv.TOKEN_IDS_FORM_FIELD, None)  # the relay's own to answer (packed_replies), not the upstream's
     if config.served_model_name is not None and upstream_model is not None:
         payload["model"] = upstream_model
     elif config.upstream_model:
