@@ -126,7 +126,8 @@ def test_a_retried_call_asks_for_ids_and_names_its_rollout_once_per_attempt(priv
 def test_the_agent_sees_no_id_fields_it_did_not_ask_for_and_keeps_those_it_did(private_tracing, vllm_recording):
     """The ids come because spanrl asked: once recorded they are taken out of the body and the
     chunks, so the agent's objects and openinference's ``output.value`` are as without spanrl (the
-    ids travel once, packed). An agent that asks for them itself gets them."""
+    ids travel once, packed), and openinference's request parameters hold none of spanrl's
+    fields (``return_token_ids``, ``spanrl_token_ids``). An agent that asks for them itself gets them."""
     client = openai.OpenAI(base_url=vllm_recording.base_url, api_key="k")
     chat = client.chat.completions.create(
         model="policy", messages=[{"role": "user", "content": "What is 2+3?"}], n=2, logprobs=True)
@@ -138,8 +139,9 @@ def test_the_agent_sees_no_id_fields_it_did_not_ask_for_and_keeps_those_it_did(p
     spans = [s for s in private_tracing.exporter.get_finished_spans()
              if s.attributes.get("openinference.span.kind") == "LLM"]
     assert len(spans) == 3
-    for span in spans:
+    for span in spans:  # nor do openinference's records of the request and the response
         assert "token_ids" not in span.attributes["output.value"]
+        assert "token_ids" not in span.attributes["llm.invocation_parameters"], span.attributes
     sent = [vllm_recording.sent[r.id] for r in (chat, chunks[0], completion)]
     for attributes, plan in zip(llm_attributes(private_tracing.exporter), sent, strict=True):
         for i, choice in enumerate(plan["choices"]):
