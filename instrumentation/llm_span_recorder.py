@@ -278,19 +278,25 @@ class LLMSpanRecorder:
             except MalformedTokenData as exc:
                 raise MalformedTokenData(f"{semconv.RESPONSE_CHOICE_TOKEN_IDS} {exc}") from None
 
-    def _observe_body_choice(self, position: int, choice: dict[str, Any], take: Callable[..., Any]) -> None:
-        """One choice of a whole body: its ids and logprobs written at once, each unless malformed
-        (a packed string as it came); ``take`` reads its id fields (``dict.pop``: and takes them out)."""
+    def _choice_index_and_prompt(self, position: int, choice: dict[str, Any],
+                                 take: Callable[..., Any]) -> tuple[int, MalformedTokenData | None]:
+        """A choice's index (MalformedTokenData when it is not one), and what is wrong with the
+        prompt ids it carries (completions), or None; those ids are written unless they were."""
         index = choice.get("index", position)
         if type(index) is not int or index < 0:
             raise MalformedTokenData(f"choice index should be a non-negative int, got {index!r}")
-        problem: MalformedTokenData | None = None
         prompt_ids = take(choice, semconv.RESPONSE_PROMPT_TOKEN_IDS, None)
         if prompt_ids is not None:
             try:
                 self._set_prompt_ids(prompt_ids)
             except MalformedTokenData as exc:
-                problem = MalformedTokenData(f"choices[{index}].{semconv.RESPONSE_PROMPT_TOKEN_IDS} {exc}")
+                return index, MalformedTokenData(f"choices[{index}].{semconv.RESPONSE_PROMPT_TOKEN_IDS} {exc}")
+        return index, None
+
+    def _observe_body_choice(self, position: int, choice: dict[str, Any], take: Callable[..., Any]) -> None:
+        """One choice of a whole body: its ids and logprobs written at once, each unless malformed
+        (a packed string as it came); ``take`` reads its id fields (``dict.pop``: and takes them out)."""
+        index, problem = self._choice_index_and_prompt(position, choice, take)
         raw_ids = take(choice, semconv.RESPONSE_CHOICE_TOKEN_IDS, None)
         if raw_ids is not None:
             try:
@@ -310,16 +316,7 @@ class LLMSpanRecorder:
     def _observe_choice(self, position: int, choice: dict[str, Any], take: Callable[..., Any] = dict.get) -> None:
         """One choice of a stream's chunk, its ids and logprobs added to the choice's; ``take``
         reads its id fields (``dict.pop``: and takes them out)."""
-        index = choice.get("index", position)
-        if type(index) is not int or index < 0:
-            raise MalformedTokenData(f"choice index should be a non-negative int, got {index!r}")
-        problem: MalformedTokenData | None = None
-        prompt_ids = take(choice, semconv.RESPONSE_PROMPT_TOKEN_IDS, None)
-        if prompt_ids is not None:
-            try:
-                self._set_prompt_ids(prompt_ids)
-            except MalformedTokenData as exc:
-                problem = MalformedTokenData(f"choices[{index}].{semconv.RESPONSE_PROMPT_TOKEN_IDS} {exc}")
+        index, problem = self._choice_index_and_prompt(position, choice, take)
         tokens = self._choices.get(index)
         if tokens is None:
             tokens = self._choices[index] = _ChoiceTokens()
