@@ -35,6 +35,7 @@ from typing import Any
 from opentelemetry.trace import Span
 
 from spanrl.instrumentation import semconv
+from spanrl.instrumentation.endpoints import PACKING_ENDPOINTS
 from spanrl.instrumentation.packed_values import (
     TOKEN_ID_TYPECODE,
     extend_packed_token_ids,
@@ -97,6 +98,10 @@ class LLMSpanRecorder:
     # body or chunk, so the agent's response object and openinference's ``output.value`` are
     # what they would be without spanrl (and the ids are not carried twice, as JSON text too)
     removes_id_fields = False
+    # The key of the call's endpoint when spanrl does not know yet that it is spanrl's server or a
+    # relay: an answer with a ``policy_version`` in its body says so (endpoints.py), and later calls
+    # ask it for packed ids.
+    packing_endpoint: str | None = None
 
     def __init__(self, span: Span, streaming: bool, header_policy_version: Any = None,
                  headers: Mapping[str, str] | None = None) -> None:
@@ -232,6 +237,8 @@ class LLMSpanRecorder:
                 version = parse_policy_version(version)
                 if version is None:
                     version = self._fallback_policy_version()
+            elif self.packing_endpoint is not None:
+                PACKING_ENDPOINTS.add(self.packing_endpoint)  # an answer of spanrl's server or a relay
             if version is not None:
                 self._policy_version_written = True
                 self._pending[semconv.LLM_POLICY_VERSION] = version
@@ -313,7 +320,7 @@ class LLMSpanRecorder:
         if problem is not None:
             raise problem
 
-    def _observe_choice(self, position: int, choice: dict[str, Any], take: Callable[..., Any] = dict.get) -> None:
+    def _observe_choice(self, position: int, choice: dict[str, Any], take: Callable[..., Any]) -> None:
         """One choice of a stream's chunk, its ids and logprobs added to the choice's; ``take``
         reads its id fields (``dict.pop``: and takes them out)."""
         index, problem = self._choice_index_and_prompt(position, choice, take)
@@ -340,8 +347,8 @@ class LLMSpanRecorder:
         finish_reason = choice.get("finish_reason")
         if finish_reason is not None:
             tokens.finished = True
-        # A complete body is written at once; a stream once the choice has finished.
-        if not self.streaming or (tokens.finished and (got_new or finish_reason is not None)):
+        # written once the choice has finished (and again if more ids follow)
+        if tokens.finished and (got_new or finish_reason is not None):
             self._write_choice(index, tokens)
         if problem is not None:
             raise problem

@@ -62,14 +62,12 @@ _ID_FORMS = (semconv.TOKEN_IDS_FORM_PACKED, semconv.TOKEN_IDS_FORM_LISTS)
 
 def extend_packed_token_ids(ids: array, text: str) -> str | None:
     """Append the ids packed in ``text`` to ``ids`` (an array of ``TOKEN_ID_TYPECODE``); what is
-    wrong with ``text``, or None. The form spanrl's server answers in when asked with
-    ``x-spanrl-token-ids: packed`` (docs/interfaces.md §1): one C pass, no int per id."""
-    try:
-        raw = binascii.a2b_base64(text, strict_mode=True)
-    except (binascii.Error, ValueError) as exc:
-        return f"should be packed ids (base64): {exc}"
-    if len(raw) % ids.itemsize:
-        return f"should be packed whole {ids.itemsize}-byte ids, got {len(raw)} bytes"
+    wrong with ``text`` (``packed_token_ids_problem``), or None. The form spanrl's server answers
+    in when asked (docs/interfaces.md §1): one C pass, no int per id."""
+    problem = packed_token_ids_problem(text)
+    if problem is not None:
+        return problem
+    raw = binascii.a2b_base64(text)  # checked already: the plain decoder is the faster one
     if _SWAP:
         values = array(ids.typecode, raw)
         values.byteswap()
@@ -80,21 +78,26 @@ def extend_packed_token_ids(ids: array, text: str) -> str | None:
 
 
 def packed_token_ids_problem(text: str) -> str | None:
-    """What is wrong with ``text`` as packed ids, or None; what ``extend_packed_token_ids`` accepts,
-    checked without decoding: only base64's alphabet, a length a multiple of 4, at most two ``=``
-    and only at the end, and whole 4-byte ids. A recorder writes a string that passes as it came
-    (~5x cheaper than decoding it and encoding it again)."""
+    """What is wrong with ``text`` as packed ids, or None, checked without decoding: only base64's
+    standard alphabet, a length a multiple of 4, at most two ``=`` and only at the end, and whole
+    4-byte ids: what strict decoding of whole ids accepts, but for the ``=`` that Python 3.11's
+    strict decoder lets through after a whole group (gh-118314). A recorder writes a string that
+    passes as it came (~5x cheaper than decoding it and encoding it again)."""
     try:
         raw = text.encode("ascii")
     except UnicodeEncodeError:
         raw = b""  # not base64: the decoder below names the problem
     else:
-        padding = raw.translate(None, _BASE64_ALPHABET)  # what is not in the alphabet: "", "=" or "=="
+        not_alphabet = raw.translate(None, _BASE64_ALPHABET)  # for base64: "", "=" or "==", the padding
         length = len(raw)
-        if not length % 4 and padding in _PADDINGS and raw.endswith(padding):
-            size = length // 4 * 3 - len(padding)
+        if not length % 4 and not_alphabet in _PADDINGS and raw.endswith(not_alphabet):
+            size = length // 4 * 3 - len(not_alphabet)
             return None if not size % 4 else f"should be packed whole 4-byte ids, got {size} bytes"
-    return extend_packed_token_ids(array(TOKEN_ID_TYPECODE), text) or "should be packed ids (base64)"
+    try:  # the strict decoder names what is wrong
+        binascii.a2b_base64(text, strict_mode=True)
+    except (binascii.Error, ValueError) as exc:
+        return f"should be packed ids (base64): {exc}"
+    return "should be packed ids (base64): padded to a multiple of 4 characters with at most two '='"
 
 
 _BASE64_ALPHABET = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"

@@ -19,15 +19,6 @@ class MalformedTokenData(ValueError):
     """A token-id or logprob field of a response is present but not the documented shape."""
 
 
-def parse_token_ids(value: Any, where: str) -> array:
-    """``value`` as an array of token ids, or MalformedTokenData naming ``where`` it came from."""
-    ids = array(TOKEN_ID_TYPECODE)
-    problem = extend_token_ids(ids, value)
-    if problem is not None:
-        raise MalformedTokenData(f"{where} {problem}")
-    return ids
-
-
 def extend_token_ids(ids: array, value: Any) -> str | None:
     """Append the list ``value`` to ``ids`` (checked in C as it is copied), or the ids a packed
     string holds (spanrl's server, asked for that form); what is wrong with it, or None.

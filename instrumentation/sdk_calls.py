@@ -8,8 +8,9 @@ field asking each for token ids), and the hosts that refuse unknown fields. Each
 openinference's instrumentor of its SDK, which makes one LLM span per call (and is turned on here
 if it is not already), and adds only what RL needs, on that same span:
 
-- the request asks the endpoint for token ids (packed, where spanrl's server or a relay answers),
-  unless ``OTEL_SPANRL_REQUEST_TOKEN_IDS=false``; an endpoint that ignores the fields still works;
+- the request asks the endpoint for token ids (packed, from an endpoint that answered as spanrl's
+  server or relay before: endpoints.py), unless ``OTEL_SPANRL_REQUEST_TOKEN_IDS=false``; an endpoint
+  that ignores the fields still works;
   and it carries the ``x-spanrl-rollout-id`` header inside a rollout (sticky routing at the verl
   gateway);
 - ``spanrl.llm.prompt_token_ids``, ``spanrl.llm.response.<i>.token_ids``, logprobs when
@@ -45,6 +46,7 @@ from opentelemetry import trace as trace_api
 from opentelemetry.instrumentation.instrumentor import BaseInstrumentor  # type: ignore[attr-defined]
 
 from spanrl.instrumentation import semconv
+from spanrl.instrumentation.endpoints import PACKING_ENDPOINTS, endpoint_of
 from spanrl.instrumentation.llm_span_recorder import LLMSpanRecorder
 from spanrl.instrumentation.rollout import current_rollout_id
 from spanrl.instrumentation.settings import InstrumentationSettings
@@ -237,10 +239,11 @@ def _warn_once(message: str) -> None:
 def _recorded_call(instance: Any, options: Any, calls: SdkCalls, request_token_ids: bool) -> LLMSpanRecorder | None:
     """The recorder of a call we record (None when openinference made no span for it, or for
     other calls); the call's ``_build_request`` options get the route's token-id flag
-    (``return_token_ids`` or ``enable_response_messages``) true in the JSON body and, inside a
-    rollout, the ``x-spanrl-rollout-id`` header (the verl gateway keeps a rollout's calls on one
-    vLLM replica). Other calls are left as they are; hosts that refuse unknown fields get no
-    flag and no header."""
+    (``return_token_ids`` or ``enable_response_messages``) true in the JSON body, with
+    ``spanrl_token_ids: "packed"`` for an endpoint that answered as spanrl's before (endpoints.py),
+    and, inside a rollout, the ``x-spanrl-rollout-id`` header (the verl gateway keeps a rollout's
+    calls on one vLLM replica). Other calls are left as they are; hosts that refuse unknown fields
+    get no field and no header."""
     flag = _token_id_flag(options, calls)
     if options is None or flag is None:
         return None
@@ -248,9 +251,11 @@ def _recorded_call(instance: Any, options: Any, calls: SdkCalls, request_token_i
     span = trace_api.get_current_span(ctx)
     sdk_span = getattr(span, "__wrapped__", span)  # openinference's proxy, or the span itself
     recorder = _recorder_for(sdk_span, options, calls)
-    if _host_of(instance) in calls.strict_hosts:
+    host, endpoint = endpoint_of(instance)
+    if host in calls.strict_hosts:
         return recorder
-    json_data = _json_data_with_flag(options, flag) if request_token_ids else None
+    packed = endpoint in PACKING_ENDPOINTS  # spanrl's server or relay (endpoints.py): asked for packed ids
+    json_data = _json_data_with_flag(options, flag, packed) if request_token_ids else None
     headers = _request_headers(options, sdk_span, ctx)
     # Set on the options without a copy, as new dicts (the agent's own are never changed): the SDK
     # builds each attempt from a copy made before it, so a retry starts clean (and adds them
@@ -259,6 +264,8 @@ def _recorded_call(instance: Any, options: Any, calls: SdkCalls, request_token_i
         options.json_data = json_data
         if recorder is not None:  # the ids come because spanrl asked: the agent does not see them
             recorder.removes_id_fields = True
+            if not packed:  # its answer says whether the endpoint is spanrl's
+                recorder.packing_endpoint = endpoint
     if headers is not None:
         options.headers = headers
     return recorder
@@ -285,36 +292,22 @@ def _recorder_of(response: Any) -> LLMSpanRecorder | None:
     return getattr(request, _RECORDER_ATTRIBUTE, None)
 
 
-# (a client's base URL, its host): httpx computes ``URL.host`` on each read, and an agent mostly
-# calls through one client. The URL object is immutable; a client given a new one misses the cache.
-_last_base_url_host: tuple[Any, Any] = (None, None)
-
-
-def _host_of(client: Any) -> Any:
-    """The host of ``client.base_url`` (None when it has none)."""
-    global _last_base_url_host
-    # the SDKs keep it in ``_base_url``; OpenAI's ``base_url`` property imports a module per read (~1 us)
-    base_url = getattr(client, "__dict__", {}).get("_base_url") or getattr(client, "base_url", None)
-    cached_url, host = _last_base_url_host
-    if base_url is not cached_url or base_url is None:
-        host = getattr(base_url, "host", None)
-        _last_base_url_host = (base_url, host)
-    return host
-
-
-def _json_data_with_flag(options: Any, flag: str) -> dict | None:
+def _json_data_with_flag(options: Any, flag: str, packed: bool) -> dict | None:
     """A copy of the request's JSON body with ``flag: true`` added, or None when the body is not a
-    JSON object or the agent set the flag itself. With it ``spanrl_token_ids: "packed"``: spanrl's
-    server and its relays then answer each id list as one string (vLLM ignores the field and sends
-    lists; the recorder reads both). Body fields, not a header, and in the body rather than
-    ``extra_json``: the SDK passes a header through ~5 layers of checks (~60k instructions a call,
-    docs/performance.md) and merges ``extra_json`` key by key; a copied dict costs one C call."""
+    JSON object or the agent set the flag itself. With it, when ``packed`` (the endpoint is
+    spanrl's: endpoints.py), ``spanrl_token_ids: "packed"``: spanrl's server and its relays then
+    answer each id list as one string (the recorder reads lists and strings). Body fields, not a
+    header, and in the body rather than ``extra_json``: the SDK passes a header through ~5 layers of
+    checks (~60k instructions a call, docs/performance.md) and merges ``extra_json`` key by key; a
+    copied dict costs one C call."""
     json_data = options.json_data
     if json_data is not None and not isinstance(json_data, dict):
         return None  # not a JSON object body; leave it alone
     extra_json = options.extra_json
     if (json_data is not None and flag in json_data) or (isinstance(extra_json, dict) and flag in extra_json):
         return None  # the agent decided itself
+    if not packed:
+        return {**(json_data or {}), flag: True}
     return {**(json_data or {}), flag: True, semconv.TOKEN_IDS_FORM_FIELD: semconv.TOKEN_IDS_FORM_PACKED}
 
 

@@ -8,6 +8,7 @@ import base64
 import binascii
 import math
 import struct
+from array import array
 
 import pytest
 from hypothesis import given
@@ -16,8 +17,10 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 
 from spanrl.instrumentation import semconv
 from spanrl.instrumentation.packed_values import (
+    TOKEN_ID_TYPECODE,
     PackedValueError,
     asks_packed_ids,
+    extend_packed_token_ids,
     pack_logprobs,
     pack_token_ids,
     packed_token_ids_problem,
@@ -108,18 +111,24 @@ def _edited_packed_ids(draw) -> str:
 @given(st.text(alphabet=_BASE64_AND_JUNK, max_size=24) | _edited_packed_ids())
 def test_a_packed_string_is_checked_without_decoding_as_strict_decoding_checks_it(text):
     """``packed_token_ids_problem`` (no decoding: what a recorder writes as it came) accepts what
-    strict base64 decoding of whole 4-byte ids accepts, and nothing else."""
+    strict base64 decoding of whole 4-byte ids accepts, padded to a multiple of 4 with at most two
+    ``=`` (Python 3.11's strict decoder lets more ``=`` through after a whole group: gh-118314), and
+    nothing else; the ids it lets through are appended as they decode."""
     try:
         raw = binascii.a2b_base64(text, strict_mode=True)
-        decodes = len(raw) % 4 == 0
+        decodes = len(raw) % 4 == 0 and len(text) % 4 == 0 and not text.endswith("===")
     except (binascii.Error, ValueError):
         decodes = False
     assert (packed_token_ids_problem(text) is None) == decodes
+    ids = array(TOKEN_ID_TYPECODE)
+    assert (extend_packed_token_ids(ids, text) is None) == decodes
+    assert ids.tobytes() == (raw if decodes else b"")
 
 
 @pytest.mark.parametrize("text, words", [("AQID", "whole 4-byte ids, got 3 bytes"), ("not base64!", "base64"),
                                          ("AQAAAA==AQAAAA==", "base64"), ("AQAAAAI=", "got 5 bytes"), ("é", "base64"),
-                                         ("AQAAA=AAAAAA", "base64"), ("A===", "base64"), ("AQAAAAIAAA=\n", "base64")])
+                                         ("AQAAA=AAAAAA", "base64"), ("A===", "base64"), ("AQAAAAIAAA=\n", "base64"),
+                                         ("AQAAAAIAAAADAAAA=", "at most two '='")])
 def test_a_packed_string_that_is_not_whole_ids_is_named(text, words):
     assert words in packed_token_ids_problem(text)
 

@@ -3,12 +3,12 @@
 spanrl's instrumentation sends ``"spanrl_token_ids": "packed"`` with the id flag it adds (or a
 client the header ``x-spanrl-token-ids: packed``); spanrl's own server then answers each id list
 as one packed string (``torch_backend/server/token_id_form.py``, docs/interfaces.md §1). A relay
-(the verl gateway, ``spanrl proxy``) gets lists from its upstream (vLLM), never sends it the field
-(``rewrite.rewrite_request``), and packs the lists on the way out for such a request, so an agent
-behind the gateway parses one
-string per list too. The rule is the server's: every list of a body or of a stream's first or last
-event is packed, a stream's per-token ids stay lists (one id parses for less than a string decodes).
-A field that is not a list of ids is left as it came: the agent's reader names the problem.
+(the verl gateway, ``spanrl proxy``) gets lists from its upstream (vLLM), never sends the field
+upstream (``rewrite.rewrite_request``), and packs the lists on the way out for such a request, so
+an agent behind the gateway parses one string per list too. The rule is the server's: every list
+of a body or of a stream's first or last event is packed, a stream's per-token ids stay lists (one
+id parses for less than a string decodes). A field that is not a list of ids is left as it came:
+the agent's reader names the problem.
 """
 
 from __future__ import annotations
