@@ -33,10 +33,7 @@ class TokenIdForm(BaseModel):
     def read_id_form(self, headers: Mapping[str, str]) -> None:
         """Note the form asked for: the body's ``spanrl_token_ids``, else the ``x-spanrl-token-ids``
         header of ``headers``, else lists."""
-        if self.token_ids_form is not None:
-            self._packed_ids = self.token_ids_form == semconv.TOKEN_IDS_FORM_PACKED
-        else:
-            self._packed_ids = asks_packed_ids(headers)
+        self._packed_ids = asks_packed_ids(headers, {semconv.TOKEN_IDS_FORM_FIELD: self.token_ids_form})
 
     def id_list(self, ids: Sequence[int]) -> list[int] | str:
         """``ids`` as the answer carries them: a packed string, or a list of ints."""
