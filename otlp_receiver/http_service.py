@@ -20,6 +20,7 @@ import json
 import logging
 import math
 import socket
+import sqlite3
 import ssl
 import sys
 import threading
@@ -42,6 +43,7 @@ from spanrl.otlp_receiver.store import (
     COMPLETION_PENDING,
     PENDING_COMPLETION_TTL_S,
     SpanStore,
+    StoreError,
 )
 
 logger = logging.getLogger(__name__)
@@ -187,6 +189,8 @@ class _Handler(BaseHTTPRequestHandler):
         if clipped and not result.replayed:
             book.count("clipped")
         stored = result.stored
+        if stored.state == "pending" and not result.replayed:
+            stored = self._join_if_just_assembled(book, stored)
         answer = {"idempotency_key": key, "state": stored.state, "replayed": result.replayed,
                   "rollout_id": stored.rollout_id, "call_span_id": stored.call_span_id,
                   "value": stored.feedback.value}
@@ -195,6 +199,16 @@ class _Handler(BaseHTTPRequestHandler):
                                  f" (for at most {book.ttl_s:g} s)")
         self._send(202 if stored.state == "pending" and not result.replayed else 200, JSON,
                    json.dumps(answer).encode())
+
+    def _join_if_just_assembled(self, book: FeedbackStore, stored):
+        """Index the rollouts assembled since the assembler's last pass, so that a feedback for a
+        rollout the store already shows joins in its own answer rather than on the next pass."""
+        try:
+            book.catch_up(self.server.store)
+        except (sqlite3.Error, StoreError) as exc:  # kept pending: the assembler joins it later
+            logger.warning("late feedback kept pending: indexing the new rollouts failed (%s)", exc)
+            return stored
+        return book.get(stored.feedback.key) or stored
 
     def _read_body(self) -> bytes:
         limit = self.server.max_message_bytes

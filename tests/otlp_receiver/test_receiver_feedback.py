@@ -23,6 +23,7 @@ from spanrl.instrumentation import semconv
 from spanrl.otlp_receiver.feedback_join import with_feedback
 from spanrl.otlp_receiver.feedback_store import FeedbackStore
 from spanrl.otlp_receiver.store import SpanStore
+from spanrl.schema.rollouts import END_ROLLOUT_SPAN
 
 TOKEN = "feedback-secret"
 
@@ -117,6 +118,28 @@ def test_feedback_after_kill9_joins_the_call_and_feedback_before_its_rollout_wai
     shown = subprocess.run([sys.executable, "-m", "spanrl", "inspect", "rollout", "r-served", "--db", str(db)],
                            capture_output=True, text=True, check=True)
     assert f"late feedback: thumbs=1 on call {call} (http, good answer)" in shown.stdout
+
+
+def test_feedback_for_a_rollout_saved_but_not_yet_indexed_joins_in_its_answer(start_receiver, memory_tracer, kit,
+                                                                               tmp_path):
+    """The window between the assembler saving a rollout and indexing it for feedback: a client
+    that sees the rollout assembled and sends feedback at once gets it joined, not pending."""
+    db = tmp_path / "spanrl.db"
+    server = start_receiver(token=TOKEN, poll_s=3600)  # the assembler's thread never passes
+    kit.emit_agent_rollout(memory_tracer.tracer, "r-1", calls=1, reward=None)
+    spans = memory_tracer.exporter.get_finished_spans()
+    export(server.grpc_port, spans)
+    with SpanStore(db) as store:
+        kit.wait_for(lambda: len(store.rollout_bodies("r-1")) == len(spans), timeout=20, what="spans stored")
+        rollout, _ = server.assembler.assemble("r-1", END_ROLLOUT_SPAN)
+        store.save_assembled(rollout)  # saved as the assembler does, before its catch_up
+    status, answer = post(server.http_port, {"response_id": "resp-r-1-0", "value": 1.0, "idempotency_key": "now"})
+    assert status == 200, answer
+    assert (answer["state"], answer["rollout_id"], answer["call_span_id"]) == (
+        "joined", "r-1", rollout.transitions[0].span_id)
+    # feedback for what nobody has assembled is still kept pending
+    status, answer = post(server.http_port, {"rollout_id": "r-unknown", "value": 1.0, "idempotency_key": "later"})
+    assert (status, answer["state"]) == (202, "pending"), answer
 
 
 def test_replayed_feedback_counts_once_and_a_reused_key_is_refused(start_receiver, memory_tracer, kit, tmp_path):
