@@ -13,6 +13,7 @@ Stdlib only.
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -29,11 +30,45 @@ def _exit_for_sigterm(signum: int, frame: object) -> None:
     raise SystemExit(128 + signum)
 
 
+# Ports are drawn from here up to the kernel's ephemeral range (Linux's default: 32768-60999).
+_PORT_FLOOR = 20000
+_EPHEMERAL_RANGE_FILE = "/proc/sys/net/ipv4/ip_local_port_range"
+_DRAWS = 64
+
+
 def free_port() -> int:
-    """A TCP port of 127.0.0.1 that nothing listens on right now."""
-    with socket.socket() as s:
+    """A TCP port of 127.0.0.1 that nothing holds right now, below the kernel's ephemeral range
+    where there is room. A port the kernel hands out for ``bind(("127.0.0.1", 0))`` is one it
+    also hands out to every process's outgoing connections and port-0 binds, and one of those can
+    take it between this check and the child's own bind (a test's trainer once found its bridge
+    port taken so); below that range only another explicit choice can."""
+    ephemeral_start = _ephemeral_range_start()
+    if ephemeral_start > _PORT_FLOOR:
+        draw = random.SystemRandom()  # not the global generator: tests and agents seed that one
+        for _ in range(_DRAWS):
+            port = draw.randrange(_PORT_FLOOR, ephemeral_start)
+            if _can_bind(port):
+                return port
+    with socket.socket() as s:  # no room below the range (or all taken): the kernel's choice
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def _ephemeral_range_start() -> int:
+    try:
+        with open(_EPHEMERAL_RANGE_FILE) as range_file:
+            return int(range_file.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768  # Linux's default; macOS and Windows start theirs at 49152
+
+
+def _can_bind(port: int) -> bool:
+    with socket.socket() as probe:
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 
 def wait_for_port(port: int, process: subprocess.Popen, what: str, timeout_s: float = 60.0) -> None:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -25,6 +24,7 @@ from opentelemetry.proto.collector.logs.v1 import logs_service_pb2, logs_service
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2, metrics_service_pb2_grpc
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 
+from spanrl.child_processes import free_port
 from spanrl.instrumentation.packed_values import unpacked_attributes
 
 HERE = Path(__file__).resolve().parent
@@ -158,12 +158,6 @@ def vllm_recording_without_ids():
     """vLLM's answers to requests without ``return_token_ids``, whatever the request asks:
     an OpenAI-compatible endpoint that ignores the field."""
     yield from _server_fixture(ignores_token_ids=True)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def agent_environment(endpoint: str, base_url: str, **extra: str) -> dict[str, str]:

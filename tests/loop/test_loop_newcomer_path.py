@@ -19,16 +19,11 @@ from pathlib import Path
 
 import pytest
 
+from spanrl.child_processes import free_port
 from spanrl.schema.metrics import read_metrics
 
 TEST_DEVICE = os.environ.get("SPANRL_TEST_DEVICE", "cpu")
 SPANRL = [shutil.which("spanrl") or os.path.join(os.path.dirname(sys.executable), "spanrl")]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def spanrl(cwd: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:

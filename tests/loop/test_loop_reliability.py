@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import threading
 import time
 import urllib.request
@@ -13,6 +12,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
+from spanrl.child_processes import free_port as _free_port
 from spanrl.errors import UserError
 from spanrl.runner.bridge_client import BridgeClient, BridgeRefused
 from spanrl.runner.runner import Runner
@@ -24,12 +24,6 @@ from spanrl.trainer_bridge.task_dispatch import TaskDispatcher
 AGENTS_DIR = os.path.join(os.path.dirname(__file__), "agents")
 TEST_DEVICE = os.environ.get("SPANRL_TEST_DEVICE", "cpu")
 POLICY = PolicyInfo("http://127.0.0.1:9/v1", "policy")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_256_concurrent_runners_claim_and_report_without_a_reset(bridge):

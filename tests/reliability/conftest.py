@@ -11,11 +11,12 @@ from types import SimpleNamespace
 
 import pytest
 
+from spanrl.child_processes import free_port
 from spanrl.otlp_receiver.server import ReceiverServer
 from spanrl.otlp_receiver.settings import ReceiverSettings
 
 sys.path.insert(0, str(Path(__file__).parent))  # the suite's plain modules, shared with bench/reliability.py
-from reliability_harness import ReceiverProcess, free_port, wait_for  # noqa: E402
+from reliability_harness import ReceiverProcess, wait_for  # noqa: E402
 
 NODE_DIR = Path(__file__).resolve().parents[1] / "node"
 

@@ -34,8 +34,9 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor, SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from reliability_harness import ReceiverProcess, free_port, wait_for
+from reliability_harness import ReceiverProcess, wait_for
 
+from spanrl.child_processes import free_port
 from spanrl.instrumentation import semconv
 from spanrl.otlp_receiver.store import SpanStore
 

@@ -8,7 +8,6 @@ import os
 import re
 import resource
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -100,9 +99,3 @@ class ReceiverProcess:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1]) * 1024
         raise AssertionError("no VmRSS line")
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -16,16 +15,11 @@ import httpx
 import openai
 import pytest
 
+from spanrl.child_processes import free_port
 from spanrl.trainer_bridge.torch_backend.adapter_checkpoint import AdapterCheckpointError, checkpoint_adapter_specs
 
 from .conftest import TEST_DEVICE
 from .test_adapter_serving import PROMPT, completion, peft_model, trained  # noqa: F401 (trained: a fixture)
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 @contextmanager

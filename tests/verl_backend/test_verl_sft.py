@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import dataclasses
 import random
-import socket
 
 import httpx
 import pytest
 
+from spanrl.child_processes import free_port
 from spanrl.trainer_bridge.backend import TrainingSample
 from spanrl.trainer_bridge.torch_backend.sft_update import sft_step
 from spanrl.trainer_bridge.torch_backend.trainer import TorchTrainer
@@ -27,12 +27,6 @@ def random_samples(count: int = 6, seed: int = 0, vocab: int = 300) -> list[Trai
                            response_token_ids=[rng.randrange(3, vocab) for _ in range(rng.randrange(2, 8))],
                            advantage=1.0, group_id=f"g{i // 2}", rollout_id=f"r{i}")
             for i in range(count)]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def endpoint_logprobs(base_url: str, samples) -> tuple[list[list[float]], set[str]]:

@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import dataclasses
 import random
-import socket
 
 import httpx
 import pytest
 import torch
 
+from spanrl.child_processes import free_port
 from spanrl.trainer_bridge.backend import TrainingSample
 from spanrl.trainer_bridge.torch_backend.trainer import TorchTrainer
 from spanrl.trainer_bridge.train_settings import TrainSettings
@@ -57,12 +57,6 @@ def multi_turn_samples(rollouts: int = 4, calls: int = 3, seed: int = 0, vocab: 
 # the step must move a log-prob at least, and verl's log-probs after it against the embedded
 # trainer's (merged rows: the tolerances their own test had)
 TOLERANCES = {False: (1e-5, 0.1, 1e-5), True: (1e-4, 0.05, 1e-4)}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def hf_logprobs(model_dir: str, samples) -> list[list[float]]:
