@@ -6,6 +6,7 @@ import argparse
 
 import pytest
 
+from spanrl.child_processes import free_port
 from spanrl.env_settings import SettingError
 from spanrl.trainer_bridge.torch_backend import serve_cli
 
@@ -55,7 +56,6 @@ def process_alive(pid: int) -> bool:
 def test_spanrl_serve_answers_and_sigint_stops_both_processes(tiny_model_dir, interrupted):
     import os
     import signal
-    import socket
     import subprocess
     import sys
     import time
@@ -63,9 +63,7 @@ def test_spanrl_serve_answers_and_sigint_stops_both_processes(tiny_model_dir, in
     import httpx
     import openai
 
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     server = subprocess.Popen(as_in_a_terminal([sys.executable, "-m", "spanrl", "serve", str(tiny_model_dir), "--port",
                                                 str(port), "--threads", "1", "--served-model-name", "tiny"]),
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

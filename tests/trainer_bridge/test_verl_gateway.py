@@ -17,6 +17,7 @@ import openai
 import pytest
 from starlette.datastructures import Headers
 
+from spanrl.child_processes import free_port
 from spanrl.trainer_bridge.relay import rewrite as relay_rewrite
 from spanrl.trainer_bridge.relay.config import RelayConfig
 from spanrl.trainer_bridge.relay.upstreams import rollout_key
@@ -337,9 +338,7 @@ def test_upstreams_join_by_set_upstreams_and_come_back_when_healthy(start, upstr
     from spanrl.trainer_bridge.torch_backend.engine.policy_engine import PolicyEngine
     from spanrl.trainer_bridge.torch_backend.server.app import serve_in_thread
 
-    with socket.socket() as probe:  # a port nothing listens on yet
-        probe.bind(("127.0.0.1", 0))
-        late_port = probe.getsockname()[1]
+    late_port = free_port()  # a port nothing listens on yet
     late_url = f"http://127.0.0.1:{late_port}"
     gateway = start(urls=[upstreams[0].url, late_url], health_check_interval_s=0.2)
     chat = client(gateway).chat.completions
