@@ -34,7 +34,7 @@ from google.rpc import status_pb2
 
 from spanrl.otlp_receiver.export_service import ExportService, TooLarge, protocol_error
 from spanrl.otlp_receiver.feedback_intake import FeedbackError, parse_feedback_body
-from spanrl.otlp_receiver.feedback_store import FeedbackStore
+from spanrl.otlp_receiver.feedback_store import FeedbackStore, StoredFeedback
 from spanrl.otlp_receiver.ingest import Overloaded
 from spanrl.otlp_receiver.otlp_decode import PayloadError
 from spanrl.otlp_receiver.rewards import RewardPolicy
@@ -200,7 +200,7 @@ class _Handler(BaseHTTPRequestHandler):
         self._send(202 if stored.state == "pending" and not result.replayed else 200, JSON,
                    json.dumps(answer).encode())
 
-    def _join_if_just_assembled(self, book: FeedbackStore, stored):
+    def _join_if_just_assembled(self, book: FeedbackStore, stored: StoredFeedback) -> StoredFeedback:
         """Index the rollouts assembled since the assembler's last pass, so that a feedback for a
         rollout the store already shows joins in its own answer rather than on the next pass."""
         try:
