@@ -27,8 +27,10 @@ def endpoint_of(client: Any) -> tuple[Any, str]:
     """The host of ``client.base_url`` (None when it has none) and the endpoint's key (the base URL
     as text)."""
     global _last_base_url
-    # the SDKs keep it in ``_base_url``; OpenAI's ``base_url`` property imports a module per read (~1 us)
-    base_url = getattr(client, "__dict__", {}).get("_base_url") or getattr(client, "base_url", None)
+    # read where the SDKs keep it (``_configured_base_url`` in openai 3, ``_base_url`` before): the
+    # ``base_url`` property of openai 3 imports a module on each read (~1 us, ~3k instructions)
+    fields = getattr(client, "__dict__", {})
+    base_url = fields.get("_configured_base_url") or fields.get("_base_url") or getattr(client, "base_url", None)
     cached_url, host, key = _last_base_url
     if base_url is not cached_url or base_url is None:
         host, key = getattr(base_url, "host", None), str(base_url)

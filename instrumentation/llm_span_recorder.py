@@ -17,7 +17,9 @@ each server-sent-event chunk for a streaming one. Response shapes are vLLM's (do
   streamed, on ``message_start``'s message and on ``message_delta``;
 - all: top-level ``policy_version`` (or the ``x-spanrl-policy-version`` header) and ``id``.
 
-Ids and logprobs go on the span packed (``packed_values``: one base64 string each). Streams
+A whole body as spanrl's server answers (one choice, packed ids, an int policy version) is read by
+a short path with the same result, the common stream chunk by another. Ids and logprobs go on
+the span packed (``packed_values``: one base64 string each). Streams
 concatenate ``token_ids`` (and logprobs) per choice index; a choice's attributes are
 written when its ``finish_reason`` arrives (and again if more ids follow), so the cost stays
 linear in the number of tokens. Reading each field, checked, and taking the id fields out once
@@ -53,6 +55,7 @@ from spanrl.instrumentation.response_token_fields import (
     parse_policy_version,
     remove_token_id_fields,
     response_logprobs,
+    token_ids_attribute_value,
 )
 
 logger = logging.getLogger(__name__)
@@ -119,10 +122,15 @@ class LLMSpanRecorder:
     def observe(self, data: Any, headers: Mapping[str, str] | None = None) -> None:
         """Read one parsed JSON object: the whole body, or one stream chunk; ``headers``, the
         response's, unless the recorder was given them when made."""
-        # Most chunks of a stream only add ids to a choice seen before: taken first, in few steps
-        # (the general path costs ~2 us more a chunk in an agent's process, on every chunk).
-        if self._common_written and self.streaming and type(data) is dict and self._add_middle_chunk(data):
-            return
+        # The common cases first, in few steps: a whole body as spanrl's server answers, and a
+        # stream's chunk that only adds ids to a choice seen before (the general path costs ~2 us
+        # more a chunk in an agent's process, on every chunk).
+        if type(data) is dict:
+            if not self.streaming:
+                if self._record_whole_body(data):
+                    return
+            elif self._common_written and self._add_middle_chunk(data):
+                return
         if self._headers is None:
             self._headers = headers
         self._observe_any(data)
@@ -147,11 +155,43 @@ class LLMSpanRecorder:
 
     def _flush(self) -> None:
         pending, self._pending = self._pending, {}
+        self._set_on_span(pending)
+
+    def _set_on_span(self, attributes: dict[str, Any]) -> None:
         try:
             if self._target.is_recording():
-                self._target.set_attributes(pending)
+                self._target.set_attributes(attributes)
         except Exception as exc:  # noqa: BLE001
             logger.warning("spanrl: could not set token-id attributes: %s", exc)
+
+    def _record_whole_body(self, data: dict[str, Any]) -> bool:
+        """A whole chat or completions body as spanrl's server answers a request for packed ids
+        (a response id, an int policy version, one choice, its ids and the prompt's packed strings,
+        no logprobs): its attributes set at once, True. Any other body: nothing done, False, for
+        the general path (which also names what is wrong)."""
+        choices = data.get("choices")
+        response_id = data.get("id")
+        version = data.get(_BODY_POLICY_VERSION)
+        if type(choices) is not list or len(choices) != 1 or type(response_id) is not str or type(version) is not int:
+            return False
+        choice = choices[0]
+        if type(choice) is not dict or choice.get("logprobs") is not None:
+            return False
+        index = choice.get("index", 0)
+        holder = data if _PROMPT_IDS in data else choice  # chat: on the body; completions: on the choice
+        prompt_ids, reply_ids = holder.get(_PROMPT_IDS), choice.get(_CHOICE_IDS)
+        if (type(index) is not int or index != 0 or (holder is data and _PROMPT_IDS in choice)
+                or type(prompt_ids) is not str or type(reply_ids) is not str
+                or packed_token_ids_problem(prompt_ids) is not None or packed_token_ids_problem(reply_ids) is not None):
+            return False
+        if self.removes_id_fields:
+            del holder[_PROMPT_IDS], choice[_CHOICE_IDS]
+        if self.packing_endpoint is not None:
+            PACKING_ENDPOINTS.add(self.packing_endpoint)
+        # (no flags set: a whole body is read once, its recorder then let go by its request)
+        self._set_on_span({_RESPONSE_ID: response_id, _POLICY_VERSION: version,
+                           _PROMPT_TOKEN_IDS: prompt_ids, _CHOICE_0_TOKEN_IDS: reply_ids})
+        return True
 
     def _add_middle_chunk(self, data: dict[str, Any]) -> bool:
         """A stream chunk that only adds ids to one choice seen before (no prompt ids, no logprobs,
@@ -281,7 +321,7 @@ class LLMSpanRecorder:
         ids = data.get(semconv.RESPONSE_CHOICE_TOKEN_IDS)
         if ids is not None:
             try:
-                self._pending[_response_token_ids_key(0)] = _token_ids_value(ids)
+                self._pending[_response_token_ids_key(0)] = token_ids_attribute_value(ids)
             except MalformedTokenData as exc:
                 raise MalformedTokenData(f"{semconv.RESPONSE_CHOICE_TOKEN_IDS} {exc}") from None
 
@@ -307,7 +347,7 @@ class LLMSpanRecorder:
         raw_ids = take(choice, semconv.RESPONSE_CHOICE_TOKEN_IDS, None)
         if raw_ids is not None:
             try:
-                self._pending[_response_token_ids_key(index)] = _token_ids_value(raw_ids)
+                self._pending[_response_token_ids_key(index)] = token_ids_attribute_value(raw_ids)
             except MalformedTokenData as exc:
                 problem = MalformedTokenData(f"choices[{index}].{semconv.RESPONSE_CHOICE_TOKEN_IDS} {exc}")
         if choice.get("logprobs") is not None:
@@ -358,7 +398,7 @@ class LLMSpanRecorder:
         caller adds where: the message is built only then)."""
         if self._prompt_ids_written:
             return  # completions repeat the prompt on every choice; the first one wins
-        self._pending[semconv.LLM_PROMPT_TOKEN_IDS] = _token_ids_value(value)
+        self._pending[semconv.LLM_PROMPT_TOKEN_IDS] = token_ids_attribute_value(value)
         self._prompt_ids_written = True
 
     def _write_choice(self, index: int, tokens: _ChoiceTokens) -> None:
@@ -376,22 +416,11 @@ class LLMSpanRecorder:
         self._pending[key] = pack_logprobs(values)
 
 
-def _token_ids_value(value: Any) -> str:
-    """The attribute value of one whole id field: a packed string as it came (checked), a list
-    packed; MalformedTokenData saying what is wrong (its caller adds where)."""
-    if type(value) is str:
-        problem = packed_token_ids_problem(value)
-        if problem is None:
-            return value
-    else:
-        ids = array(TOKEN_ID_TYPECODE)
-        problem = extend_token_ids(ids, value)
-        if problem is None:
-            return pack_token_ids(ids)
-    raise MalformedTokenData(problem)
-
-
 _CHOICE_0_TOKEN_IDS = semconv.llm_response_token_ids(0)
+# (module names for the whole-body path: one lookup each, not two)
+_BODY_POLICY_VERSION = semconv.RESPONSE_POLICY_VERSION
+_RESPONSE_ID, _POLICY_VERSION, _PROMPT_TOKEN_IDS = (semconv.GENAI_RESPONSE_ID, semconv.LLM_POLICY_VERSION,
+                                                   semconv.LLM_PROMPT_TOKEN_IDS)
 
 
 def _response_token_ids_key(index: int) -> str:

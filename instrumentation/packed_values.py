@@ -89,10 +89,10 @@ def packed_token_ids_problem(text: str) -> str | None:
         raw = b""  # not base64: the decoder below names the problem
     else:
         not_alphabet = raw.translate(None, _BASE64_ALPHABET)  # for base64: "", "=" or "==", the padding
-        length = len(raw)
-        if not length % 4 and not_alphabet in _PADDINGS and raw.endswith(not_alphabet):
-            size = length // 4 * 3 - len(not_alphabet)
-            return None if not size % 4 else f"should be packed whole 4-byte ids, got {size} bytes"
+        if (len(raw) % 16, not_alphabet) in _WHOLE_IDS_ENDINGS and raw.endswith(not_alphabet):
+            return None
+        if not len(raw) % 4 and not_alphabet in _PADDINGS and raw.endswith(not_alphabet):
+            return f"should be packed whole 4-byte ids, got {len(raw) // 4 * 3 - len(not_alphabet)} bytes"
     try:  # the strict decoder names what is wrong
         binascii.a2b_base64(text, strict_mode=True)
     except (binascii.Error, ValueError) as exc:
@@ -102,6 +102,9 @@ def packed_token_ids_problem(text: str) -> str | None:
 
 _BASE64_ALPHABET = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
 _PADDINGS = (b"==", b"", b"=")
+# Base64 of whole 4-byte ids, by its length modulo 16 and its padding: 3 ids are 12 bytes, 16
+# characters; what is left is 0 ids (no padding), 1 (6 characters and "=="), or 2 (11 and "=").
+_WHOLE_IDS_ENDINGS = frozenset({(0, b""), (8, b"=="), (12, b"=")})
 
 
 def unpack_token_ids(text: str) -> list[int]:

@@ -9,7 +9,12 @@ from array import array
 from typing import Any
 
 from spanrl.instrumentation import semconv
-from spanrl.instrumentation.packed_values import TOKEN_ID_TYPECODE, extend_packed_token_ids
+from spanrl.instrumentation.packed_values import (
+    TOKEN_ID_TYPECODE,
+    extend_packed_token_ids,
+    pack_token_ids,
+    packed_token_ids_problem,
+)
 
 # vLLM's fields of a body or chunk: the prompt's ids (top level or per choice), a choice's ids
 _PROMPT_IDS, _CHOICE_IDS = semconv.RESPONSE_PROMPT_TOKEN_IDS, semconv.RESPONSE_CHOICE_TOKEN_IDS
@@ -34,6 +39,21 @@ def extend_token_ids(ids: array, value: Any) -> str | None:
     except (TypeError, OverflowError) as exc:
         return f"should hold only ints from 0 to 2**32-1 ({exc})"
     return None
+
+
+def token_ids_attribute_value(value: Any) -> str:
+    """The attribute value of one whole id field: a packed string as it came (checked), a list
+    packed; MalformedTokenData saying what is wrong (its caller adds where)."""
+    if type(value) is str:
+        problem = packed_token_ids_problem(value)
+        if problem is None:
+            return value
+    else:
+        ids = array(TOKEN_ID_TYPECODE)
+        problem = extend_token_ids(ids, value)
+        if problem is None:
+            return pack_token_ids(ids)
+    raise MalformedTokenData(problem)
 
 
 def parse_policy_version(value: Any) -> int | None:

@@ -89,12 +89,13 @@ def current_identity(ctx: context_api.Context | None = None) -> RolloutIdentity 
 
 def current_rollout_id(ctx: context_api.Context | None = None) -> str | None:
     """``current_identity(ctx).rollout_id`` without building the identity (every LLM call asks)."""
-    identity = context_api.get_value(_IDENTITY_KEY, ctx)
+    identity = ctx.get(_IDENTITY_KEY) if ctx is not None else context_api.get_value(_IDENTITY_KEY)
     if isinstance(identity, RolloutIdentity):
         return identity.rollout_id
-    entries = baggage.get_all(ctx)
-    rollout_id = entries.get(semconv.ROLLOUT_ID)
-    return rollout_id if isinstance(rollout_id, str) and isinstance(entries.get(semconv.TASK_ID), str) else None
+    rollout_id = baggage.get_baggage(semconv.ROLLOUT_ID, ctx)  # (no view of all the baggage built)
+    if not isinstance(rollout_id, str):
+        return None
+    return rollout_id if isinstance(baggage.get_baggage(semconv.TASK_ID, ctx), str) else None
 
 
 def current_agent_name(ctx: context_api.Context | None = None) -> str | None:
