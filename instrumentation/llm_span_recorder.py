@@ -169,6 +169,8 @@ class LLMSpanRecorder:
         (a response id, an int policy version, one choice, its ids and the prompt's packed strings,
         no logprobs): its attributes set at once, True. Any other body: nothing done, False, for
         the general path (which also names what is wrong)."""
+        if self._common_written or self._prompt_ids_written:
+            return False  # a second body (the SDK hook reads one): the general path keeps the first's
         choices = data.get("choices")
         response_id = data.get("id")
         version = data.get(_BODY_POLICY_VERSION)
@@ -188,7 +190,7 @@ class LLMSpanRecorder:
             del holder[_PROMPT_IDS], choice[_CHOICE_IDS]
         if self.packing_endpoint is not None:
             PACKING_ENDPOINTS.add(self.packing_endpoint)
-        # (no flags set: a whole body is read once, its recorder then let go by its request)
+        self._common_written = self._prompt_ids_written = True
         self._set_on_span({_RESPONSE_ID: response_id, _POLICY_VERSION: version,
                            _PROMPT_TOKEN_IDS: prompt_ids, _CHOICE_0_TOKEN_IDS: reply_ids})
         return True

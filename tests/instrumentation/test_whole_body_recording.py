@@ -53,25 +53,26 @@ BODIES = {
 }
 
 
-def _record(body, *, general_path, removes_id_fields, caplog):
-    """The span's attributes, the body as the agent then sees it, the log, and whether the
-    endpoint was learned as spanrl's, for one recorder fed ``body``."""
+def _record(*bodies, general_path, removes_id_fields, caplog):
+    """The span's attributes, the bodies as the agent then sees them, the log, and whether the
+    endpoint was learned as spanrl's, for one recorder fed ``bodies``."""
     PACKING_ENDPOINTS.discard("endpoint-under-test")
     span = TracerProvider().get_tracer("whole-body-test").start_span("llm")
     recorder = LLMSpanRecorder(span, streaming=False, header_policy_version="3")
     recorder.removes_id_fields = removes_id_fields
     recorder.packing_endpoint = "endpoint-under-test"
-    body = copy.deepcopy(body)
+    bodies = copy.deepcopy(bodies)
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="spanrl"):
-        if general_path:
-            recorder._observe_any(body)
-        else:
-            recorder.observe(body)
+        for body in bodies:
+            if general_path:
+                recorder._observe_any(body)
+            else:
+                recorder.observe(body)
     span.end()
     learned = "endpoint-under-test" in PACKING_ENDPOINTS
     PACKING_ENDPOINTS.discard("endpoint-under-test")
-    return dict(span.attributes), body, [r.getMessage() for r in caplog.records], learned
+    return dict(span.attributes), bodies, [r.getMessage() for r in caplog.records], learned
 
 
 @pytest.mark.parametrize("removes_id_fields", [True, False], ids=["spanrl-asked", "agent-asked"])
@@ -82,8 +83,18 @@ def test_a_whole_body_is_recorded_as_the_general_path_records_it(name, removes_i
     assert short == general
 
 
+def test_a_second_body_on_one_recorder_is_recorded_as_the_general_path_records_it(caplog):
+    """(The SDK hook reads a whole body once; a recorder fed two keeps the first's id, version and
+    prompt, and the last reply, either way.)"""
+    second = _with(CHAT, id="chatcmpl-2", policy_version=8, prompt_token_ids=pack_token_ids([9]))
+    second["choices"][0]["token_ids"] = pack_token_ids([50])
+    for bodies in [(CHAT, second), (BODIES["logprobs"], second), (CHAT, BODIES["logprobs"])]:
+        short = _record(*bodies, general_path=False, removes_id_fields=True, caplog=caplog)
+        assert short == _record(*bodies, general_path=True, removes_id_fields=True, caplog=caplog)
+
+
 def test_spanrls_answer_gives_its_four_attributes_and_hides_the_ids_it_asked_for(caplog):
-    attributes, body, log, learned = _record(CHAT, general_path=False, removes_id_fields=True, caplog=caplog)
+    attributes, (body,), log, learned = _record(CHAT, general_path=False, removes_id_fields=True, caplog=caplog)
     assert attributes == {semconv.GENAI_RESPONSE_ID: "chatcmpl-1", semconv.LLM_POLICY_VERSION: 7,
                           semconv.LLM_PROMPT_TOKEN_IDS: PROMPT, semconv.llm_response_token_ids(0): REPLY}
     assert "prompt_token_ids" not in body and "token_ids" not in body["choices"][0]
