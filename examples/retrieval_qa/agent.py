@@ -62,9 +62,8 @@ class ModelConfig:
                    api_key=os.environ.get("OPENAI_API_KEY") or "unused")
 
 
-def build_agent(config: ModelConfig) -> Agent:
-    """The SDK agent, on a Responses model of its own client (the endpoint of ``config``)."""
-    client = AsyncOpenAI(base_url=config.base_url, api_key=config.api_key, max_retries=0, timeout=120.0)
+def build_agent(config: ModelConfig, client: AsyncOpenAI) -> Agent:
+    """The SDK agent, on a Responses model of ``client`` (made for the endpoint of ``config``)."""
     return Agent(name=AGENT_NAME, instructions=INSTRUCTIONS, tools=[search],
                  model=OpenAIResponsesModel(model=config.model, openai_client=client),
                  model_settings=ModelSettings(max_tokens=MAX_TOKENS, temperature=config.temperature))
@@ -72,11 +71,14 @@ def build_agent(config: ModelConfig) -> Agent:
 
 async def answer(question: str, config: ModelConfig | None = None) -> str:
     """The agent's answer to ``question`` ('' when it gave none)."""
-    agent = build_agent(config or ModelConfig.from_env())
-    try:
-        result = await Runner.run(agent, question, max_turns=MAX_TURNS)
-    except AgentsException:  # too many turns, or a reply the SDK cannot use: no answer
-        return ""
+    config = config or ModelConfig.from_env()
+    # closed here, in the loop that used it: left to the garbage collector, its connections would be
+    # closed from whatever loop runs then (each rollout has its own) and fail, logging each time
+    async with AsyncOpenAI(base_url=config.base_url, api_key=config.api_key, max_retries=0, timeout=120.0) as client:
+        try:
+            result = await Runner.run(build_agent(config, client), question, max_turns=MAX_TURNS)
+        except AgentsException:  # too many turns, or a reply the SDK cannot use: no answer
+            return ""
     return str(result.final_output or "").strip()
 
 

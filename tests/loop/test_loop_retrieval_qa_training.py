@@ -80,3 +80,13 @@ def test_every_call_is_the_researchers_and_its_reward_is_the_exact_match(trained
         assert list(first.prompt_token_ids) == encode_chat(tokenizer, messages, [tool_schema()])
         assert trained[rollout.rollout_id].reward == exact_match(str(rollout.variables.get("output", "")),
                                                                  task["answer"])
+
+
+@pytest.mark.timeout(900)
+def test_the_agents_clients_are_closed_in_their_own_rollouts_loop(trained_run):
+    """Each rollout runs in an event loop of its own; a client left to the garbage collector would be
+    closed from another rollout's loop and log a traceback each time (thousands in a long run)."""
+    out, _ = trained_run
+    log = (out / "train" / "runner.log").read_text()
+    assert "runner finished" in log
+    assert "Task exception was never retrieved" not in log and "Event loop is closed" not in log
