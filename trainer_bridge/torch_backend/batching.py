@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -33,6 +33,7 @@ from spanrl.trainer_bridge.torch_backend.packed_attention import (
     use_packed_attention,
     use_sdpa_attention,
 )
+from spanrl.trainer_bridge.torch_backend.scored_tail import ScoredTail, enable_scored_tail, scored_tail, tail_enabled
 
 logger = logging.getLogger(__name__)
 
@@ -64,6 +65,7 @@ class TokenBatch:
     rows: list[int] = field(default_factory=list)  # indices into the caller's list
     position_ids: torch.Tensor | None = None   # packed
     layout: PackedLayout | None = None         # packed
+    tail: ScoredTail | None = None             # packed, the last layer on scored positions only
     attention_mask: torch.Tensor | None = None  # padded
 
 
@@ -194,10 +196,11 @@ def _packed_paths(chosen: Sequence[MaskedSequence], share_prefixes: bool,
 
 
 def pack_batch(sequences: Sequence[MaskedSequence], rows: list[int], device: torch.device | str,
-               share_prefixes: bool = False) -> TokenBatch:
+               share_prefixes: bool = False, tail: bool = False) -> TokenBatch:
     """``rows``' sequences in one row, no padding, positions restarting at each. With
     ``share_prefixes`` a beginning that sequences have in common (a GRPO group's prompt, an
-    agent's earlier turns) is packed once and read by each of them (``packed_attention``)."""
+    agent's earlier turns) is packed once and read by each of them (``packed_attention``). With
+    ``tail``, the batch says where a model with ``scored_tail`` on runs its last layer."""
     chosen = [sequences[i] for i in rows]
     paths, packed_ids, position_ids, reading_rows = _packed_paths(chosen, share_prefixes)
     positions, targets, response_mask = _scored(chosen, paths)
@@ -205,7 +208,8 @@ def pack_batch(sequences: Sequence[MaskedSequence], rows: list[int], device: tor
                       torch.tensor(positions, dtype=torch.long, device=device),
                       torch.tensor(targets, dtype=torch.long, device=device), response_mask.to(device), rows,
                       position_ids=torch.tensor([position_ids], dtype=torch.long, device=device),
-                      layout=row_layout(reading_rows, len(packed_ids), device))
+                      layout=row_layout(reading_rows, len(packed_ids), device),
+                      tail=scored_tail(reading_rows, len(packed_ids), positions, device) if tail else None)
 
 
 def pad_batch(sequences: Sequence[MaskedSequence], rows: list[int], pad_id: int,
@@ -239,10 +243,12 @@ def token_logprobs(model: Any, batch: TokenBatch,
             if decoder is None or head is None or model.config._attn_implementation != PACKED_ATTENTION:
                 raise ValueError("a packed batch needs a model with a separate decoder and LM head "
                                  "switched to packed attention (enable_packing)")
+            tail = batch.tail if batch.tail is not None and tail_enabled(decoder) else None
             hidden = decoder(input_ids=batch.input_ids, position_ids=batch.position_ids,
                              attention_mask=PACKED_MASK.to(batch.input_ids.device),
-                             spanrl_layout=batch.layout).last_hidden_state
-            picked = head(hidden.flatten(0, 1).index_select(0, batch.scored_positions))
+                             spanrl_layout=batch.layout, spanrl_tail=tail).last_hidden_state
+            picked = head(hidden.flatten(0, 1).index_select(0, batch.scored_positions if tail is None
+                                                            else tail.scored_index))
         elif decoder is None or head is None:
             logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
             picked = logits.flatten(0, 1).index_select(0, batch.scored_positions)
@@ -273,6 +279,27 @@ def enable_packing(model: Any, vocab_size: int, device: torch.device | str, tole
     if not matches:
         use_sdpa_attention(model)
     return matches
+
+
+def enable_tail(model: Any, vocab_size: int, device: torch.device | str, tolerance: float = 1e-5) -> bool:
+    """Run a packed model's last layer on the scored positions only (``scored_tail``) if that gives
+    the same logprobs as the whole layer, on three short random sequences, two sharing a
+    beginning; otherwise leave it as it was and return ``False``."""
+    decoder, _ = decoder_and_head(model)
+    if decoder is None or model.config._attn_implementation != PACKED_ATTENTION:
+        return False
+    generator = torch.Generator().manual_seed(1)
+    first, second, third = (torch.randint(0, vocab_size, (length,), generator=generator).tolist()
+                            for length in (7, 12, 5))
+    sequences = [(ids, [0, 0, 0, *[1] * (len(ids) - 3)]) for ids in (first, second, second[:8] + third)]
+    batch = pack_batch(sequences, [0, 1, 2], device, share_prefixes=True, tail=True)
+    whole = replace(batch, tail=None)
+
+    def same_logprobs() -> bool:
+        with torch.no_grad():
+            return bool(torch.allclose(token_logprobs(model, batch, nullcontext()),
+                                       token_logprobs(model, whole, nullcontext()), atol=tolerance, rtol=0))
+    return enable_scored_tail(decoder, same_logprobs)
 
 
 def grpo_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

@@ -31,6 +31,8 @@ class TrainerConfig(AlgorithmConfig):
                                    "whose attention cannot be packed are padded whatever this says)")
     share_prefixes: bool = setting(True, "packed sequences that begin alike (a group's prompt, earlier turns) "
                                    "run that beginning once; the same logprobs and gradients, less work")
+    scored_tail: bool = setting(True, "packed passes run the last layer on the scored positions only (the "
+                                "others feed no logprob); the same logprobs and gradients, less work")
     device: str = setting("auto", "auto | cpu | cuda | cuda:N")
     autocast_dtype: str | None = setting(None, "autocast dtype, e.g. bfloat16 on CUDA (weights stay float32)")
     gradient_checkpointing: bool = setting(False, "recompute activations in backward to save memory")

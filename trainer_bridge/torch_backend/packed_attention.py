@@ -81,7 +81,7 @@ def row_layout(rows: Sequence[Sequence[int]], token_count: int, device: torch.de
     given) that reads it; a later row computes only its own tail, with the shared beginning as
     keys alone. Every one of the ``token_count`` positions must be in some row.
     """
-    shared = _shared_beginnings(rows, token_count)
+    shared = shared_beginnings(rows, token_count)
     owner_slot = torch.full((token_count,), -1, dtype=torch.long)
     buckets: list[AttentionBucket] = []
     offset = 0
@@ -100,7 +100,37 @@ def row_layout(rows: Sequence[Sequence[int]], token_count: int, device: torch.de
     return PackedLayout(buckets, owner_slot.to(device))
 
 
-def _shared_beginnings(rows: Sequence[Sequence[int]], token_count: int) -> list[int]:
+def query_layout(rows: Sequence[Sequence[int]], spans: Sequence[tuple[int, int]],
+                 device: torch.device | str = "cpu") -> tuple[PackedLayout, torch.Tensor]:
+    """Attention whose queries are some positions of each row: ``rows[r][start:end]`` for
+    ``spans[r] = (start, end)`` (none when ``start == end``), each seeing the row's keys up to
+    itself. The queries are numbered in row order: query states come as ``[1, H, Q, D]`` in that
+    order, and the layout's ``unpack_index`` gives the outputs in it. Returns the layout and the
+    ``[Q]`` packed positions of the queries (``scored_tail``: the last layer on scored positions)."""
+    chosen = [r for r, (start, end) in enumerate(spans) if end > start]
+    starts, total = {}, 0
+    for r in chosen:
+        starts[r] = total
+        total += spans[r][1] - spans[r][0]
+    slot_of = torch.empty((total,), dtype=torch.long)
+    buckets: list[AttentionBucket] = []
+    offset = 0
+    for group in _similar_rows([spans[r][1] - spans[r][0] for r in chosen], [spans[r][1] for r in chosen]):
+        members = [chosen[i] for i in group]
+        bucket = _bucket([rows[r][: spans[r][1]] for r in members], [spans[r][0] for r in members],
+                         [starts[r] for r in members])
+        query_rows, query_width = bucket.queries.shape
+        for slot_row, r in enumerate(members):
+            count = spans[r][1] - spans[r][0]
+            slot_of[starts[r]: starts[r] + count] = torch.arange(count) + offset + slot_row * query_width
+        offset += query_rows * query_width
+        buckets.append(AttentionBucket(bucket.keys.to(device), bucket.queries.to(device),
+                                       None if bucket.mask is None else bucket.mask.to(device)))
+    positions = [p for r in chosen for p in rows[r][spans[r][0]: spans[r][1]]]
+    return PackedLayout(buckets, slot_of.to(device)), torch.tensor(positions, dtype=torch.long, device=device)
+
+
+def shared_beginnings(rows: Sequence[Sequence[int]], token_count: int) -> list[int]:
     """For each row, how many of its first positions an earlier row reads (a row shares only a
     beginning: no position after those may be an earlier row's)."""
     seen = bytearray(token_count)
@@ -135,8 +165,11 @@ def _similar_rows(query_lengths: Sequence[int], key_lengths: Sequence[int]) -> l
     return [group for by_query in split(with_queries, query_lengths) for group in split(by_query, key_lengths)]
 
 
-def _bucket(rows: Sequence[Sequence[int]], shared: Sequence[int]) -> AttentionBucket:
-    """One bucket's index tensors and mask (on the CPU), its rows in the order given."""
+def _bucket(rows: Sequence[Sequence[int]], shared: Sequence[int],
+            query_starts: Sequence[int] | None = None) -> AttentionBucket:
+    """One bucket's index tensors and mask (on the CPU), its rows in the order given. A row's
+    queries are its positions after its shared beginning, or with ``query_starts`` the numbers
+    ``query_starts[row] ...`` (one per query: where the query states are, see ``query_layout``)."""
     key_width = max(len(row) for row in rows)
     query_width = max(len(row) - s for row, s in zip(rows, shared, strict=True))
     keys = torch.empty((len(rows), key_width), dtype=torch.long)
@@ -145,8 +178,10 @@ def _bucket(rows: Sequence[Sequence[int]], shared: Sequence[int]) -> AttentionBu
         positions = torch.as_tensor(row, dtype=torch.long)
         keys[slot_row, : len(row)] = positions
         keys[slot_row, len(row):] = positions[0]
-        queries[slot_row, : len(row) - s] = positions[s:]
-        queries[slot_row, len(row) - s:] = positions[0]
+        own = (positions[s:] if query_starts is None
+               else torch.arange(query_starts[slot_row], query_starts[slot_row] + len(row) - s))
+        queries[slot_row, : len(row) - s] = own
+        queries[slot_row, len(row) - s:] = own[0]
     if not any(shared):
         return AttentionBucket(keys, queries, None)
     seen_up_to = torch.as_tensor(shared, dtype=torch.long)[:, None, None] + torch.arange(query_width)[None, :, None]
@@ -162,6 +197,7 @@ def packed_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: 
     ``key`` / ``value [1, H_kv, N, D]`` -> ``([1, N, H, D], None)`` (``attention_mask`` is
     ``PACKED_MASK``, ignored). Without: transformers' own SDPA attention, unchanged."""
     layout: PackedLayout | None = kwargs.pop("spanrl_layout", None)
+    kwargs.pop("spanrl_tail", None)  # for the last layer's own forward (scored_tail); passed on by every layer
     if layout is None:
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
 

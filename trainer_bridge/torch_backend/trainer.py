@@ -37,6 +37,7 @@ from spanrl.trainer_bridge.torch_backend.batching import (
     PreparedUpdate,
     TokenBatch,
     enable_packing,
+    enable_tail,
     loss_token_values,
     micro_batches,
     pack_batch,
@@ -119,6 +120,10 @@ class TorchTrainer:
         self.packed = self.config.pack_sequences and enable_packing(self.model, vocab_size, self.device)
         if self.packed and self.reference is not None:  # the same architecture: the same answer
             self.packed = enable_packing(self.reference, vocab_size, self.device)
+        # the last layer on scored positions only (scored_tail.py), where it changes no logprob
+        self.tail = self.packed and self.config.scored_tail and enable_tail(self.model, vocab_size, self.device)
+        if self.tail and self.reference is not None:
+            self.tail = enable_tail(self.reference, vocab_size, self.device)
         if self.config.pack_sequences and not self.packed:
             logger.info("torch trainer: %s cannot take packed sequences (its attention is not SDPA or "
                         "differs packed); micro-batches are padded", self.model_dir)
@@ -174,7 +179,7 @@ class TorchTrainer:
         share = self.config.share_prefixes
         groups = micro_batches(sequences, self.config.micro_batch_tokens, packed=self.packed, share_prefixes=share)
         if self.packed:
-            return [pack_batch(sequences, rows, self.device, share_prefixes=share) for rows in groups]
+            return [pack_batch(sequences, rows, self.device, share_prefixes=share, tail=self.tail) for rows in groups]
         return [pad_batch(sequences, rows, self.pad_id, self.device) for rows in groups]
 
     def token_logprobs(self, batch: TokenBatch, model: Any = None) -> torch.Tensor:
