@@ -86,6 +86,8 @@ def test_the_tail_covers_every_scored_position_once_and_skips_the_rest():
     # kept beyond the scored: only the gap's five positions, between two scored ones of one row
     assert len(set(positions) - scored) == 5
     assert len(positions) < batch.input_ids.numel()
+    unscored = pack_batch([(ids, [0] * len(ids)) for ids, _ in sequences[:2]], [0, 1], "cpu", tail=True)
+    assert unscored.tail is None  # nothing to run the last layer on: the whole layer, as without
 
 
 def test_logprobs_and_gradients_with_the_tail_equal_the_whole_layers(tail_model):

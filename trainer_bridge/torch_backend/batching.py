@@ -204,12 +204,12 @@ def pack_batch(sequences: Sequence[MaskedSequence], rows: list[int], device: tor
     chosen = [sequences[i] for i in rows]
     paths, packed_ids, position_ids, reading_rows = _packed_paths(chosen, share_prefixes)
     positions, targets, response_mask = _scored(chosen, paths)
+    last_layer = scored_tail(reading_rows, len(packed_ids), positions, device) if tail and positions else None
     return TokenBatch(torch.tensor([packed_ids], dtype=torch.long, device=device),
                       torch.tensor(positions, dtype=torch.long, device=device),
                       torch.tensor(targets, dtype=torch.long, device=device), response_mask.to(device), rows,
                       position_ids=torch.tensor([position_ids], dtype=torch.long, device=device),
-                      layout=row_layout(reading_rows, len(packed_ids), device),
-                      tail=scored_tail(reading_rows, len(packed_ids), positions, device) if tail else None)
+                      layout=row_layout(reading_rows, len(packed_ids), device), tail=last_layer)
 
 
 def pad_batch(sequences: Sequence[MaskedSequence], rows: list[int], pad_id: int,
