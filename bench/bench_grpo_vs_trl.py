@@ -13,9 +13,10 @@ TRL is not a spanrl dependency; install it beside the venv without touching torc
     PYTHONPATH=/tmp/trl_env python bench/bench_grpo_vs_trl.py [--preset tiny --batch 64 --steps 20]
 
 Prints update tokens/s for both and the ratio (goal: spanrl >= 2x TRL). The default batch is 64
-distinct prompts, one completion each: there only spanrl's packing (no padding) separates the two
-sides (~2x fewer positions run, docs/performance.md). ``--group-size 8`` gives GRPO's own batch, 8
-completions a prompt, as TRL's ``num_generations`` (default 8) makes it.
+distinct prompts, one completion each: there spanrl's packing (no padding: ~2x fewer positions)
+and its last layer run on the scored positions only separate the two sides (docs/performance.md).
+``--group-size 8`` gives GRPO's own batch, 8 completions a prompt, as TRL's ``num_generations``
+(default 8) makes it, where spanrl also runs each group's prompt once.
 """
 
 from __future__ import annotations
