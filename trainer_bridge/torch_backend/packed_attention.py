@@ -82,19 +82,8 @@ def row_layout(rows: Sequence[Sequence[int]], token_count: int, device: torch.de
     keys alone. Every one of the ``token_count`` positions must be in some row.
     """
     shared = shared_beginnings(rows, token_count)
-    owner_slot = torch.full((token_count,), -1, dtype=torch.long)
-    buckets: list[AttentionBucket] = []
-    offset = 0
-    for group in _similar_rows([len(row) - s for row, s in zip(rows, shared, strict=True)],
-                               [len(row) for row in rows]):
-        bucket = _bucket([rows[i] for i in group], [shared[i] for i in group])
-        query_rows, query_width = bucket.queries.shape
-        for slot_row, index in enumerate(group):
-            tail = torch.as_tensor(rows[index][shared[index]:], dtype=torch.long)
-            owner_slot[tail] = torch.arange(len(tail)) + offset + slot_row * query_width
-        offset += query_rows * query_width
-        buckets.append(AttentionBucket(bucket.keys.to(device), bucket.queries.to(device),
-                                       None if bucket.mask is None else bucket.mask.to(device)))
+    tails = [torch.as_tensor(row[s:], dtype=torch.long) for row, s in zip(rows, shared, strict=True)]
+    buckets, owner_slot = _buckets(rows, shared, tails, token_count, device)
     if bool((owner_slot < 0).any()):
         raise ValueError(f"{int((owner_slot < 0).sum())} of {token_count} packed tokens are in no row")
     return PackedLayout(buckets, owner_slot.to(device))
@@ -107,27 +96,35 @@ def query_layout(rows: Sequence[Sequence[int]], spans: Sequence[tuple[int, int]]
     itself. The queries are numbered in row order: query states come as ``[1, H, Q, D]`` in that
     order, and the layout's ``unpack_index`` gives the outputs in it. Returns the layout and the
     ``[Q]`` packed positions of the queries (``scored_tail``: the last layer on scored positions)."""
-    chosen = [r for r, (start, end) in enumerate(spans) if end > start]
-    starts, total = {}, 0
-    for r in chosen:
-        starts[r] = total
-        total += spans[r][1] - spans[r][0]
-    slot_of = torch.empty((total,), dtype=torch.long)
+    numbers, total = [], 0
+    for start, end in spans:
+        numbers.append(torch.arange(total, total + end - start))
+        total += end - start
+    buckets, slot_of = _buckets([row[:end] for row, (_, end) in zip(rows, spans, strict=True)],
+                                [start for start, _ in spans], numbers, total, device)
+    positions = [p for row, (start, end) in zip(rows, spans, strict=True) for p in row[start:end]]
+    return PackedLayout(buckets, slot_of.to(device)), torch.tensor(positions, dtype=torch.long, device=device)
+
+
+def _buckets(rows: Sequence[Sequence[int]], shared: Sequence[int], query_numbers: Sequence[torch.Tensor],
+             query_count: int, device: torch.device | str) -> tuple[list[AttentionBucket], torch.Tensor]:
+    """The buckets of ``rows`` on ``device`` (row ``r``'s queries: its positions after its first
+    ``shared[r]``, their states at ``query_numbers[r]``), and, on the CPU, for each of the
+    ``query_count`` queries its slot in the buckets' outputs (-1 for a number no row has)."""
+    slot_of = torch.full((query_count,), -1, dtype=torch.long)
     buckets: list[AttentionBucket] = []
     offset = 0
-    for group in _similar_rows([spans[r][1] - spans[r][0] for r in chosen], [spans[r][1] for r in chosen]):
-        members = [chosen[i] for i in group]
-        bucket = _bucket([rows[r][: spans[r][1]] for r in members], [spans[r][0] for r in members],
-                         [starts[r] for r in members])
+    for group in _similar_rows([len(row) - s for row, s in zip(rows, shared, strict=True)],
+                               [len(row) for row in rows]):
+        bucket = _bucket([rows[i] for i in group], [shared[i] for i in group], [query_numbers[i] for i in group])
         query_rows, query_width = bucket.queries.shape
-        for slot_row, r in enumerate(members):
-            count = spans[r][1] - spans[r][0]
-            slot_of[starts[r]: starts[r] + count] = torch.arange(count) + offset + slot_row * query_width
+        for slot_row, index in enumerate(group):
+            numbers = query_numbers[index]
+            slot_of[numbers] = torch.arange(len(numbers)) + offset + slot_row * query_width
         offset += query_rows * query_width
         buckets.append(AttentionBucket(bucket.keys.to(device), bucket.queries.to(device),
                                        None if bucket.mask is None else bucket.mask.to(device)))
-    positions = [p for r in chosen for p in rows[r][spans[r][0]: spans[r][1]]]
-    return PackedLayout(buckets, slot_of.to(device)), torch.tensor(positions, dtype=torch.long, device=device)
+    return buckets, slot_of
 
 
 def shared_beginnings(rows: Sequence[Sequence[int]], token_count: int) -> list[int]:
@@ -166,22 +163,19 @@ def _similar_rows(query_lengths: Sequence[int], key_lengths: Sequence[int]) -> l
 
 
 def _bucket(rows: Sequence[Sequence[int]], shared: Sequence[int],
-            query_starts: Sequence[int] | None = None) -> AttentionBucket:
-    """One bucket's index tensors and mask (on the CPU), its rows in the order given. A row's
-    queries are its positions after its shared beginning, or with ``query_starts`` the numbers
-    ``query_starts[row] ...`` (one per query: where the query states are, see ``query_layout``)."""
+            query_numbers: Sequence[torch.Tensor]) -> AttentionBucket:
+    """One bucket's index tensors and mask (on the CPU), its rows in the order given; a row's
+    queries are its positions after its shared beginning, their states at ``query_numbers``."""
     key_width = max(len(row) for row in rows)
     query_width = max(len(row) - s for row, s in zip(rows, shared, strict=True))
     keys = torch.empty((len(rows), key_width), dtype=torch.long)
     queries = torch.empty((len(rows), query_width), dtype=torch.long)
-    for slot_row, (row, s) in enumerate(zip(rows, shared, strict=True)):
+    for slot_row, (row, numbers) in enumerate(zip(rows, query_numbers, strict=True)):
         positions = torch.as_tensor(row, dtype=torch.long)
         keys[slot_row, : len(row)] = positions
         keys[slot_row, len(row):] = positions[0]
-        own = (positions[s:] if query_starts is None
-               else torch.arange(query_starts[slot_row], query_starts[slot_row] + len(row) - s))
-        queries[slot_row, : len(row) - s] = own
-        queries[slot_row, len(row) - s:] = own[0]
+        queries[slot_row, : len(numbers)] = numbers
+        queries[slot_row, len(numbers):] = numbers[0]
     if not any(shared):
         return AttentionBucket(keys, queries, None)
     seen_up_to = torch.as_tensor(shared, dtype=torch.long)[:, None, None] + torch.arange(query_width)[None, :, None]
