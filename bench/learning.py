@@ -14,7 +14,9 @@ steps. Arms:
   reinforce_plus_plus``): a task whose rollouts all succeeded is still pushed up, as SFT keeps it;
 - ``grpo_no_air``: the receiver's AIR rules off (the tasks that have rules: SQL, the calculator);
 - SQL ablations: ``grpo_identical`` (credit ``identical`` instead of ``discounted``),
-  ``grpo_all_agents`` (the checker trained too).
+  ``grpo_all_agents`` (the checker trained too);
+- ``grpo_graded``: GRPO trained on the task's graded reward (retrieval QA: ``chain_reward``, part
+  of the reward for an answer on the question's chain), validated on its exact match as every arm is.
 
 With ``--repeats N`` each arm is trained N times from each warm start (runs differ: the agents'
 threads and timings are not replayed), its accuracy is the mean of its repeats, and each task's
@@ -49,7 +51,7 @@ from pathlib import Path
 
 from spanrl.schema import metrics as keys
 
-ARMS = ("grpo", "sft", "reinforce_plus_plus", "grpo_no_air", "grpo_identical", "grpo_all_agents")
+ARMS = ("grpo", "sft", "reinforce_plus_plus", "grpo_no_air", "grpo_identical", "grpo_all_agents", "grpo_graded")
 SQL_ONLY_ARMS = ("grpo_identical", "grpo_all_agents")  # grpo_no_air: any task with AIR rules
 TASKS = ("sql_agent", "retrieval_qa", "calc_autogen")
 BEGIN, END = "<!-- bench/learning.py: begin -->", "<!-- bench/learning.py: end -->"
@@ -83,7 +85,19 @@ def arm_run(arm: str, base, task_name: str):
         return replace(base, credit="identical", settings={**settings, "advantage_level": "rollout"})
     if arm == "grpo_all_agents":
         return replace(base, agents=(), settings=settings)
+    if arm == "grpo_graded":  # trained on the task's graded reward, validated on its own
+        task = load_task(task_name)
+        return replace(base, settings={**settings, "reward": task.graded_reward, "val_reward": task.reward})
     return replace(base, settings=settings)
+
+
+def arm_applies(arm: str, task) -> bool:
+    """Whether ``arm`` means something on ``task`` (an ablation of a part the task does not have does not)."""
+    if arm in SQL_ONLY_ARMS:
+        return task.name == "sql_agent"
+    if arm == "grpo_no_air":
+        return task.air_rules != "off"
+    return arm != "grpo_graded" or task.graded_reward is not None
 
 
 def validation_subset(task, count: int, out: Path) -> str:
@@ -126,7 +140,7 @@ def run_seed(task, seed: int, args: argparse.Namespace, out: Path) -> dict:
                        val_every=args.val_every, concurrency=args.concurrency, seed=seed, device=args.device,
                        val_tasks=val_tasks, settings=extra)
     for arm in args.arms:
-        if (arm in SQL_ONLY_ARMS and task.name != "sql_agent") or (arm == "grpo_no_air" and task.air_rules == "off"):
+        if not arm_applies(arm, task):
             continue
         from spanrl.examples.task_pipeline import train
 

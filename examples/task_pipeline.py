@@ -60,6 +60,7 @@ class Task:
     advantage_level: str = "rollout"
     agents: tuple[str, ...] = ()  # selective optimisation: train only these agents' calls
     accuracy_event: str | None = None  # score validation by this reward event alone (else by the reward)
+    graded_reward: str | None = None  # a graded reward to train on (bench/learning.py's arm grpo_graded)
     warm_start: WarmStart = WarmStart()  # the warm start's defaults for this task (steps, batch size)
 
 

@@ -49,7 +49,8 @@ def run_eval(settings: EvalSettings) -> EvalSummary:
     """Score ``settings.target`` on ``settings.tasks`` (module docstring); writes ``settings.out_path``."""
     check_start(settings)
     loop = TrainingLoop(settings)
-    loop.scorer.require_transitions = False  # scored as outcomes: a text-only rollout counts too
+    # scored as outcomes: a text-only rollout counts too
+    loop.scorer.require_transitions = loop.held_out_scorer.require_transitions = False
     wait_for_receiver(settings.store, settings.receiver_wait_s)
     started = time.monotonic()
     greedy = sampled = None

@@ -82,6 +82,9 @@ class TrainingLoop:
         self.scorer = RolloutScorer(settings.reward, settings.python_path, settings.trust_agent_rewards,
                                     settings.agents, judge=settings.judge,
                                     air_per_call=settings.advantage_level == "transition")
+        # held-out rollouts are scored by val_reward when it is set (a shaped reward trains, the metric validates)
+        self.held_out_scorer = (RolloutScorer(settings.val_reward, settings.python_path, settings.trust_agent_rewards,
+                                              settings.agents) if settings.val_reward else self.scorer)
         self.rng = random.Random(settings.seed)
         check_hidden_task_fields(settings.hidden_task_fields, self.tasks, settings.tasks)
         self.dispatcher = TaskDispatcher(settings.rollout_timeout_s, tuple(settings.hidden_task_fields),
@@ -127,14 +130,15 @@ class TrainingLoop:
             reasons[rollout_id] = LEFT_OUT_UNASSEMBLED
         scored = []
         receiver_counters: Counter = Counter()
+        scorer = self.held_out_scorer if held_out else self.scorer
         for rollout_id, rollout in found.items():
             receiver_counters.update(rollout.counters)
-            result = self.scorer.scored(waiting[rollout_id], rollout, held_out)
+            result = scorer.scored(waiting[rollout_id], rollout, held_out)
             if isinstance(result, str):
                 reasons[rollout_id] = result
             else:
                 scored.append(result)
-        if self.judge is not None:  # reward: judge: one request per group scores its members together
+        if self.judge is not None and scorer.judged:  # reward: judge: one request per group scores its members together
             scored = self.judge.score_groups(scored, found, reasons)
         return StepReport(scored, Counter(reasons.values()), receiver_counters, reasons)
 

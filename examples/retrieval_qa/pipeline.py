@@ -23,6 +23,7 @@ TASK = Task(
     train_tasks=EXAMPLE_DIR / "train.jsonl",
     val_tasks=EXAMPLE_DIR / "val.jsonl",
     reward="spanrl.examples.retrieval_qa.reward:reward",
+    graded_reward="spanrl.examples.retrieval_qa.reward:chain_reward",
     agent="spanrl.examples.retrieval_qa.rollout:solve",
     write_demonstrations=demonstrations.write_demonstrations,
     write_tokenizer_corpus=demonstrations.write_tokenizer_corpus,

@@ -2,7 +2,11 @@
 
 Answers are compared after SQuAD's normalisation (lower case, punctuation and the articles a/an/the
 removed, spaces collapsed). ``token_f1`` (SQuAD's token-level F1) is there for a softer reward
-(``reward: spanrl.examples.retrieval_qa.reward:f1_reward``). The runner records the agent's return
+(``reward: spanrl.examples.retrieval_qa.reward:f1_reward``); the answers here are one word, so it
+scores as exact match does. ``chain_reward`` is graded: an answer that names an entity on the
+question's chain (the task's ``hops``, e.g. the city on the way to the country) earns part of the
+reward, so rollouts that failed can still be told apart (train on it with ``val_reward: ...:reward``,
+so held-out accuracy stays exact match). The runner records the agent's return
 value as the variable ``output``; ``reward(task, variables)`` is what ``train.yaml`` names.
 """
 
@@ -39,3 +43,22 @@ def reward(task: dict, variables: dict) -> float:
 
 def f1_reward(task: dict, variables: dict) -> float:
     return token_f1(str(variables.get("output", "")), task["answer"])
+
+
+CHAIN_CREDIT = 0.5  # what an answer one step short of the gold answer earns at most
+
+
+def chain_credit(answer: str, gold: str, hops: list) -> float:
+    """1.0 for the gold answer; ``CHAIN_CREDIT * k / len(hops)`` for an answer that names the k-th
+    entity of the chain (``hops[0]`` is the question's own subject: 0); else 0."""
+    if exact_match(answer, gold):
+        return 1.0
+    said = normalize(answer)
+    for k, entity in reversed(list(enumerate(hops))):
+        if said and said == normalize(str(entity)):
+            return CHAIN_CREDIT * k / len(hops)
+    return 0.0
+
+
+def chain_reward(task: dict, variables: dict) -> float:
+    return chain_credit(str(variables.get("output", "")), task["answer"], list(task.get("hops", [])))

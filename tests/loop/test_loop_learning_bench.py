@@ -47,6 +47,16 @@ def test_the_sql_ablations_change_one_thing_each(bench):
     assert bench.arm_run("grpo_all_agents", base, "sql_agent").agents == ()
     assert bench.arm_run("reinforce_plus_plus", base, "calc_autogen").settings == {
         "kl_coef": 0.01, "advantage_estimator": "reinforce_plus_plus"}
+    graded = bench.arm_run("grpo_graded", base, "retrieval_qa")
+    assert graded.settings == {"kl_coef": 0.01, "reward": "spanrl.examples.retrieval_qa.reward:chain_reward",
+                               "val_reward": "spanrl.examples.retrieval_qa.reward:reward"}
+
+
+def test_each_ablation_runs_only_on_the_tasks_that_have_what_it_changes(bench):
+    runs = {name: {arm for arm in bench.ARMS if bench.arm_applies(arm, bench.load_task(name))}
+            for name in ("sql_agent", "retrieval_qa")}
+    assert runs["sql_agent"] == set(bench.ARMS) - {"grpo_graded"}
+    assert runs["retrieval_qa"] == {"grpo", "sft", "reinforce_plus_plus", "grpo_graded"}
 
 
 def test_repeats_are_averaged_and_every_arm_is_compared_with_sft_and_grpo_run_by_run(bench):

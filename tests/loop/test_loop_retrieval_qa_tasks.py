@@ -8,7 +8,7 @@ import random
 from pathlib import Path
 
 from spanrl.examples.retrieval_qa import corpus, demonstrations, questions
-from spanrl.examples.retrieval_qa.reward import exact_match, reward, token_f1
+from spanrl.examples.retrieval_qa.reward import chain_credit, exact_match, reward, token_f1
 from spanrl.examples.retrieval_qa.search import search, search_in
 
 EXAMPLE_DIR = Path(__file__).resolve().parents[2] / "examples" / "retrieval_qa"
@@ -58,6 +58,14 @@ def test_reward_is_normalised_exact_match_and_f1_is_partial_credit():
     assert token_f1("Hulix Losat", "Hulix") == 2 * 0.5 * 1.0 / 1.5
     assert reward({"answer": "Hulix"}, {"output": "hulix"}) == 1.0
     assert reward({"answer": "Hulix"}, {}) == 0.0
+
+
+def test_chain_credit_grows_along_the_chain_and_only_the_gold_answer_gets_1():
+    hops = ["Zufi Books", "Lotor Nevmarul", "Jorhulka"]  # company, its founder, the founder's birthplace
+    said = {answer: chain_credit(answer, "Tormiwyn", hops)
+            for answer in ("Tormiwyn", "the Jorhulka.", "Lotor Nevmarul", "Zufi Books", "Lotor", "", "Dorfi")}
+    assert said == {"Tormiwyn": 1.0, "the Jorhulka.": 0.5 * 2 / 3, "Lotor Nevmarul": 0.5 / 3, "Zufi Books": 0.0,
+                    "Lotor": 0.0, "": 0.0, "Dorfi": 0.0}
 
 
 def test_demonstrations_show_the_tool_results_the_agent_would_see():
