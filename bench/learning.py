@@ -87,7 +87,7 @@ def arm_run(arm: str, base, task_name: str):
         return replace(base, agents=(), settings=settings)
     if arm == "grpo_graded":  # trained on the task's graded reward, validated on its own
         task = load_task(task_name)
-        return replace(base, settings={**settings, "reward": task.graded_reward, "val_reward": task.reward})
+        return replace(base, settings={**settings, "reward": task.graded_reward, "val_reward_fn": task.reward})
     return replace(base, settings=settings)
 
 

@@ -230,9 +230,9 @@ class LoopSettings:
         default="", metadata={"help": "held-out task file (JSONL, as tasks) scored every val_every steps as "
                               "val_reward; its rollouts are never trained on (empty = no validation)"}
     )
-    val_reward: str = field(
-        default="", metadata={"help": "what held-out tasks are scored by: 'events' or 'module:function' (empty = "
-                              "reward). Train on a shaped reward, validate on the metric you care about"}
+    val_reward_fn: str = field(
+        default="", metadata={"help": "what held-out rollouts are scored by (val_reward is their mean): 'events' or "
+                              "'module:function' (empty = reward). Train on a shaped reward, validate on your metric"}
     )
     val_every: int = field(
         default=5, metadata={"help": "validate after every N-th step and after the last one"}
@@ -278,8 +278,8 @@ class LoopSettings:
             raise SettingError(f"reward must be 'events', 'judge' or 'module:function', got {self.reward!r}")
         if self.reward == "judge":
             self._check_judge()
-        if self.val_reward and self.val_reward != "events" and ":" not in self.val_reward:
-            raise SettingError(f"val_reward must be 'events' or 'module:function', got {self.val_reward!r}")
+        if self.val_reward_fn and self.val_reward_fn != "events" and ":" not in self.val_reward_fn:
+            raise SettingError(f"val_reward_fn must be 'events' or 'module:function', got {self.val_reward_fn!r}")
         if self.algorithm not in ALGORITHMS:
             raise SettingError(f"algorithm must be one of {ALGORITHMS}, got {self.algorithm!r}")
         if self.group_size < (2 if self.runs_grpo else 1):

@@ -82,9 +82,11 @@ class TrainingLoop:
         self.scorer = RolloutScorer(settings.reward, settings.python_path, settings.trust_agent_rewards,
                                     settings.agents, judge=settings.judge,
                                     air_per_call=settings.advantage_level == "transition")
-        # held-out rollouts are scored by val_reward when it is set (a shaped reward trains, the metric validates)
-        self.held_out_scorer = (RolloutScorer(settings.val_reward, settings.python_path, settings.trust_agent_rewards,
-                                              settings.agents) if settings.val_reward else self.scorer)
+        # held-out rollouts are scored by val_reward_fn when it is set (a shaped reward trains, the metric validates)
+        self.held_out_scorer = self.scorer
+        if settings.val_reward_fn:
+            self.held_out_scorer = RolloutScorer(settings.val_reward_fn, settings.python_path,
+                                                 settings.trust_agent_rewards, settings.agents)
         self.rng = random.Random(settings.seed)
         check_hidden_task_fields(settings.hidden_task_fields, self.tasks, settings.tasks)
         self.dispatcher = TaskDispatcher(settings.rollout_timeout_s, tuple(settings.hidden_task_fields),

@@ -5,7 +5,7 @@ removed, spaces collapsed). ``token_f1`` (SQuAD's token-level F1) is there for a
 (``reward: spanrl.examples.retrieval_qa.reward:f1_reward``); the answers here are one word, so it
 scores as exact match does. ``chain_reward`` is graded: an answer that names an entity on the
 question's chain (the task's ``hops``, e.g. the city on the way to the country) earns part of the
-reward, so rollouts that failed can still be told apart (train on it with ``val_reward: ...:reward``,
+reward, so rollouts that failed can still be told apart (train on it with ``val_reward_fn: ...:reward``,
 so held-out accuracy stays exact match). Measured, it makes GRPO worse (docs/results.md, "a graded
 reward on retrieval QA"): stopping a hop short is what the warm start already does wrong, and this
 reward pays it. The runner records the agent's return

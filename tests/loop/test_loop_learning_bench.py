@@ -49,7 +49,7 @@ def test_the_sql_ablations_change_one_thing_each(bench):
         "kl_coef": 0.01, "advantage_estimator": "reinforce_plus_plus"}
     graded = bench.arm_run("grpo_graded", base, "retrieval_qa")
     assert graded.settings == {"kl_coef": 0.01, "reward": "spanrl.examples.retrieval_qa.reward:chain_reward",
-                               "val_reward": "spanrl.examples.retrieval_qa.reward:reward"}
+                               "val_reward_fn": "spanrl.examples.retrieval_qa.reward:reward"}
 
 
 def test_each_ablation_runs_only_on_the_tasks_that_have_what_it_changes(bench):

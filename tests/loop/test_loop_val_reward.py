@@ -1,4 +1,4 @@
-"""``val_reward``: held-out rollouts are scored by their own reward function, training rollouts by
+"""``val_reward_fn``: held-out rollouts are scored by their own reward function, training rollouts by
 ``reward``. Spans from the real SDK, assembled by the receiver's code, saved in a real store and
 collected by the real training loop, with the retrieval QA example's two rewards: the graded
 ``chain_reward`` to train on, exact match (``reward``) to validate on."""
@@ -58,7 +58,7 @@ def _loop(tmp_path, **settings) -> TrainingLoop:
 
 
 def test_training_rollouts_get_the_graded_reward_and_held_out_ones_exact_match(tmp_path):
-    loop = _loop(tmp_path, reward=f"{REWARDS}:chain_reward", val_reward=f"{REWARDS}:reward")
+    loop = _loop(tmp_path, reward=f"{REWARDS}:chain_reward", val_reward_fn=f"{REWARDS}:reward")
     answers = {"right": "Hulix", "one short": "Losat", "the subject": "Rilvo Foods", "wrong": "Dorfi"}
     for rollout_id, answer in answers.items():
         loop.store.save_assembled(_rollout(rollout_id, answer))
@@ -70,12 +70,12 @@ def test_training_rollouts_get_the_graded_reward_and_held_out_ones_exact_match(t
     assert held_out == {"v-right": 1.0, "v-one short": 0.0, "v-the subject": 0.0, "v-wrong": 0.0}
 
 
-def test_without_val_reward_held_out_rollouts_are_scored_by_reward(tmp_path):
+def test_without_val_reward_fn_held_out_rollouts_are_scored_by_reward(tmp_path):
     loop = _loop(tmp_path, reward=f"{REWARDS}:chain_reward")
     loop.store.save_assembled(_rollout("v-short", "Losat"))
     assert _scores(loop, {"v-short": "Losat"}, held_out=True) == {"v-short": 0.25}
 
 
-def test_a_val_reward_that_is_not_a_function_or_events_is_refused(tmp_path):
-    with pytest.raises(SettingError, match="val_reward must be 'events' or 'module:function', got 'exact'"):
-        _loop(tmp_path, reward=f"{REWARDS}:reward", val_reward="exact")
+def test_a_val_reward_fn_that_is_not_a_function_or_events_is_refused(tmp_path):
+    with pytest.raises(SettingError, match="val_reward_fn must be 'events' or 'module:function', got 'exact'"):
+        _loop(tmp_path, reward=f"{REWARDS}:reward", val_reward_fn="exact")
