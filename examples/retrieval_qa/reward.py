@@ -56,10 +56,8 @@ def chain_credit(answer: str, gold: str, hops: list) -> float:
     if exact_match(answer, gold):
         return 1.0
     said = normalize(answer)
-    for k, entity in reversed(list(enumerate(hops))):
-        if said and said == normalize(str(entity)):
-            return CHAIN_CREDIT * k / len(hops)
-    return 0.0
+    reached = [k for k, entity in enumerate(hops) if said and said == normalize(str(entity))]
+    return CHAIN_CREDIT * max(reached) / len(hops) if reached else 0.0
 
 
 def chain_reward(task: dict, variables: dict) -> float:
