@@ -15,8 +15,9 @@ steps. Arms:
 - ``grpo_no_air``: the receiver's AIR rules off (the tasks that have rules: SQL, the calculator);
 - SQL ablations: ``grpo_identical`` (credit ``identical`` instead of ``discounted``),
   ``grpo_all_agents`` (the checker trained too);
-- ``grpo_graded``: GRPO trained on the task's graded reward (retrieval QA: ``chain_reward``, part
-  of the reward for an answer on the question's chain), validated on its exact match as every arm is.
+- ``grpo_graded``: GRPO trained on the task's graded reward (retrieval QA: ``search_reward``, part
+  of the reward for each entity of the question's chain its searches reached; until 2026-12-05
+  ``chain_reward``, for an answer on the chain), validated on its exact match as every arm is.
 
 With ``--repeats N`` each arm is trained N times from each warm start (runs differ: the agents'
 threads and timings are not replayed), its accuracy is the mean of its repeats, and each task's

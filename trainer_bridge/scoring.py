@@ -22,11 +22,16 @@ import logging
 import math
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from spanrl.bridge_protocol import Attempt
 from spanrl.schema.rollouts import AssembledRollout, Transition
 from spanrl.schema.scored import ScoredRollout
+
+from .rollout_calls import call_reward
+
+if TYPE_CHECKING:
+    from spanrl.otlp_receiver.store import SpanStore
 
 logger = logging.getLogger(__name__)
 
@@ -49,7 +54,8 @@ class RewardFunctionError(Exception):
 
 def load_reward_function(spec: str, python_path: list) -> Callable[..., Any]:
     """The ``module:function`` reward, importable from ``python_path`` folders; it is called
-    as ``reward(task, variables)`` and returns a number."""
+    as ``reward(task, variables)``, or ``reward(task, variables, calls)`` when it has a parameter
+    named ``calls`` (``rollout_calls.py``), and returns a number."""
     from spanrl.import_path import load_callable
 
     return load_callable(spec, python_path)
@@ -81,8 +87,10 @@ class RolloutScorer:
     """Scores rollouts as ``reward``, ``trust_agent_rewards`` and ``agents`` say (module docstring)."""
 
     def __init__(self, reward: str, python_path: list, trust_agent_rewards: bool = True,
-                 agents: list | None = None, judge: Any = None, air_per_call: bool = False) -> None:
+                 agents: list | None = None, judge: Any = None, air_per_call: bool = False,
+                 store: SpanStore | None = None) -> None:
         self.reward = reward
+        self.store = store  # where a reward function that asks for the rollout's calls reads them
         self.judged = reward == JUDGE_REWARD
         # the function scoring each rollout: the reward function, or the judge's combine_with (if any)
         function = (judge.combine_with if judge is not None else "") if self.judged else reward
@@ -154,7 +162,7 @@ class RolloutScorer:
             total = rollout.total_reward if self.trust_agent_rewards else rule_reward(rollout)
             return total if total is not None and math.isfinite(total) else None
         try:
-            value = float(self.reward_fn(attempt.task, dict(rollout.variables)))
+            value = float(call_reward(self.reward_fn, attempt.task, rollout, self.store))
         except Exception as exc:  # a broken reward function must not kill training: skip the rollout
             logger.exception("reward function %s failed on task %s (rollout %s): rollout left out",
                              self.function_spec, attempt.task_id, rollout.rollout_id)

@@ -79,24 +79,24 @@ class TrainingLoop:
     def __init__(self, settings: LoopSettings) -> None:
         self.settings = settings
         self.tasks = load_tasks(settings.tasks)
+        check_hidden_task_fields(settings.hidden_task_fields, self.tasks, settings.tasks)
+        from spanrl.otlp_receiver.store import SpanStore
+
+        self.store = SpanStore(settings.store)
         self.scorer = RolloutScorer(settings.reward, settings.python_path, settings.trust_agent_rewards,
                                     settings.agents, judge=settings.judge,
-                                    air_per_call=settings.advantage_level == "transition")
+                                    air_per_call=settings.advantage_level == "transition", store=self.store)
         # held-out rollouts are scored by val_reward_fn when it is set (a shaped reward trains, the metric validates)
         self.held_out_scorer = self.scorer
         if settings.val_reward_fn:
             self.held_out_scorer = RolloutScorer(settings.val_reward_fn, settings.python_path,
-                                                 settings.trust_agent_rewards, settings.agents)
+                                                 settings.trust_agent_rewards, settings.agents, store=self.store)
         self.rng = random.Random(settings.seed)
-        check_hidden_task_fields(settings.hidden_task_fields, self.tasks, settings.tasks)
         self.dispatcher = TaskDispatcher(settings.rollout_timeout_s, tuple(settings.hidden_task_fields),
                                          settings.relaunch_attempts)
         self._task_order: list[int] = []
         self.task_scores = TaskScores()  # what each task's rollouts scored over the run (for the summary)
 
-        from spanrl.otlp_receiver.store import SpanStore
-
-        self.store = SpanStore(settings.store)
         self.cursor = 0
         self.judge = None
         if settings.reward == JUDGE_REWARD:  # the judge scores each group of collected rollouts

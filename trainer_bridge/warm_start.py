@@ -33,6 +33,7 @@ from spanrl.errors import SettingError, UserError
 from spanrl.schema.tasks import load_tasks
 
 from .backend import FineTuneRequest, TokenExample, fine_tune
+from .rollout_calls import call_reward
 from .scoring import load_reward_function
 
 logger = logging.getLogger(__name__)
@@ -100,33 +101,13 @@ class ChosenRollouts:
 
 def choose_rollouts(config: WarmStartConfig) -> ChosenRollouts:
     """The transitions of the best-rewarded ok rollouts of ``config.store`` (torch-free)."""
-    from spanrl.bridge_protocol import is_held_out_rollout
     from spanrl.otlp_receiver.store import SpanStore
 
     if not os.path.isfile(config.store):
         raise UserError(f"store {config.store!r} not found: give the SQLite file `spanrl receive --db` wrote")
-    reward_fn = None if config.reward == "events" else load_reward_function(config.reward, config.python_path)
-    tasks = dict(load_tasks(config.tasks)) if config.tasks else {}
     with SpanStore(config.store) as store:
         rollouts, _ = store.completed_rollouts(since=0)
-    scored: list[tuple[float, Any]] = []
-    for rollout in rollouts:
-        if rollout.status != "ok" or is_held_out_rollout(rollout.rollout_id):
-            continue  # validation and eval rollouts are held out: never learned (a rollout without transitions may
-            # still have calls recorded as text only)
-        if reward_fn is None:
-            score = rollout.total_reward
-        elif rollout.task_id in tasks:
-            try:
-                score = float(reward_fn(tasks[rollout.task_id], dict(rollout.variables)))
-            except Exception:  # one bad rollout must not stop the warm start
-                logger.exception("reward function %s failed on rollout %s: skipped", config.reward, rollout.rollout_id)
-                continue
-        else:
-            continue
-        if score is not None and math.isfinite(score):
-            scored.append((score, rollout))
-    scored.sort(key=lambda pair: pair[0], reverse=True)
+        scored = _scored_rollouts(config, rollouts, store)
     chosen = [pair for pair in scored if config.min_reward is None or pair[0] >= config.min_reward]
     if config.top_k:
         chosen = chosen[: config.top_k]
@@ -139,6 +120,34 @@ def choose_rollouts(config: WarmStartConfig) -> ChosenRollouts:
         raise UserError(f"the {len(chosen)} rollouts chosen from {config.store} have no LLM call to learn from "
                         "(no transition, and no call recorded with its text)")
     return ChosenRollouts(examples, len(chosen), len(scored), scored[0][0], chosen[-1][0], text_calls)
+
+
+def _scored_rollouts(config: WarmStartConfig, rollouts: list[Any], store: Any) -> list[tuple[float, Any]]:
+    """The ok training rollouts of ``store`` with their scores (total reward or the reward function's),
+    best first."""
+    from spanrl.bridge_protocol import is_held_out_rollout
+
+    reward_fn = None if config.reward == "events" else load_reward_function(config.reward, config.python_path)
+    tasks = dict(load_tasks(config.tasks)) if config.tasks else {}
+    scored: list[tuple[float, Any]] = []
+    for rollout in rollouts:
+        if rollout.status != "ok" or is_held_out_rollout(rollout.rollout_id):
+            continue  # validation and eval rollouts are held out: never learned (a rollout without transitions may
+            # still have calls recorded as text only)
+        if reward_fn is None:
+            score = rollout.total_reward
+        elif rollout.task_id in tasks:
+            try:
+                score = float(call_reward(reward_fn, tasks[rollout.task_id], rollout, store))
+            except Exception:  # one bad rollout must not stop the warm start
+                logger.exception("reward function %s failed on rollout %s: skipped", config.reward, rollout.rollout_id)
+                continue
+        else:
+            continue
+        if score is not None and math.isfinite(score):
+            scored.append((score, rollout))
+    scored.sort(key=lambda pair: pair[0], reverse=True)
+    return scored
 
 
 def _examples_of(rollouts: list[Any], store_path: str) -> tuple[list[Any], int]:

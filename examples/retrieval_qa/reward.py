@@ -8,7 +8,9 @@ question's chain (the task's ``hops``, e.g. the city on the way to the country) 
 reward, so rollouts that failed can still be told apart (train on it with ``val_reward_fn: ...:reward``,
 so held-out accuracy stays exact match). Measured, it makes GRPO worse (docs/results.md, "a graded
 reward on retrieval QA"): stopping a hop short is what the warm start already does wrong, and this
-reward pays it. The runner records the agent's return
+reward pays it. ``search_reward`` grades the way instead of the answer: a wrong answer earns part of
+the reward for each entity of the chain the agent's searches reached (read from its calls' tool
+results, ``reward(task, variables, calls)``). The runner records the agent's return
 value as the variable ``output``; ``reward(task, variables)`` is what ``train.yaml`` names.
 """
 
@@ -62,3 +64,26 @@ def chain_credit(answer: str, gold: str, hops: list) -> float:
 
 def chain_reward(task: dict, variables: dict) -> float:
     return chain_credit(str(variables.get("output", "")), task["answer"], list(task.get("hops", [])))
+
+
+SEARCH_CREDIT = 0.5  # what a wrong answer earns at most, when the searches reached the whole chain
+
+
+def tool_results(calls: list) -> str:
+    """The text of every tool result the agent's calls were shown (their prompts' ``tool`` messages)."""
+    return "\n".join(str(m.get("content") or "") for call in calls for m in call["messages"] if m.get("role") == "tool")
+
+
+def chain_reached(task: dict, calls: list) -> float:
+    """The share of the task's chain after its subject (``hops[1:]`` and the answer) that the tool
+    results named: each entity is found only by a search on the one before it."""
+    chain = [*task.get("hops", [])[1:], task["answer"]]
+    seen = f" {normalize(tool_results(calls))} "
+    return sum(f" {normalize(str(entity))} " in seen for entity in chain) / len(chain)
+
+
+def search_reward(task: dict, variables: dict, calls: list) -> float:
+    """1.0 for the gold answer; else ``SEARCH_CREDIT`` times the share of the chain the searches reached."""
+    if reward(task, variables):
+        return 1.0
+    return SEARCH_CREDIT * chain_reached(task, calls)

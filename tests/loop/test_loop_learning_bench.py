@@ -48,7 +48,7 @@ def test_the_sql_ablations_change_one_thing_each(bench):
     assert bench.arm_run("reinforce_plus_plus", base, "calc_autogen").settings == {
         "kl_coef": 0.01, "advantage_estimator": "reinforce_plus_plus"}
     graded = bench.arm_run("grpo_graded", base, "retrieval_qa")
-    assert graded.settings == {"kl_coef": 0.01, "reward": "spanrl.examples.retrieval_qa.reward:chain_reward",
+    assert graded.settings == {"kl_coef": 0.01, "reward": "spanrl.examples.retrieval_qa.reward:search_reward",
                                "val_reward_fn": "spanrl.examples.retrieval_qa.reward:reward"}
 
 
