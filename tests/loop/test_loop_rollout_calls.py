@@ -96,7 +96,8 @@ def test_rollout_calls_are_the_calls_in_order_with_prompt_reply_and_agent(tmp_pa
         calls = rollout_calls(store, store.assembled_rollout("r"))
     assert [len(call["messages"]) for call in calls] == [1, 3, 5]
     assert [m["content"] for m in calls[2]["messages"] if m["role"] == "tool"] == [RILVO, LOSAT]
-    assert calls[2]["reply"]["content"] == "Hulix" and calls[0]["reply"]["tool_calls"][0]["function"]["name"] == "search"
+    assert calls[2]["reply"]["content"] == "Hulix"
+    assert calls[0]["reply"]["tool_calls"][0]["function"]["name"] == "search"
     assert {call["agent"] for call in calls} == {"researcher"}
 
 
