@@ -17,7 +17,10 @@ steps. Arms:
   ``grpo_all_agents`` (the checker trained too);
 - ``grpo_graded``: GRPO trained on the task's graded reward (retrieval QA: ``search_reward``, part
   of the reward for each entity of the question's chain its searches reached; until 2026-12-05
-  ``chain_reward``, for an answer on the chain), validated on its exact match as every arm is.
+  ``chain_reward``, for an answer on the chain), validated on its exact match as every arm is;
+- ``grpo_graded_calls``: GRPO on the task's per-call rewards (retrieval QA: ``search_step_rewards``,
+  the answer judged by exact match alone, each search by what it found) with ``advantage_level:
+  transition``, so each call's advantage comes from its own return.
 
 With ``--repeats N`` each arm is trained N times from each warm start (runs differ: the agents'
 threads and timings are not replayed), its accuracy is the mean of its repeats, and each task's
@@ -52,7 +55,8 @@ from pathlib import Path
 
 from spanrl.schema import metrics as keys
 
-ARMS = ("grpo", "sft", "reinforce_plus_plus", "grpo_no_air", "grpo_identical", "grpo_all_agents", "grpo_graded")
+ARMS = ("grpo", "sft", "reinforce_plus_plus", "grpo_no_air", "grpo_identical", "grpo_all_agents", "grpo_graded",
+        "grpo_graded_calls")
 SQL_ONLY_ARMS = ("grpo_identical", "grpo_all_agents")  # grpo_no_air: any task with AIR rules
 TASKS = ("sql_agent", "retrieval_qa", "calc_autogen")
 BEGIN, END = "<!-- bench/learning.py: begin -->", "<!-- bench/learning.py: end -->"
@@ -89,6 +93,10 @@ def arm_run(arm: str, base, task_name: str):
     if arm == "grpo_graded":  # trained on the task's graded reward, validated on its own
         task = load_task(task_name)
         return replace(base, settings={**settings, "reward": task.graded_reward, "val_reward_fn": task.reward})
+    if arm == "grpo_graded_calls":  # the task's per-call rewards, each on the call that earned it
+        task = load_task(task_name)
+        return replace(base, settings={**settings, "reward": task.graded_call_reward, "val_reward_fn": task.reward,
+                                       "advantage_level": "transition"})
     return replace(base, settings=settings)
 
 
@@ -98,6 +106,8 @@ def arm_applies(arm: str, task) -> bool:
         return task.name == "sql_agent"
     if arm == "grpo_no_air":
         return task.air_rules != "off"
+    if arm == "grpo_graded_calls":
+        return task.graded_call_reward is not None
     return arm != "grpo_graded" or task.graded_reward is not None
 
 

@@ -61,6 +61,7 @@ class Task:
     agents: tuple[str, ...] = ()  # selective optimisation: train only these agents' calls
     accuracy_event: str | None = None  # score validation by this reward event alone (else by the reward)
     graded_reward: str | None = None  # a graded reward to train on (bench/learning.py's arm grpo_graded)
+    graded_call_reward: str | None = None  # a reward with per-call rewards (the arm grpo_graded_calls)
     warm_start: WarmStart = WarmStart()  # the warm start's defaults for this task (steps, batch size)
 
 

@@ -2,11 +2,13 @@
 
 A rollout's score is its total reward (``reward: events``; only the receiver's AIR rule rewards
 with ``trust_agent_rewards: false``) or the configured reward function's value on its task and
-variables, plus the rollout's AIR rule rewards when it is trained on (a held-out rollout of a
-validation round or ``spanrl eval`` is scored by the function alone: its outcome). With a reward
-function and ``air_per_call`` (``advantage_level: transition``), each trained call's return is the
-function's value plus the AIR rule rewards of that call alone, so a rule's penalty reaches the call
-that earned it and not its rollout's other calls. With ``reward:
+variables (and calls, when it asks for them: ``rollout_calls.py``), plus the rollout's intermediate
+rewards when it is trained on: its AIR rule rewards and the per-call rewards the function gave (a
+held-out rollout of a validation round or ``spanrl eval`` is scored by the function's outcome
+alone). With a reward function and ``air_per_call`` (``advantage_level: transition``), each trained
+call's return is the outcome plus the intermediate rewards of that call alone, so a rule's penalty
+(or the function's reward for one call) reaches the call that earned it and not its rollout's
+other calls. With ``reward:
 judge`` the score made here is only the base the judge combines with (``judge.combine_with``'s
 value, or 0 without one): ``judge/group_judge.py`` then scores each group in one request and sets
 every member's score (or leaves the group out, ``LEFT_OUT_JUDGE_FAILED``).
@@ -28,7 +30,7 @@ from spanrl.bridge_protocol import Attempt
 from spanrl.schema.rollouts import AssembledRollout, Transition
 from spanrl.schema.scored import ScoredRollout
 
-from .rollout_calls import call_reward
+from .rollout_calls import FunctionReward, call_reward
 
 if TYPE_CHECKING:
     from spanrl.otlp_receiver.store import SpanStore
@@ -69,14 +71,16 @@ def rule_reward(rollout: AssembledRollout) -> float | None:
 
 
 def with_air(outcome: float, air: float | None) -> float:
-    """A rollout's score: its outcome plus the AIR rewards added to it (``air_added``; None: none)."""
+    """A rollout's score: its outcome plus the intermediate rewards added to it (``intermediate_added``;
+    None: none)."""
     return outcome if air is None else outcome + air
 
 
-def with_call_returns(transitions: tuple[Transition, ...], rollout: AssembledRollout,
-                      outcome: float) -> tuple[Transition, ...]:
-    """``transitions``, each with return ``outcome`` plus the AIR rule rewards of its own call."""
-    by_call: dict[str, float] = {}
+def with_call_returns(transitions: tuple[Transition, ...], rollout: AssembledRollout, outcome: float,
+                      call_rewards: dict[str, float]) -> tuple[Transition, ...]:
+    """``transitions``, each with return ``outcome`` plus its own call's intermediate rewards: the AIR
+    rule rewards of that call and the reward function's reward for it (``call_rewards``, by span id)."""
+    by_call = dict(call_rewards)
     for r in rollout.rewards:
         if r.source.startswith(AIR_SOURCE_PREFIX) and r.call_span_id is not None:
             by_call[r.call_span_id] = by_call.get(r.call_span_id, 0.0) + r.value
@@ -98,7 +102,7 @@ class RolloutScorer:
         self.reward_fn = load_reward_function(self.function_spec, python_path) if self.function_spec else None
         self.trust_agent_rewards = trust_agent_rewards
         self.agents = list(agents or [])
-        # a reward function's rollouts: each trained call's return is the function's value + its own AIR
+        # a reward function's rollouts: each trained call's return is the outcome + its own intermediate rewards
         self.air_per_call = air_per_call and self.reward_fn is not None and not self.judged
         # False (spanrl eval): a rollout is scored as an outcome even without a transition to train on
         self.require_transitions = True
@@ -114,15 +118,15 @@ class RolloutScorer:
         if not transitions and self.require_transitions:
             return LEFT_OUT_NO_SELECTED_AGENT
         try:
-            outcome = self.outcome(attempt, rollout)
+            base = self.base_reward(attempt, rollout)
         except RewardFunctionError:
             return LEFT_OUT_REWARD_ERROR
-        if outcome is None:
+        if base is None:
             return LEFT_OUT_NO_REWARD
-        air = self.air_added(rollout, held_out)
         if self.air_per_call and not held_out:
-            transitions = with_call_returns(transitions, rollout, outcome)
-        return ScoredRollout(attempt, with_air(outcome, air), transitions, self.reward_source(rollout, held_out))
+            transitions = with_call_returns(transitions, rollout, base.outcome, base.call_rewards)
+        score = with_air(base.outcome, self.intermediate_added(rollout, base, held_out))
+        return ScoredRollout(attempt, score, transitions, self.reward_source(rollout, held_out))
 
     @property
     def by_events(self) -> bool:
@@ -138,37 +142,41 @@ class RolloutScorer:
         return "events: " + ", ".join(sorted({r.source for r in rollout.rewards}))
 
     def score(self, attempt: Attempt, rollout: AssembledRollout, held_out: bool = False) -> float | None:
-        """The rollout's score: its ``outcome`` plus, with a reward function, its AIR rule rewards
-        unless ``held_out`` (the intermediate rewards train the calls that earned them; a held-out
-        score is the task's outcome); ``None`` when there is no outcome. Raises
-        ``RewardFunctionError`` as ``outcome`` does."""
-        outcome = self.outcome(attempt, rollout)
-        return None if outcome is None else with_air(outcome, self.air_added(rollout, held_out))
+        """The rollout's score: its outcome plus, with a reward function, its intermediate rewards
+        (AIR rules, the function's per-call rewards) unless ``held_out`` (the intermediate rewards
+        train the calls that earned them; a held-out score is the task's outcome); ``None`` when
+        there is no outcome. Raises ``RewardFunctionError`` as ``base_reward`` does."""
+        base = self.base_reward(attempt, rollout)
+        return None if base is None else with_air(base.outcome, self.intermediate_added(rollout, base, held_out))
 
-    def air_added(self, rollout: AssembledRollout, held_out: bool) -> float | None:
-        """The AIR rule rewards added to a reward function's value (None: nothing added; with
-        ``reward: events`` they are already in the total)."""
+    def intermediate_added(self, rollout: AssembledRollout, base: FunctionReward, held_out: bool) -> float | None:
+        """The AIR rule rewards and per-call rewards added to a reward function's outcome (None:
+        nothing added; with ``reward: events`` they are already in the total)."""
         if self.reward_fn is None or held_out or self.judged:
             return None
-        return rule_reward(rollout)
+        rules = rule_reward(rollout)
+        if not base.call_rewards:
+            return rules
+        return (rules or 0.0) + sum(base.call_rewards.values())
 
-    def outcome(self, attempt: Attempt, rollout: AssembledRollout) -> float | None:
-        """The rollout's total reward (``reward: events``) or the reward function's value; ``None``
-        when there is none (no reward event, a non-finite value). Raises ``RewardFunctionError``
-        (logged, with the task id) when the reward function raised."""
+    def base_reward(self, attempt: Attempt, rollout: AssembledRollout) -> FunctionReward | None:
+        """The rollout's total reward (``reward: events``) or the reward function's outcome and per-call
+        rewards; ``None`` when there is none (no reward event, a non-finite value). Raises
+        ``RewardFunctionError`` (logged, with the task id) when the reward function raised or gave a
+        value that is not a reward."""
         if self.judged and self.reward_fn is None:
-            return 0.0  # no combine_with: the judge's score alone (group_judge sets it)
+            return FunctionReward(0.0)  # no combine_with: the judge's score alone (group_judge sets it)
         if self.reward_fn is None:
             total = rollout.total_reward if self.trust_agent_rewards else rule_reward(rollout)
-            return total if total is not None and math.isfinite(total) else None
+            return FunctionReward(total) if total is not None and math.isfinite(total) else None
         try:
-            value = float(call_reward(self.reward_fn, attempt.task, rollout, self.store))
+            value = call_reward(self.reward_fn, attempt.task, rollout, self.store)
         except Exception as exc:  # a broken reward function must not kill training: skip the rollout
             logger.exception("reward function %s failed on task %s (rollout %s): rollout left out",
                              self.function_spec, attempt.task_id, rollout.rollout_id)
             raise RewardFunctionError(f"reward function failed on task {attempt.task_id}") from exc
-        if not math.isfinite(value):
+        if not math.isfinite(value.outcome):
             logger.warning("reward function %s gave %r for task %s (rollout %s): left out", self.function_spec,
-                           value, attempt.task_id, rollout.rollout_id)
+                           value.outcome, attempt.task_id, rollout.rollout_id)
             return None
         return value

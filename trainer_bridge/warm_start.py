@@ -138,7 +138,8 @@ def _scored_rollouts(config: WarmStartConfig, rollouts: list[Any], store: Any) -
             score = rollout.total_reward
         elif rollout.task_id in tasks:
             try:
-                score = float(call_reward(reward_fn, tasks[rollout.task_id], rollout, store))
+                value = call_reward(reward_fn, tasks[rollout.task_id], rollout, store)
+                score = value.outcome + sum(value.call_rewards.values())
             except Exception:  # one bad rollout must not stop the warm start
                 logger.exception("reward function %s failed on rollout %s: skipped", config.reward, rollout.rollout_id)
                 continue

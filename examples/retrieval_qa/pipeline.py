@@ -24,6 +24,7 @@ TASK = Task(
     val_tasks=EXAMPLE_DIR / "val.jsonl",
     reward="spanrl.examples.retrieval_qa.reward:reward",
     graded_reward="spanrl.examples.retrieval_qa.reward:search_reward",
+    graded_call_reward="spanrl.examples.retrieval_qa.reward:search_step_rewards",
     agent="spanrl.examples.retrieval_qa.rollout:solve",
     write_demonstrations=demonstrations.write_demonstrations,
     write_tokenizer_corpus=demonstrations.write_tokenizer_corpus,

@@ -10,7 +10,9 @@ so held-out accuracy stays exact match). Measured, it makes GRPO worse (docs/res
 reward on retrieval QA"): stopping a hop short is what the warm start already does wrong, and this
 reward pays it. ``search_reward`` grades the way instead of the answer: a wrong answer earns part of
 the reward for each entity of the chain the agent's searches reached (read from its calls' tool
-results, ``reward(task, variables, calls)``). The runner records the agent's return
+results, ``reward(task, variables, calls)``); ``search_step_rewards`` gives that credit to the
+search calls that earned it, as per-call rewards, and judges the answer by exact match alone. The
+runner records the agent's return
 value as the variable ``output``; ``reward(task, variables)`` is what ``train.yaml`` names.
 """
 
@@ -87,3 +89,25 @@ def search_reward(task: dict, variables: dict, calls: list) -> float:
     if reward(task, variables):
         return 1.0
     return SEARCH_CREDIT * chain_reached(task, calls)
+
+
+def search_steps(task: dict, calls: list) -> list[float]:
+    """Per call, ``SEARCH_CREDIT`` times the share of the chain first shown by the search it made
+    (that search's result is a ``tool`` message of the next call's prompt); 0 for other calls."""
+    chain = [normalize(str(entity)) for entity in (*task.get("hops", [])[1:], task["answer"])]
+    found: set[str] = set()
+    credits = [0.0] * len(calls)
+    for index, call in enumerate(calls):
+        seen = f" {normalize(tool_results([call]))} "
+        new = {entity for entity in chain if entity not in found and f" {entity} " in seen}
+        if new and index > 0:
+            credits[index - 1] += SEARCH_CREDIT * len(new) / len(chain)
+        found |= new
+    return credits
+
+
+def search_step_rewards(task: dict, variables: dict, calls: list) -> dict:
+    """The outcome (exact match) and, as the calls' own rewards, the credit of each search that
+    reached a new entity of the chain (``search_steps``). With ``advantage_level: transition`` the
+    answering call is judged by the answer alone; the searches by the answer and what they found."""
+    return {"outcome": reward(task, variables), "calls": search_steps(task, calls)}

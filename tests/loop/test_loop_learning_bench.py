@@ -50,13 +50,17 @@ def test_the_sql_ablations_change_one_thing_each(bench):
     graded = bench.arm_run("grpo_graded", base, "retrieval_qa")
     assert graded.settings == {"kl_coef": 0.01, "reward": "spanrl.examples.retrieval_qa.reward:search_reward",
                                "val_reward_fn": "spanrl.examples.retrieval_qa.reward:reward"}
+    per_call = bench.arm_run("grpo_graded_calls", base, "retrieval_qa")
+    assert per_call.settings == {"kl_coef": 0.01, "reward": "spanrl.examples.retrieval_qa.reward:search_step_rewards",
+                                 "val_reward_fn": "spanrl.examples.retrieval_qa.reward:reward",
+                                 "advantage_level": "transition"}
 
 
 def test_each_ablation_runs_only_on_the_tasks_that_have_what_it_changes(bench):
     runs = {name: {arm for arm in bench.ARMS if bench.arm_applies(arm, bench.load_task(name))}
             for name in ("sql_agent", "retrieval_qa")}
-    assert runs["sql_agent"] == set(bench.ARMS) - {"grpo_graded"}
-    assert runs["retrieval_qa"] == {"grpo", "sft", "reinforce_plus_plus", "grpo_graded"}
+    assert runs["sql_agent"] == set(bench.ARMS) - {"grpo_graded", "grpo_graded_calls"}
+    assert runs["retrieval_qa"] == {"grpo", "sft", "reinforce_plus_plus", "grpo_graded", "grpo_graded_calls"}
 
 
 def test_repeats_are_averaged_and_every_arm_is_compared_with_sft_and_grpo_run_by_run(bench):

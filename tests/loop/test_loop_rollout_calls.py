@@ -108,3 +108,46 @@ def test_the_warm_start_chooses_rollouts_by_a_reward_that_reads_calls(tmp_path):
     chosen = choose_rollouts(WarmStartConfig(store=str(tmp_path / "s.db"), tasks=_tasks_file(tmp_path),
                                              reward=f"{REWARDS}:search_reward", min_reward=0.25))
     assert (chosen.rollouts, chosen.scored, chosen.best, chosen.worst_chosen) == (3, 4, 1.0, 0.25)
+
+
+def _collect(loop: TrainingLoop, held_out: bool = False, prefix: str = ""):
+    for rollout_id, (results, answer) in ROLLOUTS.items():
+        _store_rollout(loop.store, prefix + rollout_id, results, answer)
+    attempts = [Attempt(prefix + rollout_id, TASK["id"], 0, TASK, 0) for rollout_id in ROLLOUTS]
+    return loop.collect(attempts, {a.rollout_id: Outcome("ok") for a in attempts}, held_out=held_out)
+
+
+def _loop(tmp_path, **settings) -> TrainingLoop:
+    return TrainingLoop(TrainSettings(tasks=_tasks_file(tmp_path), model="unused-by-the-loop",
+                                      store=str(tmp_path / "s.db"), assembly_wait_s=5.0, **settings))
+
+
+def test_per_call_rewards_reach_the_calls_that_earned_them(tmp_path):
+    # each search that first showed an entity of the two-entity chain earns 0.25; the answering call
+    # is judged by its answer alone
+    report = _collect(_loop(tmp_path, reward=f"{REWARDS}:search_step_rewards", advantage_level="transition"))
+    returns = {item.attempt.rollout_id: [t.return_ for t in item.transitions] for item in report.scored}
+    assert returns == {"right": [1.25, 1.25, 1.0], "reached the answer": [0.25, 0.25, 0.0],
+                       "one hop": [0.25, 0.0], "no search": [0.0]}
+
+
+def test_per_call_rewards_add_to_the_score_of_a_trained_rollout_never_to_a_held_out_one(tmp_path):
+    loop = _loop(tmp_path, reward=f"{REWARDS}:search_step_rewards")
+    trained = {item.attempt.rollout_id: item.score for item in _collect(loop).scored}
+    held_out = {item.attempt.rollout_id: item.score for item in _collect(loop, held_out=True, prefix="v-").scored}
+    assert trained == {"right": 1.5, "reached the answer": 0.5, "one hop": 0.25, "no search": 0.0}
+    assert held_out == {"v-right": 1.0, "v-reached the answer": 0.0, "v-one hop": 0.0, "v-no search": 0.0}
+
+
+def test_a_reward_function_whose_per_call_rewards_do_not_fit_the_calls_leaves_the_rollout_out(tmp_path, caplog):
+    (tmp_path / "bad_rewards.py").write_text(
+        "def one_too_many(task, variables, calls):\n"
+        "    return {'outcome': 1.0, 'calls': [0.0] * (len(calls) + 1)}\n"
+        "def unknown_key(task, variables):\n"
+        "    return {'outcome': 1.0, 'bonus': 2}\n")
+    for function, message in (("one_too_many", "per-call rewards for"), ("unknown_key", "needs the key 'outcome'")):
+        caplog.clear()
+        (tmp_path / function).mkdir()
+        report = _collect(_loop(tmp_path / function, reward=f"bad_rewards:{function}", python_path=[str(tmp_path)]))
+        assert not report.scored and report.left_out == {"reward_error": len(ROLLOUTS)}
+        assert message in caplog.text
