@@ -134,6 +134,8 @@ class RolloutScorer:
         return self.reward == EVENTS_REWARD
 
     def reward_source(self, rollout: AssembledRollout, held_out: bool = False) -> str:
+        """What scored the rollout, as ``spanrl inspect`` shows it (a function's per-call rewards are
+        counted in its score, not named here)."""
         if self.judged:
             return "judge (pending)"  # the judge sets its own source with its score
         if self.reward_fn is not None:

@@ -192,7 +192,7 @@ class TrainingLoop:
     @property
     def transition_returns(self) -> bool:
         """Whether each transition is scored by its own return: the agent's rewards, per transition,
-        or a reward function's value plus the call's own AIR rule rewards."""
+        or a reward function's outcome plus the call's own intermediate rewards (AIR rules, per-call rewards)."""
         settings = self.settings
         return settings.advantage_level == "transition" and (
             (self.scorer.by_events and settings.trust_agent_rewards) or self.scorer.air_per_call)
