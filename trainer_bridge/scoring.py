@@ -126,21 +126,23 @@ class RolloutScorer:
         if self.air_per_call and not held_out:
             transitions = with_call_returns(transitions, rollout, base.outcome, base.call_rewards)
         score = with_air(base.outcome, self.intermediate_added(rollout, base, held_out))
-        return ScoredRollout(attempt, score, transitions, self.reward_source(rollout, held_out))
+        per_call = bool(base.call_rewards) and not held_out
+        return ScoredRollout(attempt, score, transitions, self.reward_source(rollout, held_out, per_call))
 
     @property
     def by_events(self) -> bool:
         """Whether rollouts are scored by their reward events (``reward: events``)."""
         return self.reward == EVENTS_REWARD
 
-    def reward_source(self, rollout: AssembledRollout, held_out: bool = False) -> str:
-        """What scored the rollout, as ``spanrl inspect`` shows it (a function's per-call rewards are
-        counted in its score, not named here)."""
+    def reward_source(self, rollout: AssembledRollout, held_out: bool = False, per_call: bool = False) -> str:
+        """What scored the rollout, as ``spanrl inspect`` shows it (``per_call``: the function gave
+        its calls rewards of their own, counted in the score)."""
         if self.judged:
             return "judge (pending)"  # the judge sets its own source with its score
         if self.reward_fn is not None:
             air = "" if held_out or rule_reward(rollout) is None else " + AIR rules"
-            return f"reward function {self.reward}{air}"
+            calls = " + per-call rewards" if per_call else ""
+            return f"reward function {self.reward}{calls}{air}"
         return "events: " + ", ".join(sorted({r.source for r in rollout.rewards}))
 
     def score(self, attempt: Attempt, rollout: AssembledRollout, held_out: bool = False) -> float | None:

@@ -133,10 +133,15 @@ def test_per_call_rewards_reach_the_calls_that_earned_them(tmp_path):
 
 def test_per_call_rewards_add_to_the_score_of_a_trained_rollout_never_to_a_held_out_one(tmp_path):
     loop = _loop(tmp_path, reward=f"{REWARDS}:search_step_rewards")
-    trained = {item.attempt.rollout_id: item.score for item in _collect(loop).scored}
-    held_out = {item.attempt.rollout_id: item.score for item in _collect(loop, held_out=True, prefix="v-").scored}
-    assert trained == {"right": 1.5, "reached the answer": 0.5, "one hop": 0.25, "no search": 0.0}
-    assert held_out == {"v-right": 1.0, "v-reached the answer": 0.0, "v-one hop": 0.0, "v-no search": 0.0}
+    trained = {item.attempt.rollout_id: item for item in _collect(loop).scored}
+    held_out = {item.attempt.rollout_id: item for item in _collect(loop, held_out=True, prefix="v-").scored}
+    assert {key: item.score for key, item in trained.items()} == {
+        "right": 1.5, "reached the answer": 0.5, "one hop": 0.25, "no search": 0.0}
+    assert {key: item.score for key, item in held_out.items()} == {
+        "v-right": 1.0, "v-reached the answer": 0.0, "v-one hop": 0.0, "v-no search": 0.0}
+    function = f"reward function {REWARDS}:search_step_rewards"
+    assert trained["right"].reward_source == f"{function} + per-call rewards"
+    assert trained["no search"].reward_source == held_out["v-right"].reward_source == function
 
 
 def test_a_reward_function_whose_per_call_rewards_do_not_fit_the_calls_leaves_the_rollout_out(tmp_path, caplog):
