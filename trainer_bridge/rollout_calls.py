@@ -88,18 +88,21 @@ def _function_reward(value: Any, calls: list[dict[str, Any]] | None) -> Function
     if "outcome" not in value or set(value) - {"outcome", "calls"}:
         raise ValueError("a reward function's mapping needs the key 'outcome' and may have 'calls', "
                          f"got {sorted(value)}")
-    per_call = list(value.get("calls") or [])
-    if per_call and calls is None:
+    outcome = float(value["outcome"])
+    per_call = [float(reward) for reward in value.get("calls") or []]
+    if not per_call:
+        return FunctionReward(outcome)
+    if calls is None:
         raise ValueError("the reward function gave per-call rewards without taking a 'calls' parameter")
-    if per_call and len(per_call) != len(calls or []):
-        raise ValueError(f"the reward function gave {len(per_call)} per-call rewards for {len(calls or [])} calls")
-    call_rewards: dict[str, float] = {}
-    for call, reward in zip(calls or [], per_call, strict=False):  # no per-call list: nothing to pair
-        if not math.isfinite(float(reward)):
+    if len(per_call) != len(calls):
+        raise ValueError(f"the reward function gave {len(per_call)} per-call rewards for {len(calls)} calls")
+    call_rewards = {}  # a call's span id is unique among a rollout's kept calls
+    for call, reward in zip(calls, per_call, strict=True):
+        if not math.isfinite(reward):
             raise ValueError(f"the reward function gave the call {call['span_id']} a non-finite reward {reward!r}")
-        if float(reward):
-            call_rewards[call["span_id"]] = call_rewards.get(call["span_id"], 0.0) + float(reward)
-    return FunctionReward(float(value["outcome"]), call_rewards)
+        if reward:
+            call_rewards[call["span_id"]] = reward
+    return FunctionReward(outcome, call_rewards)
 
 
 __all__ = ["CALLS_PARAMETER", "FunctionReward", "call_reward", "rollout_calls", "takes_calls"]

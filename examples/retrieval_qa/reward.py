@@ -76,12 +76,22 @@ def tool_results(calls: list) -> str:
     return "\n".join(str(m.get("content") or "") for call in calls for m in call["messages"] if m.get("role") == "tool")
 
 
-def chain_reached(task: dict, calls: list) -> float:
-    """The share of the task's chain after its subject (``hops[1:]`` and the answer) that the tool
-    results named: each entity is found only by a search on the one before it."""
-    chain = [*task.get("hops", [])[1:], task["answer"]]
+def chain_after_subject(task: dict) -> list[str]:
+    """The task's chain after its subject, normalised: ``hops[1:]`` and the answer. Each entity is
+    found only by a search on the one before it."""
+    return [normalize(str(entity)) for entity in (*task.get("hops", [])[1:], task["answer"])]
+
+
+def named_in(entities: list[str], calls: list) -> set[str]:
+    """The (normalised) ``entities`` that the tool results of ``calls`` name as whole words."""
     seen = f" {normalize(tool_results(calls))} "
-    return sum(f" {normalize(str(entity))} " in seen for entity in chain) / len(chain)
+    return {entity for entity in entities if f" {entity} " in seen}
+
+
+def chain_reached(task: dict, calls: list) -> float:
+    """The share of the task's chain after its subject that the tool results named."""
+    chain = chain_after_subject(task)
+    return len(named_in(chain, calls)) / len(chain)
 
 
 def search_reward(task: dict, variables: dict, calls: list) -> float:
@@ -94,12 +104,11 @@ def search_reward(task: dict, variables: dict, calls: list) -> float:
 def search_steps(task: dict, calls: list) -> list[float]:
     """Per call, ``SEARCH_CREDIT`` times the share of the chain first shown by the search it made
     (that search's result is a ``tool`` message of the next call's prompt); 0 for other calls."""
-    chain = [normalize(str(entity)) for entity in (*task.get("hops", [])[1:], task["answer"])]
+    chain = chain_after_subject(task)
     found: set[str] = set()
     credits = [0.0] * len(calls)
     for index, call in enumerate(calls):
-        seen = f" {normalize(tool_results([call]))} "
-        new = {entity for entity in chain if entity not in found and f" {entity} " in seen}
+        new = named_in(chain, [call]) - found
         if new and index > 0:
             credits[index - 1] += SEARCH_CREDIT * len(new) / len(chain)
         found |= new
