@@ -12,12 +12,21 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture(scope="module")
-def bench():
-    spec = importlib.util.spec_from_file_location("bench_learning", REPO / "bench" / "learning.py")
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", REPO / "bench" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+@pytest.fixture(scope="module")
+def bench():
+    return _load("learning")
+
+
+@pytest.fixture(scope="module")
+def report():
+    return _load("learning_report")
 
 
 def _seeds() -> dict:
@@ -27,8 +36,8 @@ def _seeds() -> dict:
                 "grpo": {"accuracy": {"0": 0.4, "2": 0.4, "4": 0.8}, "seconds": 30.0, "rollouts": 64}}}
 
 
-def test_summary_is_the_mean_and_spread_over_seeds_at_each_step(bench):
-    summary = bench.summarise(_seeds())
+def test_summary_is_the_mean_and_spread_over_seeds_at_each_step(bench, report):
+    summary = report.summarise(_seeds())
     assert summary["grpo"]["steps"] == [0, 2, 4]
     assert summary["grpo"]["mean"] == pytest.approx([0.3, 0.4, 0.7])
     assert summary["grpo"]["std"] == pytest.approx([0.1, 0.0, 0.1])
@@ -63,7 +72,7 @@ def test_each_ablation_runs_only_on_the_tasks_that_have_what_it_changes(bench):
     assert runs["retrieval_qa"] == {"grpo", "sft", "reinforce_plus_plus", "grpo_graded", "grpo_graded_calls"}
 
 
-def test_repeats_are_averaged_and_every_arm_is_compared_with_sft_and_grpo_run_by_run(bench):
+def test_repeats_are_averaged_and_every_arm_is_compared_with_sft_and_grpo_run_by_run(bench, report):
     def run(*curve: float) -> dict:
         return {"accuracy": dict(zip((0, 2, 4), curve, strict=True)), "seconds": 10.0, "rollouts": 64,
                 "by_kind": {"a": curve[-1]}}
@@ -74,50 +83,61 @@ def test_repeats_are_averaged_and_every_arm_is_compared_with_sft_and_grpo_run_by
             "reinforce_plus_plus": bench.over_repeats([run(0.2, 0.6, 0.9), run(0.2, 0.6, 0.7)])}
     assert seed["grpo"]["accuracy"] == pytest.approx({0: 0.2, 2: 0.4, 4: 0.7})
     assert seed["grpo"]["by_kind"] == pytest.approx({"a": 0.7}) and len(seed["grpo"]["runs"]) == 2
-    assert bench.final_accuracies(seed["grpo"]) == [0.6, 0.8]
-    assert bench.summarise({0: seed})["grpo"]["final"] == pytest.approx([0.7])  # the seed's mean
-    rows = bench.paired_rows({0: seed, 1: seed})
-    assert "| grpo | sft | 4 | 2 / 0 / 2 | +0.000 | 1.00 |" in rows  # 0.6-0.7, 0.8-0.7 on each seed
-    assert "| reinforce_plus_plus | sft | 4 | 2 / 2 / 0 | +0.100 | 0.50 |" in rows
-    assert "| reinforce_plus_plus | grpo | 4 | 2 / 0 / 2 | +0.100 | 1.00 |" in rows
+    assert report.final_accuracies(seed["grpo"]) == [0.6, 0.8]
+    assert report.summarise({0: seed})["grpo"]["final"] == pytest.approx([0.7])  # the seed's mean
+    rows = report.paired_rows({0: seed, 1: seed})
+    # differences -0.1, +0.1 on each seed: sd 0.1155, t(0.975, 3 df) = 3.182, so +-0.184 around the mean
+    assert "| grpo | sft | 4 | 2 / 0 / 2 | +0.000 | [-0.184, +0.184] | 1.00 |" in rows
+    assert "| reinforce_plus_plus | sft | 4 | 2 / 2 / 0 | +0.100 | [-0.084, +0.284] | 0.50 |" in rows
+    assert "| reinforce_plus_plus | grpo | 4 | 2 / 0 / 2 | +0.100 | [-0.267, +0.467] | 1.00 |" in rows
     assert not any("| sft | grpo |" in row for row in rows)  # each pair of arms once
-    assert bench.paired_rows({0: {**seed, "grpo": run(0.2, 0.3, 0.5), "sft": run(0.2, 0.3, 0.4)}}) == []  # one pair
-    assert bench.sign_test(7, 0) == pytest.approx(2 / 128) and bench.sign_test(0, 0) == 1.0
-    assert bench.sign_test(6, 3) == pytest.approx(bench.sign_test(3, 6)) == pytest.approx(2 * 130 / 512)
+    assert report.paired_rows({0: {**seed, "grpo": run(0.2, 0.3, 0.5), "sft": run(0.2, 0.3, 0.4)}}) == []  # one pair
+    assert report.sign_test(7, 0) == pytest.approx(2 / 128) and report.sign_test(0, 0) == 1.0
+    assert report.sign_test(6, 3) == pytest.approx(report.sign_test(3, 6)) == pytest.approx(2 * 130 / 512)
 
 
-def test_the_results_file_takes_each_measured_task_and_keeps_the_others(bench, tmp_path):
+def test_the_interval_of_a_mean_difference_is_students_t(report):
+    # quantiles from the t table: 12.706 (1 df), 3.182 (3), 2.201 (11), 2.042 (30)
+    for degrees, quantile in ((1, 12.706), (3, 3.182), (11, 2.201), (30, 2.042)):
+        assert report.student_t_quantile(0.975, degrees) == pytest.approx(quantile, abs=2e-3)
+    assert report.student_t_quantile(0.95, 11) == pytest.approx(1.796, abs=2e-3)
+    low, high = report.mean_interval([0.1, 0.3])  # mean 0.2, sd 0.1414, se 0.1
+    assert (low, high) == pytest.approx((0.2 - 1.2706, 0.2 + 1.2706), abs=1e-3)
+    assert report.interval_text([0.05]) == "-"  # no interval from one pair
+
+
+def test_the_results_file_takes_each_measured_task_and_keeps_the_others(bench, tmp_path, report):
     args = bench.parse_args(["--quick", "--tasks", "retrieval_qa"])
     seeds = _seeds()
     seeds[0]["warm"]["sft"] = "800 SFT steps of 64"
-    sections = bench.table({"tasks": {"retrieval_qa": {"summary": bench.summarise(seeds), "seeds": seeds}}}, args,
+    sections = report.table({"tasks": {"retrieval_qa": {"summary": report.summarise(seeds), "seeds": seeds}}}, args,
                            "python x")
     section = sections["retrieval_qa"]
     assert "| grpo | 0.300 | 0.700 ± 0.100 | +0.400 | 0.60 0.80 | 64 | 20 s |" in section
     assert "Warm start: 800 SFT steps of 64." in section  # each task says how its warm start was built
     assert "`python x`" in section  # and which command measured it
-    sql_begin, sql_end = bench.task_markers("sql_agent")
-    qa_begin, qa_end = bench.task_markers("retrieval_qa")
+    sql_begin, sql_end = report.task_markers("sql_agent")
+    qa_begin, qa_end = report.task_markers("retrieval_qa")
     results = tmp_path / "results.md"
-    results.write_text(f"# Results\n\nbefore\n\n{bench.BEGIN}\n{sql_begin}\nthe SQL table\n{sql_end}\n\n"
-                       f"{qa_begin}\nold QA table\n{qa_end}\n{bench.END}\n\nafter: the log\n")
-    bench.write_results(results, sections)
+    results.write_text(f"# Results\n\nbefore\n\n{report.BEGIN}\n{sql_begin}\nthe SQL table\n{sql_end}\n\n"
+                       f"{qa_begin}\nold QA table\n{qa_end}\n{report.END}\n\nafter: the log\n")
+    report.write_results(results, sections)
     text = results.read_text()
     assert "old QA table" not in text and section in text
     assert "the SQL table" in text  # a task this run did not measure keeps its section
     assert text.startswith("# Results\n\nbefore\n\n") and text.endswith("\n\nafter: the log\n")
-    bench.write_results(results, {"calc_autogen": "<!-- calc -->"})  # a task new to the file goes last
+    report.write_results(results, {"calc_autogen": "<!-- calc -->"})  # a task new to the file goes last
     text = results.read_text()
-    assert text.index("the SQL table") < text.index(section) < text.index("<!-- calc -->") < text.index(bench.END)
+    assert text.index("the SQL table") < text.index(section) < text.index("<!-- calc -->") < text.index(report.END)
 
 
-def test_a_results_file_without_markers_gets_the_block_appended(bench, tmp_path):
+def test_a_results_file_without_markers_gets_the_block_appended(bench, tmp_path, report):
     results = tmp_path / "results.md"
     results.write_text("# Results\n\nthe log\n")
-    bench.write_results(results, {"sql_agent": "SQL section"})
+    report.write_results(results, {"sql_agent": "SQL section"})
     text = results.read_text()
-    assert text.startswith("# Results\n\nthe log\n") and text.index(bench.BEGIN) < text.index("SQL section")
-    assert text.rstrip().endswith(bench.END)
+    assert text.startswith("# Results\n\nthe log\n") and text.index(report.BEGIN) < text.index("SQL section")
+    assert text.rstrip().endswith(report.END)
 
 
 def test_trainer_settings_given_as_json_reach_the_trainer(bench, tmp_path):
@@ -180,19 +200,19 @@ def test_held_out_accuracy_by_kind_reads_the_last_validation_round(tmp_path):
     assert held_out_by_kind(CALC, str(tmp_path / "arm"), str(val)) == {}  # tasks without a kind
 
 
-def test_the_section_has_a_table_by_kind_when_the_tasks_have_kinds(bench):
+def test_the_section_has_a_table_by_kind_when_the_tasks_have_kinds(bench, report):
     args = bench.parse_args(["--quick", "--tasks", "calc_autogen"])
     seeds = _seeds()
     seeds[0]["warm"]["by_kind"], seeds[1]["warm"]["by_kind"] = {"orchard": 0.0, "weeks": 1.0}, {"orchard": 0.5,
                                                                                                 "weeks": 1.0}
     seeds[0]["grpo"]["by_kind"], seeds[1]["grpo"]["by_kind"] = {"orchard": 1.0, "weeks": 1.0}, {"orchard": 0.5,
                                                                                                 "weeks": 0.5}
-    section = bench.table({"tasks": {"calc_autogen": {"summary": bench.summarise(seeds), "seeds": seeds}}}, args,
+    section = report.table({"tasks": {"calc_autogen": {"summary": report.summarise(seeds), "seeds": seeds}}}, args,
                           "python x")["calc_autogen"]
     assert "| kind | warm | grpo |" in section
     assert "| orchard | 0.25 | 0.75 |" in section and "| weeks | 1.00 | 0.75 |" in section
     del seeds[1]["grpo"]["by_kind"]  # an arm is in the table only when every seed has its kinds
-    section = bench.table({"tasks": {"calc_autogen": {"summary": bench.summarise(seeds), "seeds": seeds}}}, args,
+    section = report.table({"tasks": {"calc_autogen": {"summary": report.summarise(seeds), "seeds": seeds}}}, args,
                           "python x")["calc_autogen"]
     assert "| kind | warm |" in section and "| kind | warm | grpo |" not in section
 
