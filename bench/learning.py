@@ -44,7 +44,6 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
-import statistics
 import sys
 import time
 from dataclasses import replace
@@ -52,7 +51,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # learning_report, beside this file
 
-from learning_report import kinds_text, plot, summarise, table, write_results  # noqa: E402
+from learning_report import kinds_text, over_repeats, plot, summarise, table, write_results  # noqa: E402
 
 from spanrl.schema import metrics as keys
 
@@ -159,10 +158,11 @@ def run_seed(task, seed: int, args: argparse.Namespace, out: Path) -> dict:
         for repeat in range(args.repeats):  # each repeat trains the arm again from the same warm start
             name = arm if repeat == 0 else f"{arm}-repeat{repeat + 1}"
             started = time.monotonic()
-            summary = train(task, replace(arm_run(arm, base, task.name), output_dir=str(seed_dir / name)),
-                            progress=False)
+            training = replace(arm_run(arm, base, task.name), output_dir=str(seed_dir / name))
+            summary = train(task, training, progress=False)
             rows = summary["rows"]
             runs.append({"accuracy": {0: warm_accuracy, **summary["accuracy"]}, "seconds": time.monotonic() - started,
+                         "training": what_trained(training),
                          "train_reward": [r[keys.REWARD_MEAN] for r in rows],
                          "rollouts": sum(r[keys.ROLLOUTS] for r in rows),
                          "by_kind": held_out_by_kind(task, summary["output_dir"], val_tasks)})
@@ -171,6 +171,14 @@ def run_seed(task, seed: int, args: argparse.Namespace, out: Path) -> dict:
                   f"{kinds_text(runs[-1]['by_kind'])}", flush=True)
         result[arm] = over_repeats(runs)
     return result
+
+
+def what_trained(training) -> dict:
+    """What makes one arm's run what it is (``learning_report.pooled_seeds`` pools only runs that
+    agree on it): algorithm, budget, learning rate, AIR, credit, trained agents, extra settings."""
+    keep = ("algorithm", "steps", "group_size", "tasks_per_step", "learning_rate", "air", "credit", "agents",
+            "settings")
+    return json.loads(json.dumps({key: getattr(training, key) for key in keep}, default=str))
 
 
 def arm_settings(args: argparse.Namespace) -> dict:
@@ -183,19 +191,6 @@ def arm_settings(args: argparse.Namespace) -> dict:
         extra["sft_learning_rate"] = args.sft_arm_learning_rate
     extra.setdefault("max_empty_steps", 0)
     return extra
-
-
-def over_repeats(runs: list[dict]) -> dict:
-    """One arm's result on one seed: the mean over its repeats of accuracy at each step, time and
-    accuracy by kind, and the repeats themselves (``runs``); a single run is its own mean."""
-    first = runs[0]
-    steps = sorted(set.intersection(*(set(run["accuracy"]) for run in runs)), key=int)
-    kinds = list(first["by_kind"])
-    return {**first,
-            "accuracy": {step: statistics.fmean(run["accuracy"][step] for run in runs) for step in steps},
-            "seconds": statistics.fmean(run["seconds"] for run in runs),
-            "by_kind": {kind: statistics.fmean(run["by_kind"].get(kind, 0.0) for run in runs) for kind in kinds},
-            "runs": runs}
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

@@ -2,6 +2,12 @@
 plot, and each task's section of ``docs/results.md`` (written between the markers, the rest of the
 file left alone).
 
+Run on its own, it pools the runs of several ``bench/learning.py`` output folders trained from the
+same warm starts (say, a first set of repeats and more of them later) and prints each arm's mean
+curve and the comparisons run by run over all of them::
+
+    python bench/learning_report.py runs/rqa-a runs/rqa-b --task retrieval_qa
+
 Kept apart from the runs themselves (``learning.py``) so the bookkeeping can be read and tested on
 results made up by hand. The statistics are the standard library's; the t interval is computed
 here (no SciPy in the environment).
@@ -11,10 +17,12 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import json
 import math
 import os
 import platform
 import statistics
+import sys
 from pathlib import Path
 
 BEGIN, END = "<!-- bench/learning.py: begin -->", "<!-- bench/learning.py: end -->"
@@ -49,6 +57,20 @@ def mean_interval(differences: list[float], confidence: float = 0.95) -> tuple[f
     half = (student_t_quantile((1 + confidence) / 2, len(differences) - 1)
             * statistics.stdev(differences) / math.sqrt(len(differences)))
     return mean - half, mean + half
+
+
+def over_repeats(runs: list[dict]) -> dict:
+    """One arm's result on one seed: the mean over its repeats of accuracy at each step, time and
+    accuracy by kind, and the repeats themselves (``runs``); a single run is its own mean."""
+    first = runs[0]
+    steps = sorted(set.intersection(*(set(run["accuracy"]) for run in runs)), key=int)
+    kinds = list(first.get("by_kind", {}))
+    return {**first,
+            "accuracy": {step: statistics.fmean(run["accuracy"][step] for run in runs) for step in steps},
+            "seconds": statistics.fmean(run["seconds"] for run in runs),
+            "by_kind": {kind: statistics.fmean(run.get("by_kind", {}).get(kind, 0.0) for run in runs)
+                        for kind in kinds},
+            "runs": runs}
 
 
 def final_accuracies(arm_result: dict) -> list[float]:
@@ -225,3 +247,96 @@ def write_results(path: Path, sections: dict[str, str]) -> None:
         else:
             block = block.rstrip("\n") + "\n\n" + section + "\n\n"
     path.write_text(head + BEGIN + block + END + tail, encoding="utf-8")
+
+
+def pooled_seeds(results: list[tuple[str, dict]], task_name: str) -> dict[str, dict]:
+    """One task's runs from several ``results.json`` (name, content), pooled per seed and arm
+    (``over_repeats``). Runs pool only from the same warm start (a seed whose warm-start accuracy
+    differs between two files is refused, naming both) and, for one arm, only when they trained
+    alike (``check_same_training``)."""
+    warm_of: dict[str, tuple[str, float]] = {}
+    trained_by: dict[tuple, tuple[str, dict]] = {}
+    runs_of: dict[str, dict[str, list[dict]]] = {}
+    for name, content in results:
+        for seed, arms in content.get("tasks", {}).get(task_name, {}).get("seeds", {}).items():
+            warm = float(next(iter(arms["warm"]["accuracy"].values())))
+            first_name, first_warm = warm_of.setdefault(seed, (name, warm))
+            if abs(first_warm - warm) > 1e-9:
+                raise ValueError(f"{task_name} seed {seed}: the warm start differs between {first_name} "
+                                 f"({first_warm:.3f}) and {name} ({warm:.3f}); only runs from one warm start pool")
+            arm_runs = runs_of.setdefault(seed, {"warm": [arms["warm"]]})
+            for arm, arm_result in arms.items():
+                if arm != "warm":
+                    for run in arm_result.get("runs") or [arm_result]:
+                        check_same_training(trained_by, (task_name, seed, arm), name, run)
+                        arm_runs.setdefault(arm, []).append(run)
+    return {seed: {arm: arm_runs[0] if arm == "warm" else over_repeats(arm_runs) for arm, arm_runs in arms.items()}
+            for seed, arms in runs_of.items()}
+
+
+def check_same_training(trained_by: dict, key: tuple, name: str, run: dict) -> None:
+    """Refuse to pool runs of one arm that trained differently (an arm's meaning can change between
+    releases: ``grpo_graded``'s reward did on 2026-12-05). Runs written before ``training`` was
+    recorded pool with anything."""
+    training = run.get("training")
+    if training is None:
+        return
+    first_name, first = trained_by.setdefault(key, (name, training))
+    if first != training:
+        changed = sorted(field for field in {*first, *training} if first.get(field) != training.get(field))
+        raise ValueError(f"{key[0]} seed {key[1]} arm {key[2]}: {first_name} and {name} trained it differently "
+                         f"({', '.join(changed)}); only like runs pool")
+
+
+def curve_rows(per_seed: dict) -> list[str]:
+    """Markdown rows: each arm's held-out accuracy at each validation, the mean over all its runs
+    (every seed's, each run once), and the mean of its validations after the warm start."""
+    runs_of: dict[str, list[dict]] = {}
+    for arms in per_seed.values():
+        for arm, arm_result in arms.items():
+            if arm != "warm":
+                runs_of.setdefault(arm, []).extend(arm_result["runs"])
+    if not runs_of:
+        return []
+    steps = sorted(set.intersection(*(set(run["accuracy"]) for runs in runs_of.values() for run in runs)), key=int)
+    later = [step for step in steps if int(step) > 0]
+    lines = ["| arm | runs | " + " | ".join(f"step {step}" for step in steps) + " | mean after the warm start |",
+             "|---|---|" + "---|" * (len(steps) + 1)]
+    for arm, runs in runs_of.items():
+        cells = [statistics.fmean(run["accuracy"][step] for run in runs) for step in steps]
+        over_run = statistics.fmean(run["accuracy"][step] for run in runs for step in later) if later else cells[-1]
+        lines.append(f"| {arm} | {len(runs)} | " + " | ".join(f"{c:.3f}" for c in cells) + f" | {over_run:.3f} |")
+    return [*lines, ""]
+
+
+def read_results(path: str) -> tuple[str, dict]:
+    """A ``results.json``, given as the file or the output folder that holds it."""
+    file = Path(path) / "results.json" if Path(path).is_dir() else Path(path)
+    if not file.is_file():
+        raise SystemExit(f"{path}: no results.json there (a bench/learning.py --output-dir, or the file)")
+    return str(path), json.loads(file.read_text(encoding="utf-8"))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Pool bench/learning.py runs from one set of warm starts and "
+                                                 "compare the arms over all of them.")
+    parser.add_argument("results", nargs="+", help="output folders of bench/learning.py, or their results.json")
+    parser.add_argument("--task", action="append", help="a task to report (default: every task in the files)")
+    args = parser.parse_args(argv)
+    results = [read_results(path) for path in args.results]
+    tasks = args.task or sorted({task for _, content in results for task in content.get("tasks", {})})
+    for task_name in tasks:
+        try:
+            per_seed = pooled_seeds(results, task_name)
+        except ValueError as error:
+            raise SystemExit(str(error)) from None
+        if not per_seed:
+            print(f"{task_name}: no runs in these files\n")
+            continue
+        print(f"### {task_name} (seeds {', '.join(sorted(per_seed))})\n")
+        print("\n".join([*curve_rows(per_seed), *paired_rows(per_seed)]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -5,6 +5,7 @@ between the markers of docs/results.md, leaving the hand-written rest of the fil
 from __future__ import annotations
 
 import importlib.util
+import json
 from pathlib import Path
 
 import pytest
@@ -78,9 +79,9 @@ def test_repeats_are_averaged_and_every_arm_is_compared_with_sft_and_grpo_run_by
                 "by_kind": {"a": curve[-1]}}
 
     seed = {"warm": {"accuracy": {0: 0.2}, "seconds": 5.0},
-            "grpo": bench.over_repeats([run(0.2, 0.5, 0.6), run(0.2, 0.3, 0.8)]),
-            "sft": bench.over_repeats([run(0.2, 0.5, 0.7), run(0.2, 0.4, 0.7)]),
-            "reinforce_plus_plus": bench.over_repeats([run(0.2, 0.6, 0.9), run(0.2, 0.6, 0.7)])}
+            "grpo": report.over_repeats([run(0.2, 0.5, 0.6), run(0.2, 0.3, 0.8)]),
+            "sft": report.over_repeats([run(0.2, 0.5, 0.7), run(0.2, 0.4, 0.7)]),
+            "reinforce_plus_plus": report.over_repeats([run(0.2, 0.6, 0.9), run(0.2, 0.6, 0.7)])}
     assert seed["grpo"]["accuracy"] == pytest.approx({0: 0.2, 2: 0.4, 4: 0.7})
     assert seed["grpo"]["by_kind"] == pytest.approx({"a": 0.7}) and len(seed["grpo"]["runs"]) == 2
     assert report.final_accuracies(seed["grpo"]) == [0.6, 0.8]
@@ -104,6 +105,55 @@ def test_the_interval_of_a_mean_difference_is_students_t(report):
     low, high = report.mean_interval([0.1, 0.3])  # mean 0.2, sd 0.1414, se 0.1
     assert (low, high) == pytest.approx((0.2 - 1.2706, 0.2 + 1.2706), abs=1e-3)
     assert report.interval_text([0.05]) == "-"  # no interval from one pair
+
+
+def _stored(warm: float, grpo: list[float], sft: list[float]) -> dict:
+    """A results.json of one retrieval QA seed as bench/learning.py writes it (keys are strings)."""
+    def arm(finals: list[float]) -> dict:
+        runs = [{"accuracy": {"0": warm, "5": final - 0.1, "10": final}, "seconds": 9.0} for final in finals]
+        return {**runs[0], "runs": runs}
+
+    return {"tasks": {"retrieval_qa": {"seeds": {"1": {"warm": {"accuracy": {"0": warm}, "seconds": 3.0},
+                                                       "grpo": arm(grpo), "sft": arm(sft)}}}}}
+
+
+def _write(folder: Path, content: dict, training: dict | None = None) -> Path:
+    """``content`` as ``folder/results.json``; ``training``, when given, recorded on every GRPO run."""
+    for run in content["tasks"]["retrieval_qa"]["seeds"]["1"]["grpo"]["runs"]:
+        if training is not None:
+            run["training"] = training
+    folder.mkdir(exist_ok=True)
+    (folder / "results.json").write_text(json.dumps(content))
+    return folder
+
+
+def test_runs_from_several_folders_pool_when_their_warm_starts_match(report, tmp_path, capsys):
+    first = _write(tmp_path / "a", _stored(0.2, [0.6, 0.7], [0.5, 0.7]))
+    second = _write(tmp_path / "b", _stored(0.2, [0.9], [0.6]))
+    other_warm = _write(tmp_path / "c", _stored(0.3, [0.9], [0.6]))
+    assert report.main([str(first), str(second / "results.json")]) == 0
+    printed = capsys.readouterr().out
+    assert "| grpo | 3 | 0.200 | 0.633 | 0.733 | 0.683 |" in printed  # three runs, each counted once
+    assert "| grpo | sft | 3 | 2 / 1 / 0 | +0.133 |" in printed  # 0.6-0.5, 0.7-0.7, 0.9-0.6
+    with pytest.raises(SystemExit, match="seed 1: the warm start differs between .* and .*c"):
+        report.main([str(first), str(other_warm)])
+    with pytest.raises(SystemExit, match="no results.json"):
+        report.main([str(tmp_path / "missing")])
+
+
+def test_runs_of_one_arm_pool_only_when_they_trained_alike(bench, report, tmp_path):
+    from spanrl.examples.task_pipeline import TrainingRun
+
+    base = TrainingRun(output_dir="", model_dir="m")
+    plain, graded = (bench.what_trained(bench.arm_run(arm, base, "retrieval_qa")) for arm in ("grpo", "grpo_graded"))
+    assert graded["settings"]["reward"].endswith("retrieval_qa.reward:search_reward")
+    assert "reward" not in plain["settings"]
+    alike = _write(tmp_path / "a", _stored(0.2, [0.6], [0.5]), plain)
+    assert report.main([str(alike), str(_write(tmp_path / "b", _stored(0.2, [0.7], [0.5]), plain))]) == 0
+    assert report.main([str(alike), str(_write(tmp_path / "old", _stored(0.2, [0.7], [0.5])))]) == 0  # unrecorded
+    renamed = _write(tmp_path / "c", _stored(0.2, [0.9], [0.6]), graded)  # the same arm name, another reward
+    with pytest.raises(SystemExit, match=r"seed 1 arm grpo: .*a and .*c trained it differently \(settings\)"):
+        report.main([str(alike), str(renamed)])
 
 
 def test_the_results_file_takes_each_measured_task_and_keeps_the_others(bench, tmp_path, report):
