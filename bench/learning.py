@@ -178,6 +178,7 @@ def what_trained(training) -> dict:
     agree on it): algorithm, budget, learning rate, AIR, credit, trained agents, extra settings."""
     keep = ("algorithm", "steps", "group_size", "tasks_per_step", "learning_rate", "air", "credit", "agents",
             "settings")
+    # through JSON and back: as results.json will hold it (tuples as lists), so records compare alike
     return json.loads(json.dumps({key: getattr(training, key) for key in keep}, default=str))
 
 

@@ -254,24 +254,23 @@ def pooled_seeds(results: list[tuple[str, dict]], task_name: str) -> dict[str, d
     (``over_repeats``). Runs pool only from the same warm start (a seed whose warm-start accuracy
     differs between two files is refused, naming both) and, for one arm, only when they trained
     alike (``check_same_training``)."""
-    warm_of: dict[str, tuple[str, float]] = {}
+    warm_of: dict[str, tuple[str, dict]] = {}
     trained_by: dict[tuple, tuple[str, dict]] = {}
     runs_of: dict[str, dict[str, list[dict]]] = {}
     for name, content in results:
         for seed, arms in content.get("tasks", {}).get(task_name, {}).get("seeds", {}).items():
-            warm = float(next(iter(arms["warm"]["accuracy"].values())))
-            first_name, first_warm = warm_of.setdefault(seed, (name, warm))
-            if abs(first_warm - warm) > 1e-9:
+            first_name, first_warm = warm_of.setdefault(seed, (name, arms["warm"]))
+            warm, earlier = (float(next(iter(w["accuracy"].values()))) for w in (arms["warm"], first_warm))
+            if abs(earlier - warm) > 1e-9:
                 raise ValueError(f"{task_name} seed {seed}: the warm start differs between {first_name} "
-                                 f"({first_warm:.3f}) and {name} ({warm:.3f}); only runs from one warm start pool")
-            arm_runs = runs_of.setdefault(seed, {"warm": [arms["warm"]]})
+                                 f"({earlier:.3f}) and {name} ({warm:.3f}); only runs from one warm start pool")
             for arm, arm_result in arms.items():
                 if arm != "warm":
                     for run in arm_result.get("runs") or [arm_result]:
                         check_same_training(trained_by, (task_name, seed, arm), name, run)
-                        arm_runs.setdefault(arm, []).append(run)
-    return {seed: {arm: arm_runs[0] if arm == "warm" else over_repeats(arm_runs) for arm, arm_runs in arms.items()}
-            for seed, arms in runs_of.items()}
+                        runs_of.setdefault(seed, {}).setdefault(arm, []).append(run)
+    return {seed: {"warm": warm_of[seed][1], **{arm: over_repeats(runs) for arm, runs in runs_of.get(seed, {}).items()}}
+            for seed in warm_of}
 
 
 def check_same_training(trained_by: dict, key: tuple, name: str, run: dict) -> None:
@@ -298,14 +297,15 @@ def curve_rows(per_seed: dict) -> list[str]:
                 runs_of.setdefault(arm, []).extend(arm_result["runs"])
     if not runs_of:
         return []
-    steps = sorted(set.intersection(*(set(run["accuracy"]) for runs in runs_of.values() for run in runs)), key=int)
+    pooled = {arm: over_repeats(runs)["accuracy"] for arm, runs in runs_of.items()}  # mean over every run
+    steps = sorted(set.intersection(*(set(curve) for curve in pooled.values())), key=int)
     later = [step for step in steps if int(step) > 0]
     lines = ["| arm | runs | " + " | ".join(f"step {step}" for step in steps) + " | mean after the warm start |",
              "|---|---|" + "---|" * (len(steps) + 1)]
-    for arm, runs in runs_of.items():
-        cells = [statistics.fmean(run["accuracy"][step] for run in runs) for step in steps]
-        over_run = statistics.fmean(run["accuracy"][step] for run in runs for step in later) if later else cells[-1]
-        lines.append(f"| {arm} | {len(runs)} | " + " | ".join(f"{c:.3f}" for c in cells) + f" | {over_run:.3f} |")
+    for arm, curve in pooled.items():
+        over_run = statistics.fmean(curve[step] for step in later) if later else curve[steps[-1]]
+        lines.append(f"| {arm} | {len(runs_of[arm])} | " + " | ".join(f"{curve[step]:.3f}" for step in steps)
+                     + f" | {over_run:.3f} |")
     return [*lines, ""]
 
 
